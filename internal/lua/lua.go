@@ -1,0 +1,42 @@
+// Package lua holds the Redis scripts that make up idemsvc's state machine.
+//
+// Each transition is one .lua file that opens with its contract (KEYS, ARGV,
+// reply). record.lua, the record codec, is prepended to each of them. Every
+// script touches only KEYS[1] and reads the time from Redis.
+package lua
+
+import (
+	_ "embed"
+
+	"github.com/redis/go-redis/v9"
+)
+
+//go:embed record.lua
+var record string
+
+//go:embed begin.lua
+var begin string
+
+//go:embed complete.lua
+var complete string
+
+//go:embed fail.lua
+var fail string
+
+//go:embed extend.lua
+var extend string
+
+//go:embed status.lua
+var status string
+
+// The scripts, ready for EVALSHA. Script.Run falls back to EVAL on NOSCRIPT.
+var (
+	Begin    = redis.NewScript(record + begin)
+	Complete = redis.NewScript(record + complete)
+	Fail     = redis.NewScript(record + fail)
+	Extend   = redis.NewScript(record + extend)
+	Status   = redis.NewScript(record + status)
+)
+
+// All lists every script, for loading them ahead of pipelined calls.
+var All = []*redis.Script{Begin, Complete, Fail, Extend, Status}

@@ -1,0 +1,194 @@
+package statemachine
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// stored is a record as a store keeps it, lease token included. Times are
+// milliseconds since the Unix epoch on the store's clock.
+type stored struct {
+	state       State
+	recovered   bool
+	retryable   bool
+	attempt     int64
+	created     int64
+	updated     int64
+	lease       int64 // lease expiry
+	expires     int64 // end of retention
+	retention   int64 // seconds
+	token       token
+	call        [8]byte // the last Extend call, to recognise a re-sent one
+	owner       string
+	fingerprint string
+	key         string
+	errMsg      string
+	response    string // encodeResponse's form; empty while in progress
+}
+
+// The record layout of internal/lua/record.lua: a fixed head, four
+// length-prefixed strings, then the response to the end.
+const (
+	recordVersion  = 1
+	fixedHeadBytes = 4 + 4 + 4*8 + 4 + 16 + 8
+)
+
+var errCorrupt = errors.New("statemachine: corrupt record")
+
+// decodeStored parses a record written by the Lua scripts. A head without
+// a response (as complete, fail and extend reply) decodes with none.
+func decodeStored(raw string) (stored, error) {
+	var s stored
+	if len(raw) < fixedHeadBytes || raw[0] != recordVersion {
+		return s, errCorrupt
+	}
+	b := []byte(raw[:fixedHeadBytes])
+	s.state = State(b[1])
+	s.recovered = b[2] == 1
+	s.retryable = b[3] == 1
+	s.attempt = int64(binary.BigEndian.Uint32(b[4:]))
+	s.created = int64(binary.BigEndian.Uint64(b[8:]))
+	s.updated = int64(binary.BigEndian.Uint64(b[16:]))
+	s.lease = int64(binary.BigEndian.Uint64(b[24:]))
+	s.expires = int64(binary.BigEndian.Uint64(b[32:]))
+	s.retention = int64(binary.BigEndian.Uint32(b[40:]))
+	copy(s.token[:], b[44:60])
+	copy(s.call[:], b[60:68])
+	rest := raw[fixedHeadBytes:]
+	var ok bool
+	if s.owner, rest, ok = cutString(rest, 2); !ok {
+		return s, errCorrupt
+	}
+	if s.fingerprint, rest, ok = cutString(rest, 2); !ok {
+		return s, errCorrupt
+	}
+	if s.key, rest, ok = cutString(rest, 2); !ok {
+		return s, errCorrupt
+	}
+	if s.errMsg, rest, ok = cutString(rest, 4); !ok {
+		return s, errCorrupt
+	}
+	s.response = rest
+	return s, nil
+}
+
+// cutString splits a string with a big-endian length prefix of n bytes off s.
+func cutString(s string, n int) (value, rest string, ok bool) {
+	if len(s) < n {
+		return "", s, false
+	}
+	var size int
+	for i := range n {
+		size = size<<8 | int(s[i])
+	}
+	if len(s)-n < size {
+		return "", s, false
+	}
+	return s[n : n+size], s[n+size:], true
+}
+
+// The response's form inside a record: flags u8 (1 = base64 body),
+// status u16, header count u32, each header's name and value with u32
+// lengths, then the body. A zero Response is the empty string.
+func encodeResponse(r *Response) string {
+	if r.IsZero() {
+		return ""
+	}
+	size := 1 + 2 + 4 + len(r.Body)
+	for name, value := range r.Headers {
+		size += 8 + len(name) + len(value)
+	}
+	b := make([]byte, 0, size)
+	var flags byte
+	if r.Base64 {
+		flags = 1
+	}
+	b = append(b, flags)
+	b = binary.BigEndian.AppendUint16(b, uint16(r.StatusCode))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers)))
+	for _, name := range slices.Sorted(maps.Keys(r.Headers)) {
+		b = binary.BigEndian.AppendUint32(b, uint32(len(name)))
+		b = append(b, name...)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers[name])))
+		b = append(b, r.Headers[name]...)
+	}
+	b = append(b, r.Body...)
+	return string(b)
+}
+
+func decodeResponse(s string) (Response, error) {
+	var r Response
+	if s == "" {
+		return r, nil
+	}
+	if len(s) < 7 {
+		return r, errCorrupt
+	}
+	r.Base64 = s[0]&1 == 1
+	r.StatusCode = int(binary.BigEndian.Uint16([]byte(s[1:3])))
+	n := int(binary.BigEndian.Uint32([]byte(s[3:7])))
+	rest := s[7:]
+	if n > 0 {
+		r.Headers = make(map[string]string, min(n, len(rest)/8))
+	}
+	for range n {
+		name, after, ok := cutString(rest, 4)
+		if !ok {
+			return r, errCorrupt
+		}
+		value, after, ok := cutString(after, 4)
+		if !ok {
+			return r, errCorrupt
+		}
+		r.Headers[name] = value
+		rest = after
+	}
+	r.Body = []byte(rest)
+	return r, nil
+}
+
+// lease returns the lease of an in-progress record.
+func (s *stored) leaseOf() Lease {
+	return Lease{
+		Token:     s.token.String(),
+		Attempt:   s.attempt,
+		ExpiresAt: msTime(s.lease),
+		Recovered: s.recovered,
+	}
+}
+
+// record returns the public view of s at time now, with its response if
+// withResponse.
+func (s *stored) record(tenant string, now int64, withResponse bool) (Record, error) {
+	r := Record{
+		Tenant:      tenant,
+		Key:         s.key,
+		State:       s.state,
+		Attempt:     s.attempt,
+		Owner:       s.owner,
+		Fingerprint: s.fingerprint,
+		CreatedAt:   msTime(s.created),
+		UpdatedAt:   msTime(s.updated),
+		ExpiresAt:   msTime(s.expires),
+		Retryable:   s.retryable,
+		Error:       s.errMsg,
+	}
+	if s.state == StateInProgress {
+		r.LeaseExpiresAt = msTime(s.lease)
+		r.LeaseExpired = s.lease <= now
+	}
+	if withResponse {
+		resp, err := decodeResponse(s.response)
+		if err != nil {
+			return Record{}, fmt.Errorf("statemachine: record %s/%q: %w", tenant, s.key, err)
+		}
+		r.Response = resp
+	}
+	return r, nil
+}
+
+func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }

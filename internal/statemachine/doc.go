@@ -1,0 +1,16 @@
+// Package statemachine is idemsvc's domain: the record kept per (tenant,
+// key), its states, and the transitions that move it.
+//
+// A caller brackets one operation with Begin and then Complete or Fail.
+// Begin either acquires a Lease, replays a finished Record, or refuses with
+// ErrInProgress or ErrFingerprintMismatch. Complete, Fail and Extend are
+// fenced by the lease token of the current attempt: a token of an earlier
+// attempt gets ErrLeaseLost and changes nothing, and a retried call with the
+// current token answers as the first did.
+//
+// Two Stores implement it with the same behaviour: RedisStore runs each
+// transition as one Lua script (package internal/lua) over a go-redis client
+// for one node, Sentinel or Cluster; MemoryStore keeps records in process for
+// development and tests. All times come from one clock: Redis's, or the
+// process's for MemoryStore.
+package statemachine

@@ -1,0 +1,57 @@
+package statemachine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// The errors a Store returns, tested with errors.Is. Each may be wrapped with
+// detail; HTTP maps each to one problem type.
+var (
+	ErrInvalid             = errors.New("statemachine: invalid request")
+	ErrInProgress          = errors.New("statemachine: in progress")
+	ErrLeaseLost           = errors.New("statemachine: lease lost")
+	ErrFingerprintMismatch = errors.New("statemachine: fingerprint mismatch")
+	ErrNotFound            = errors.New("statemachine: not found")
+	ErrTooLarge            = errors.New("statemachine: too large")
+	// ErrStoreUnavailable means the store could not be reached or did not
+	// answer in time. The transition may or may not have happened: a retry
+	// with the same owner or token is safe.
+	ErrStoreUnavailable = errors.New("statemachine: store unavailable")
+)
+
+// InProgressError is ErrInProgress with the attempt that holds the key.
+type InProgressError struct {
+	Attempt        int64
+	LeaseExpiresAt time.Time
+}
+
+func (e *InProgressError) Error() string {
+	return fmt.Sprintf("statemachine: in progress: attempt %d holds the lease until %s",
+		e.Attempt, e.LeaseExpiresAt.Format(time.RFC3339Nano))
+}
+
+// Is makes errors.Is(err, ErrInProgress) hold.
+func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
+
+// InvalidError is ErrInvalid naming the offending request field.
+type InvalidError struct {
+	Field  string // as the API names it, e.g. "lease_ms"
+	Reason string
+}
+
+func (e *InvalidError) Error() string {
+	return fmt.Sprintf("statemachine: invalid request: %s: %s", e.Field, e.Reason)
+}
+
+// Is makes errors.Is(err, ErrInvalid) hold.
+func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
+
+func invalid(field, format string, args ...any) error {
+	return &InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
+}
+
+func sizeError(size, limit int) error {
+	return fmt.Errorf("%w: the response is %d bytes, over the limit of %d", ErrTooLarge, size, limit)
+}

@@ -1,0 +1,173 @@
+package statemachine
+
+import (
+	"encoding/hex"
+	"time"
+)
+
+// Limits bound what a request may carry. Zero fields take DefaultLimits'.
+type Limits struct {
+	MaxKeyBytes         int
+	MaxFingerprintBytes int
+	MaxOwnerBytes       int
+	MinLease            time.Duration
+	MaxLease            time.Duration
+	DefaultLease        time.Duration
+	MinRetention        time.Duration
+	MaxRetention        time.Duration
+	DefaultRetention    time.Duration
+	// MaxResponseBytes bounds a stored response: body, header names and
+	// values, and a failure's error message.
+	MaxResponseBytes int
+}
+
+// DefaultLimits returns the limits of the contract.
+func DefaultLimits() Limits {
+	return Limits{
+		MaxKeyBytes:         255,
+		MaxFingerprintBytes: 256,
+		MaxOwnerBytes:       256,
+		MinLease:            100 * time.Millisecond,
+		MaxLease:            time.Hour,
+		DefaultLease:        30 * time.Second,
+		MinRetention:        time.Second,
+		MaxRetention:        30 * 24 * time.Hour,
+		DefaultRetention:    24 * time.Hour,
+		MaxResponseBytes:    1 << 20,
+	}
+}
+
+// withDefaults fills zero fields from DefaultLimits.
+func (l Limits) withDefaults() Limits {
+	d := DefaultLimits()
+	fill := func(v *int, def int) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	fillD := func(v *time.Duration, def time.Duration) {
+		if *v == 0 {
+			*v = def
+		}
+	}
+	fill(&l.MaxKeyBytes, d.MaxKeyBytes)
+	fill(&l.MaxFingerprintBytes, d.MaxFingerprintBytes)
+	fill(&l.MaxOwnerBytes, d.MaxOwnerBytes)
+	fill(&l.MaxResponseBytes, d.MaxResponseBytes)
+	fillD(&l.MinLease, d.MinLease)
+	fillD(&l.MaxLease, d.MaxLease)
+	fillD(&l.DefaultLease, d.DefaultLease)
+	fillD(&l.MinRetention, d.MinRetention)
+	fillD(&l.MaxRetention, d.MaxRetention)
+	fillD(&l.DefaultRetention, d.DefaultRetention)
+	return l
+}
+
+// token is a lease token in its stored form.
+type token [16]byte
+
+// String returns the token as the API shows it.
+func (t token) String() string { return hex.EncodeToString(t[:]) }
+
+// checkKey validates the tenant and the client's key of any request.
+func (l *Limits) checkKey(tenant, key string) error {
+	if len(tenant) == 0 || len(tenant) > 64 {
+		return invalid("tenant", "must be 1 to 64 characters")
+	}
+	for i := 0; i < len(tenant); i++ {
+		c := tenant[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return invalid("tenant", "may hold only a-z, 0-9, _ and -")
+		}
+	}
+	if len(key) == 0 || len(key) > l.MaxKeyBytes {
+		return invalid("key", "must be 1 to %d bytes", l.MaxKeyBytes)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x21 || key[i] > 0x7e {
+			return invalid("key", "may hold only visible ASCII (0x21-0x7E)")
+		}
+	}
+	return nil
+}
+
+// checkBegin validates req and returns its lease and retention with defaults applied.
+func (l *Limits) checkBegin(tenant string, req *BeginRequest) (lease, retention time.Duration, err error) {
+	if err := l.checkKey(tenant, req.Key); err != nil {
+		return 0, 0, err
+	}
+	if len(req.Fingerprint) > l.MaxFingerprintBytes {
+		return 0, 0, invalid("fingerprint", "must be at most %d bytes", l.MaxFingerprintBytes)
+	}
+	if len(req.Owner) > l.MaxOwnerBytes {
+		return 0, 0, invalid("owner", "must be at most %d bytes", l.MaxOwnerBytes)
+	}
+	if lease, err = l.checkLease(req.Lease); err != nil {
+		return 0, 0, err
+	}
+	if retention, err = l.checkRetention(req.Retention); err != nil {
+		return 0, 0, err
+	}
+	if retention == 0 {
+		retention = l.DefaultRetention
+	}
+	return lease, retention, nil
+}
+
+// checkLease validates a lease, defaulting zero.
+func (l *Limits) checkLease(d time.Duration) (time.Duration, error) {
+	if d == 0 {
+		return l.DefaultLease, nil
+	}
+	if d < l.MinLease || d > l.MaxLease {
+		return 0, invalid("lease_ms", "must be %d to %d", l.MinLease.Milliseconds(), l.MaxLease.Milliseconds())
+	}
+	return d.Truncate(time.Millisecond), nil
+}
+
+// checkRetention validates a retention; zero stays zero ("keep the current one").
+func (l *Limits) checkRetention(d time.Duration) (time.Duration, error) {
+	if d != 0 && (d < l.MinRetention || d > l.MaxRetention) {
+		return 0, invalid("retention_s", "must be %d to %d", int64(l.MinRetention.Seconds()), int64(l.MaxRetention.Seconds()))
+	}
+	return d.Truncate(time.Second), nil
+}
+
+// checkFinish validates a Complete or Fail and returns the parsed token.
+func (l *Limits) checkFinish(tenant, key, tok string, retention time.Duration, resp *Response, errMsg string) (token, error) {
+	if err := l.checkKey(tenant, key); err != nil {
+		return token{}, err
+	}
+	t, err := parseToken(tok)
+	if err != nil {
+		return token{}, err
+	}
+	if _, err := l.checkRetention(retention); err != nil {
+		return token{}, err
+	}
+	if resp.StatusCode != 0 && (resp.StatusCode < 100 || resp.StatusCode > 599) {
+		return token{}, invalid("response.status_code", "must be 100 to 599")
+	}
+	size := len(resp.Body) + len(errMsg)
+	for name, value := range resp.Headers {
+		size += len(name) + len(value)
+	}
+	if size > l.MaxResponseBytes {
+		return token{}, sizeError(size, l.MaxResponseBytes)
+	}
+	return t, nil
+}
+
+func parseToken(s string) (token, error) {
+	var t token
+	if s == "" {
+		return t, invalid("lease_token", "is required")
+	}
+	if len(s) != 2*len(t) {
+		return t, invalid("lease_token", "is not a lease token of idemsvc")
+	}
+	if _, err := hex.Decode(t[:], []byte(s)); err != nil {
+		return t, invalid("lease_token", "is not a lease token of idemsvc")
+	}
+	return t, nil
+}

@@ -1,0 +1,232 @@
+package statemachine
+
+import (
+	"context"
+	"crypto/rand"
+	"sync"
+	"time"
+)
+
+// MemoryStore keeps records in this process: the embedded store for
+// development and a reference for tests. It follows the Lua scripts of
+// RedisStore transition for transition, with the process's clock.
+type MemoryStore struct {
+	limits  Limits
+	mu      sync.Mutex
+	records map[memoryKey]*stored
+}
+
+type memoryKey struct{ tenant, key string }
+
+// expirySample is how many records a write inspects for expiry, as Redis's
+// active expiry samples keys, so that memory is reclaimed without a sweeper.
+const expirySample = 20
+
+// NewMemoryStore returns an empty MemoryStore enforcing limits.
+func NewMemoryStore(limits Limits) *MemoryStore {
+	return &MemoryStore{limits: limits.withDefaults(), records: make(map[memoryKey]*stored)}
+}
+
+var _ Store = (*MemoryStore)(nil)
+
+// get returns the live record under k, dropping it if its retention ended.
+// The caller holds m.mu.
+func (m *MemoryStore) get(k memoryKey, now int64) *stored {
+	s := m.records[k]
+	if s != nil && s.expires <= now {
+		delete(m.records, k)
+		return nil
+	}
+	return s
+}
+
+// put stores s under k and drops a sample of expired records. The caller holds m.mu.
+func (m *MemoryStore) put(k memoryKey, s *stored, now int64) {
+	n := 0
+	for other, rec := range m.records {
+		if rec.expires <= now {
+			delete(m.records, other)
+		}
+		if n++; n == expirySample {
+			break
+		}
+	}
+	m.records[k] = s
+}
+
+// Begin implements Store; see internal/lua/begin.lua.
+func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) (BeginResult, error) {
+	lease, retention, err := m.limits.checkBegin(tenant, &req)
+	if err != nil {
+		return BeginResult{}, err
+	}
+	k := memoryKey{tenant, req.Key}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := nowMs()
+	old := m.get(k, now)
+	if old != nil {
+		if req.Fingerprint != "" && old.fingerprint != "" && old.fingerprint != req.Fingerprint {
+			return BeginResult{}, ErrFingerprintMismatch
+		}
+		if old.state == StateInProgress {
+			if old.lease > now {
+				if req.Owner != "" && old.owner == req.Owner {
+					return acquired(tenant, old, now)
+				}
+				return BeginResult{}, &InProgressError{Attempt: old.attempt, LeaseExpiresAt: msTime(old.lease)}
+			}
+		} else if !old.retryable {
+			return replay(tenant, old, now)
+		}
+	}
+
+	s := &stored{
+		state:       StateInProgress,
+		attempt:     1,
+		created:     now,
+		updated:     now,
+		lease:       now + lease.Milliseconds(),
+		retention:   int64(retention / time.Second),
+		owner:       req.Owner,
+		fingerprint: req.Fingerprint,
+		key:         req.Key,
+	}
+	s.expires = max(now+retention.Milliseconds(), s.lease)
+	rand.Read(s.token[:])
+	if old != nil {
+		s.attempt, s.created = old.attempt+1, old.created
+		s.recovered = old.state == StateInProgress
+		if s.fingerprint == "" {
+			s.fingerprint = old.fingerprint
+		}
+	}
+	m.put(k, s, now)
+	return acquired(tenant, s, now)
+}
+
+// Complete implements Store; see internal/lua/complete.lua.
+func (m *MemoryStore) Complete(_ context.Context, tenant string, req CompleteRequest) (Record, error) {
+	tok, err := m.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, "")
+	if err != nil {
+		return Record{}, err
+	}
+	response := encodeResponse(&req.Response)
+	return m.finish(tenant, req.Key, tok, StateCompleted, func(s *stored) {
+		s.response = response
+	}, req.Retention)
+}
+
+// Fail implements Store; see internal/lua/fail.lua.
+func (m *MemoryStore) Fail(_ context.Context, tenant string, req FailRequest) (Record, error) {
+	tok, err := m.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, req.Error)
+	if err != nil {
+		return Record{}, err
+	}
+	response := encodeResponse(&req.Response)
+	return m.finish(tenant, req.Key, tok, StateFailed, func(s *stored) {
+		s.retryable, s.errMsg, s.response = req.Retryable, req.Error, response
+	}, req.Retention)
+}
+
+// finish moves the in-progress record fenced by tok to state, as complete.lua
+// and fail.lua do; a second call with the same token answers as the first.
+func (m *MemoryStore) finish(tenant, key string, tok token, state State, set func(*stored), retention time.Duration) (Record, error) {
+	k := memoryKey{tenant, key}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := nowMs()
+	old := m.get(k, now)
+	switch {
+	case old == nil:
+		return Record{}, ErrNotFound
+	case old.token != tok:
+		return Record{}, ErrLeaseLost
+	case old.state == state:
+		return old.record(tenant, now, false)
+	case old.state != StateInProgress:
+		return Record{}, ErrLeaseLost
+	}
+	s := *old
+	set(&s)
+	if retention != 0 {
+		s.retention = int64(retention / time.Second)
+	}
+	s.state, s.updated, s.expires = state, now, now+s.retention*1000
+	m.put(k, &s, now)
+	return s.record(tenant, now, false)
+}
+
+// Extend implements Store; see internal/lua/extend.lua.
+func (m *MemoryStore) Extend(_ context.Context, tenant string, req ExtendRequest) (Lease, error) {
+	if err := m.limits.checkKey(tenant, req.Key); err != nil {
+		return Lease{}, err
+	}
+	tok, err := parseToken(req.Token)
+	if err != nil {
+		return Lease{}, err
+	}
+	lease, err := m.limits.checkLease(req.Lease)
+	if err != nil {
+		return Lease{}, err
+	}
+	k := memoryKey{tenant, req.Key}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := nowMs()
+	old := m.get(k, now)
+	if old == nil {
+		return Lease{}, ErrNotFound
+	}
+	if old.token != tok || old.state != StateInProgress {
+		return Lease{}, ErrLeaseLost
+	}
+	s := *old
+	s.updated, s.lease = now, now+lease.Milliseconds()
+	s.expires = max(now+s.retention*1000, s.lease)
+	m.put(k, &s, now)
+	return s.leaseOf(), nil
+}
+
+// Status implements Store.
+func (m *MemoryStore) Status(_ context.Context, tenant, key string, withResponse bool) (Record, error) {
+	if err := m.limits.checkKey(tenant, key); err != nil {
+		return Record{}, err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	now := nowMs()
+	s := m.get(memoryKey{tenant, key}, now)
+	if s == nil {
+		return Record{}, ErrNotFound
+	}
+	return s.record(tenant, now, withResponse)
+}
+
+// Delete implements Store.
+func (m *MemoryStore) Delete(_ context.Context, tenant, key string) error {
+	if err := m.limits.checkKey(tenant, key); err != nil {
+		return err
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.records, memoryKey{tenant, key})
+	return nil
+}
+
+// Ping implements Store; memory is always there.
+func (m *MemoryStore) Ping(context.Context) error { return nil }
+
+func nowMs() int64 { return time.Now().UnixMilli() }
+
+// acquired answers a Begin that holds the lease of s.
+func acquired(tenant string, s *stored, now int64) (BeginResult, error) {
+	rec, err := s.record(tenant, now, false)
+	return BeginResult{Acquired: true, Lease: s.leaseOf(), Record: rec}, err
+}
+
+// replay answers a Begin on the finished record s.
+func replay(tenant string, s *stored, now int64) (BeginResult, error) {
+	rec, err := s.record(tenant, now, true)
+	return BeginResult{Record: rec}, err
+}

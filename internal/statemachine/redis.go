@@ -1,0 +1,341 @@
+package statemachine
+
+import (
+	"context"
+	"crypto/rand"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemsvc/idemsvc/internal/lua"
+)
+
+// RedisOptions configures a RedisStore. The zero value is ready to use.
+type RedisOptions struct {
+	Limits Limits
+	// Timeout bounds each operation (default 1s). For it to hold while
+	// Redis hangs, the client needs ContextTimeoutEnabled.
+	Timeout time.Duration
+	// WaitReplicas > 0 acknowledges a transition only once that many
+	// replicas of the key's master confirmed it (WAIT, on the connection
+	// that ran the script); fewer answer ErrStoreUnavailable.
+	WaitReplicas int
+	// WaitTimeout bounds WAIT (default 1s); it adds to Timeout.
+	WaitTimeout time.Duration
+}
+
+// RedisStore keeps records in Redis: one node, Sentinel or Cluster. Every
+// transition is one script run on the record's key, in one round trip
+// (two commands in one pipeline with WaitReplicas).
+type RedisStore struct {
+	client       redis.UniversalClient
+	limits       Limits
+	timeout      time.Duration
+	waitReplicas int
+	waitTimeout  time.Duration
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// NewRedisStore returns a store over client. The client stays the caller's to close.
+func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore {
+	s := &RedisStore{
+		client:       client,
+		limits:       opts.Limits.withDefaults(),
+		timeout:      opts.Timeout,
+		waitReplicas: opts.WaitReplicas,
+		waitTimeout:  opts.WaitTimeout,
+	}
+	if s.timeout <= 0 {
+		s.timeout = time.Second
+	}
+	if s.waitTimeout <= 0 {
+		s.waitTimeout = time.Second
+	}
+	if s.waitReplicas > 0 {
+		s.timeout += s.waitTimeout
+	}
+	return s
+}
+
+// The reply codes of the scripts (internal/lua/record.lua).
+const (
+	codeOK = iota
+	codeBusy
+	codeDone
+	codeMismatch
+	codeLeaseLost
+	codeNotFound
+)
+
+// reply is a decoded script reply: {code, now_ms, record}.
+type reply struct {
+	code int64
+	now  int64
+	rec  stored // when the script sent one
+}
+
+// Begin implements Store; see internal/lua/begin.lua.
+func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest) (BeginResult, error) {
+	lease, retention, err := s.limits.checkBegin(tenant, &req)
+	if err != nil {
+		return BeginResult{}, err
+	}
+	var tok token
+	rand.Read(tok[:])
+	r, err := s.run(ctx, "begin", lua.Begin, RedisKey(tenant, req.Key),
+		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key)
+	if err != nil {
+		return BeginResult{}, err
+	}
+	switch r.code {
+	case codeOK:
+		return acquired(tenant, &r.rec, r.now)
+	case codeDone:
+		return replay(tenant, &r.rec, r.now)
+	case codeBusy:
+		return BeginResult{}, &InProgressError{Attempt: r.rec.attempt, LeaseExpiresAt: msTime(r.rec.lease)}
+	}
+	return BeginResult{}, r.err("begin")
+}
+
+// Complete implements Store; see internal/lua/complete.lua.
+func (s *RedisStore) Complete(ctx context.Context, tenant string, req CompleteRequest) (Record, error) {
+	tok, err := s.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, "")
+	if err != nil {
+		return Record{}, err
+	}
+	r, err := s.run(ctx, "complete", lua.Complete, RedisKey(tenant, req.Key),
+		string(tok[:]), encodeResponse(&req.Response), retentionArg(req.Retention))
+	return s.finished(tenant, "complete", r, err)
+}
+
+// Fail implements Store; see internal/lua/fail.lua.
+func (s *RedisStore) Fail(ctx context.Context, tenant string, req FailRequest) (Record, error) {
+	tok, err := s.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, req.Error)
+	if err != nil {
+		return Record{}, err
+	}
+	retryable := "0"
+	if req.Retryable {
+		retryable = "1"
+	}
+	r, err := s.run(ctx, "fail", lua.Fail, RedisKey(tenant, req.Key),
+		string(tok[:]), retryable, req.Error, encodeResponse(&req.Response), retentionArg(req.Retention))
+	return s.finished(tenant, "fail", r, err)
+}
+
+func (s *RedisStore) finished(tenant, op string, r reply, err error) (Record, error) {
+	if err != nil {
+		return Record{}, err
+	}
+	if r.code != codeOK {
+		return Record{}, r.err(op)
+	}
+	return r.rec.record(tenant, r.now, false)
+}
+
+// Extend implements Store; see internal/lua/extend.lua.
+func (s *RedisStore) Extend(ctx context.Context, tenant string, req ExtendRequest) (Lease, error) {
+	if err := s.limits.checkKey(tenant, req.Key); err != nil {
+		return Lease{}, err
+	}
+	tok, err := parseToken(req.Token)
+	if err != nil {
+		return Lease{}, err
+	}
+	lease, err := s.limits.checkLease(req.Lease)
+	if err != nil {
+		return Lease{}, err
+	}
+	var call [8]byte
+	rand.Read(call[:])
+	r, err := s.run(ctx, "extend", lua.Extend, RedisKey(tenant, req.Key),
+		string(tok[:]), string(call[:]), lease.Milliseconds())
+	if err != nil {
+		return Lease{}, err
+	}
+	if r.code != codeOK {
+		return Lease{}, r.err("extend")
+	}
+	return r.rec.leaseOf(), nil
+}
+
+// Status implements Store; see internal/lua/status.lua.
+func (s *RedisStore) Status(ctx context.Context, tenant, key string, withResponse bool) (Record, error) {
+	if err := s.limits.checkKey(tenant, key); err != nil {
+		return Record{}, err
+	}
+	r, err := s.run(ctx, "status", lua.Status, RedisKey(tenant, key))
+	if err != nil {
+		return Record{}, err
+	}
+	if r.code != codeOK {
+		return Record{}, r.err("status")
+	}
+	return r.rec.record(tenant, r.now, withResponse)
+}
+
+// Delete implements Store.
+func (s *RedisStore) Delete(ctx context.Context, tenant, key string) error {
+	if err := s.limits.checkKey(tenant, key); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	k := RedisKey(tenant, key)
+	var err error
+	if s.waitReplicas == 0 {
+		err = s.client.Del(ctx, k).Err()
+	} else {
+		err = s.pipelineWithWait(ctx, k, func(p redis.Pipeliner) redis.Cmder { return p.Del(ctx, k) })
+	}
+	if err != nil {
+		return fmt.Errorf("%w: delete: %w", ErrStoreUnavailable, err)
+	}
+	return nil
+}
+
+// Ping implements Store: it pings every node the client uses.
+func (s *RedisStore) Ping(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	var err error
+	if c, ok := s.client.(*redis.ClusterClient); ok {
+		err = c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
+			return shard.Ping(ctx).Err()
+		})
+	} else {
+		err = s.client.Ping(ctx).Err()
+	}
+	if err != nil {
+		return fmt.Errorf("%w: ping: %w", ErrStoreUnavailable, err)
+	}
+	return nil
+}
+
+// run runs script on key and decodes its reply. Any failure to get a reply
+// is ErrStoreUnavailable: the script may or may not have run.
+func (s *RedisStore) run(ctx context.Context, op string, script *redis.Script, key string, args ...any) (reply, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	keys := []string{key}
+	var cmd *redis.Cmd
+	var err error
+	if s.waitReplicas == 0 {
+		cmd = script.Run(ctx, s.client, keys, args...)
+		err = cmd.Err()
+	} else {
+		err = s.pipelineWithWait(ctx, key, func(p redis.Pipeliner) redis.Cmder {
+			cmd = script.EvalSha(ctx, p, keys, args...)
+			return cmd
+		})
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			err = s.pipelineWithWait(ctx, key, func(p redis.Pipeliner) redis.Cmder {
+				cmd = script.Eval(ctx, p, keys, args...)
+				return cmd
+			})
+		}
+	}
+	if err != nil {
+		return reply{}, fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
+	}
+	r, err := decodeReply(cmd.Val())
+	if err != nil {
+		return reply{}, fmt.Errorf("statemachine: %s: %w", op, err)
+	}
+	return r, nil
+}
+
+// pipelineWithWait sends one command and WAIT in one pipeline on the
+// connection of key's master, so that WAIT counts that command's write.
+func (s *RedisStore) pipelineWithWait(ctx context.Context, key string, send func(redis.Pipeliner) redis.Cmder) error {
+	var node redis.Cmdable = s.client
+	if c, ok := s.client.(*redis.ClusterClient); ok {
+		master, err := c.MasterForKey(ctx, key)
+		if err != nil {
+			return err
+		}
+		node = master
+	}
+	var cmd redis.Cmder
+	var wait *redis.Cmd
+	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
+		cmd = send(p)
+		wait = p.Do(ctx, "WAIT", s.waitReplicas, s.waitTimeout.Milliseconds())
+		return nil
+	})
+	if err := cmd.Err(); err != nil {
+		if c, ok := s.client.(*redis.ClusterClient); ok && isRedirect(err) {
+			c.ReloadState(ctx) // the next call goes to the slot's new master
+		}
+		return err
+	}
+	if err != nil {
+		return err
+	}
+	if n, err := wait.Int64(); err != nil || n < int64(s.waitReplicas) {
+		return fmt.Errorf("WAIT: %d of %d replicas confirmed within %s", n, s.waitReplicas, s.waitTimeout)
+	}
+	return nil
+}
+
+func isRedirect(err error) bool {
+	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")
+}
+
+// decodeReply checks the shape of a script's reply: {code, now_ms[, record]}.
+func decodeReply(v any) (reply, error) {
+	var r reply
+	parts, ok := v.([]any)
+	if !ok || len(parts) < 2 || len(parts) > 3 {
+		return r, fmt.Errorf("unexpected script reply %T of %d parts", v, len(parts))
+	}
+	if r.code, ok = parts[0].(int64); !ok {
+		return r, fmt.Errorf("unexpected reply code %T", parts[0])
+	}
+	if r.now, ok = parts[1].(int64); !ok {
+		return r, fmt.Errorf("unexpected reply time %T", parts[1])
+	}
+	switch r.code {
+	case codeOK, codeBusy, codeDone:
+		if len(parts) != 3 {
+			return r, fmt.Errorf("reply code %d without a record", r.code)
+		}
+		raw, ok := parts[2].(string)
+		if !ok {
+			return r, fmt.Errorf("unexpected reply record %T", parts[2])
+		}
+		var err error
+		if r.rec, err = decodeStored(raw); err != nil {
+			return r, err
+		}
+	case codeMismatch, codeLeaseLost, codeNotFound:
+	default:
+		return r, fmt.Errorf("unknown reply code %d", r.code)
+	}
+	return r, nil
+}
+
+// err returns the error of a reply code that is not a success of op.
+func (r *reply) err(op string) error {
+	switch r.code {
+	case codeMismatch:
+		return ErrFingerprintMismatch
+	case codeLeaseLost:
+		return ErrLeaseLost
+	case codeNotFound:
+		return ErrNotFound
+	}
+	return fmt.Errorf("statemachine: %s: unexpected reply code %d", op, r.code)
+}
+
+// retentionArg is ARGV's retention: seconds, or "" to keep the record's.
+func retentionArg(d time.Duration) string {
+	if d == 0 {
+		return ""
+	}
+	return strconv.FormatInt(int64(d/time.Second), 10)
+}

@@ -1,0 +1,148 @@
+package statemachine
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// State is where a record stands.
+type State uint8
+
+// The states of a record. A retryable failure is StateFailed with
+// Record.Retryable set: the next Begin acquires it.
+const (
+	StateInProgress State = 1
+	StateCompleted  State = 2
+	StateFailed     State = 3
+)
+
+// String returns the state's name as the API spells it.
+func (s State) String() string {
+	switch s {
+	case StateInProgress:
+		return "in_progress"
+	case StateCompleted:
+		return "completed"
+	case StateFailed:
+		return "failed"
+	}
+	return fmt.Sprintf("State(%d)", uint8(s))
+}
+
+// ParseState is the inverse of State.String.
+func ParseState(name string) (State, error) {
+	for _, s := range []State{StateInProgress, StateCompleted, StateFailed} {
+		if s.String() == name {
+			return s, nil
+		}
+	}
+	return 0, fmt.Errorf("statemachine: unknown state %q", name)
+}
+
+// Response is what an operation produced, replayed byte for byte to every
+// duplicate. Every part is optional.
+type Response struct {
+	StatusCode int // 100–599, or 0 when not given
+	Headers    map[string]string
+	Body       []byte
+	// Base64 records that the body was sent base64-encoded, so that replays
+	// encode it the same way.
+	Base64 bool
+}
+
+// IsZero reports whether no part of the response was given.
+func (r Response) IsZero() bool {
+	return r.StatusCode == 0 && len(r.Headers) == 0 && len(r.Body) == 0 && !r.Base64
+}
+
+// Lease is a caller's right to run the current attempt.
+type Lease struct {
+	Token     string // opaque; fences Complete, Fail and Extend
+	Attempt   int64  // strictly increasing per key: usable as a fencing token
+	ExpiresAt time.Time
+	Recovered bool // an expired lease of an earlier attempt was taken over
+}
+
+// Record is what a store holds for one (tenant, key). Times are UTC.
+type Record struct {
+	Tenant         string
+	Key            string
+	State          State
+	Attempt        int64
+	Owner          string
+	Fingerprint    string
+	CreatedAt      time.Time
+	UpdatedAt      time.Time // the last transition: completed_at or failed_at once finished
+	LeaseExpiresAt time.Time // while in progress
+	LeaseExpired   bool      // while in progress: the lease ran out and nobody took over yet
+	ExpiresAt      time.Time // end of retention
+	Retryable      bool      // failed: the next Begin acquires
+	Error          string    // failed: the caller's message
+	Response       Response  // finished; filled by Status only when asked for
+}
+
+// BeginRequest starts an attempt. Zero durations take the defaults of Limits.
+type BeginRequest struct {
+	Key         string
+	Fingerprint string // compared when both the record and the request carry one
+	Owner       string // a Begin by the live lease's owner returns that lease again
+	Lease       time.Duration
+	Retention   time.Duration
+}
+
+// BeginResult is either an acquired Lease or a finished Record to replay.
+type BeginResult struct {
+	Acquired bool
+	Lease    Lease  // when Acquired
+	Record   Record // the record after Begin; when not Acquired, State is Completed or Failed
+}
+
+// CompleteRequest stores the response of the current attempt.
+type CompleteRequest struct {
+	Key       string
+	Token     string
+	Response  Response
+	Retention time.Duration // zero keeps the retention given to Begin
+}
+
+// FailRequest ends the current attempt with a failure. A retryable failure
+// releases the key; a terminal one is replayed by Begin until retention ends.
+type FailRequest struct {
+	Key       string
+	Token     string
+	Retryable bool
+	Error     string
+	Response  Response
+	Retention time.Duration // zero keeps the retention given to Begin
+}
+
+// ExtendRequest pushes the lease of the current attempt to now + Lease.
+type ExtendRequest struct {
+	Key   string
+	Token string
+	Lease time.Duration
+}
+
+// Store keeps records and moves them through their states. Every method takes
+// the tenant the caller acts for: the same key under two tenants names two
+// unrelated records.
+type Store interface {
+	// Begin acquires the key, or returns its finished record; it fails with
+	// ErrInProgress (as *InProgressError) or ErrFingerprintMismatch.
+	Begin(ctx context.Context, tenant string, req BeginRequest) (BeginResult, error)
+	// Complete finishes the attempt with its response. It returns the
+	// record without its response.
+	Complete(ctx context.Context, tenant string, req CompleteRequest) (Record, error)
+	// Fail finishes or releases the attempt. It returns the record without
+	// its response.
+	Fail(ctx context.Context, tenant string, req FailRequest) (Record, error)
+	// Extend renews the lease of the current attempt.
+	Extend(ctx context.Context, tenant string, req ExtendRequest) (Lease, error)
+	// Status reads the record; the response is filled only if withResponse.
+	Status(ctx context.Context, tenant, key string, withResponse bool) (Record, error)
+	// Delete forgets the record; deleting an absent record is not an error.
+	Delete(ctx context.Context, tenant, key string) error
+	// Ping reports whether the store can be reached.
+	Ping(ctx context.Context) error
+}
