@@ -1,0 +1,34 @@
+// Package redistest gives tests real Redis servers: standalone servers and
+// Redis Clusters of three masters with one replica each.
+//
+// Servers come from the first source that is available:
+//
+//  1. Existing servers named by the environment: IDEMSVC_TEST_REDIS_ADDR
+//     (host:port of a standalone server) and IDEMSVC_TEST_REDIS_CLUSTER_ADDRS
+//     (comma-separated seed nodes of a cluster). Each variable applies to its
+//     own kind of server only. Operations that need control over the process
+//     (Stop, Start, Restart, Pause) skip the calling test in this mode, and
+//     NewServer and NewCluster return the external servers rather than
+//     dedicated ones.
+//  2. redis-server processes started from the binary found on PATH, bound to
+//     free ports on 127.0.0.1, without persistence, in temporary directories.
+//  3. redis:7.0 containers started through testcontainers-go when there is no
+//     redis-server binary but a Docker engine answers. Containers use host
+//     networking so cluster nodes announce 127.0.0.1 addresses.
+//
+// When none is available the test fails with instructions; it is never
+// skipped silently.
+//
+// NewServer and NewCluster start servers dedicated to one test and stop them
+// when the test ends. SharedServer and SharedCluster start one instance per
+// test binary, lazily on first use, for tests that only read and write: such
+// tests must use unique keys, and the shared instances refuse Stop, Start,
+// Restart and Pause. A package that uses SharedServer or SharedCluster must
+// call Main from its TestMain so the shared instances are stopped:
+//
+//	func TestMain(m *testing.M) { redistest.Main(m) }
+//
+// Processes are started in their own process group and are killed by the
+// kernel if the test binary dies, so an interrupted run leaves no servers
+// behind.
+package redistest
