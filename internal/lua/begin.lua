@@ -31,13 +31,15 @@ if old then
   end
 end
 
--- Acquire: a new key, a released key, or an expired lease taken over.
+-- Acquire: a new key, a released key, or an expired lease taken over. An
+-- in-progress record outlives its lease by the retention, so that a takeover
+-- still finds it and counts the attempt on.
 local lease = now + tonumber(ARGV[4])
 local retention = tonumber(ARGV[5])
 local r = {
   state = IN_PROGRESS, recovered = 0, retryable = 0, attempt = 1,
   created = now, updated = now, lease = lease,
-  expires = math.max(now + retention * 1000, lease), retention = retention,
+  expires = lease + retention * 1000, retention = retention,
   token = ARGV[1], call = NO_CALL, owner = ARGV[2], fingerprint = ARGV[3],
   key = ARGV[6], error = '',
 }

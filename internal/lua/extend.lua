@@ -18,5 +18,5 @@ if r.token ~= ARGV[1] or r.state ~= IN_PROGRESS then return {LEASE_LOST, now} en
 if r.call == ARGV[2] then return {OK, now, head(r)} end -- go-redis re-sent this call
 
 r.call, r.updated, r.lease = ARGV[2], now, now + tonumber(ARGV[3])
-r.expires = math.max(now + r.retention * 1000, r.lease)
+r.expires = r.lease + r.retention * 1000
 return {OK, now, save(r, '')}

@@ -24,13 +24,13 @@ local function now_ms()
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
 
--- decode returns the record's fields; r.body_at is where its response starts.
+-- decode returns the record's fields (the response is left in raw).
 local function decode(raw)
   local r = {}
   local version
   version, r.state, r.recovered, r.retryable, r.attempt, r.created, r.updated,
     r.lease, r.expires, r.retention, r.token, r.call, r.owner, r.fingerprint,
-    r.key, r.error, r.body_at = struct.unpack(LAYOUT, raw)
+    r.key, r.error = struct.unpack(LAYOUT, raw)
   if version ~= 1 then error('idemsvc: unknown record version ' .. version) end
   return r
 end

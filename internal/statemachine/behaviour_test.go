@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -69,8 +70,8 @@ func TestStatusFields(t *testing.T) {
 			rec.CreatedAt.IsZero() || !rec.CreatedAt.Equal(rec.UpdatedAt) {
 			t.Fatalf("in progress: got %+v", rec)
 		}
-		if d := rec.ExpiresAt.Sub(rec.UpdatedAt); d != time.Hour {
-			t.Errorf("retention: expires %v after the begin, want 1h", d)
+		if d := rec.ExpiresAt.Sub(rec.LeaseExpiresAt); d != time.Hour {
+			t.Errorf("retention: expires %v after the lease, want 1h", d)
 		}
 		s.waitLeaseExpiry()
 		if rec := s.status(); !rec.LeaseExpired {
@@ -203,13 +204,21 @@ func TestRetentionExpiry(t *testing.T) {
 	})
 }
 
+// TestInProgressOutlivesShortRetention: an in-progress record lives its
+// retention past its lease, so a retention shorter than the lease neither
+// frees the key early nor resets the attempt count at a takeover.
 func TestInProgressOutlivesShortRetention(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) sm.Store) {
 		s := newSubject(t, open(t))
-		s.mustBegin(sm.BeginRequest{Retention: time.Second, Lease: 3 * time.Second})
+		s.mustBegin(sm.BeginRequest{Retention: time.Second, Lease: 1500 * time.Millisecond})
 		time.Sleep(1200 * time.Millisecond)
 		if _, err := s.begin(sm.BeginRequest{}); !errors.Is(err, sm.ErrInProgress) {
 			t.Fatalf("begin within the lease, after retention: got %v, want in progress", err)
+		}
+		s.waitLeaseExpiry()
+		res := s.mustBegin(sm.BeginRequest{})
+		if !res.Acquired || res.Lease.Attempt != 2 || !res.Lease.Recovered {
+			t.Fatalf("begin after the lease: got %+v, want attempt 2 recovered", res.Lease)
 		}
 	})
 }
@@ -362,10 +371,10 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 					Response: sm.Response{Body: make([]byte, 1<<20-10), Headers: map[string]string{"X-Pad": long(11)}}})
 				return err
 			}, "", sm.ErrTooLarge},
-			{"error message makes it too large", func() error {
-				_, err := s.store.Fail(ctx, s.tenant, sm.FailRequest{Key: s.key, Token: tok, Error: long(2), Response: sm.Response{Body: make([]byte, 1<<20-1)}})
+			{"error message too long", func() error {
+				_, err := s.store.Fail(ctx, s.tenant, sm.FailRequest{Key: s.key, Token: tok, Error: long(1025)})
 				return err
-			}, "", sm.ErrTooLarge},
+			}, "error", sm.ErrInvalid},
 			{"extend lease too long", func() error {
 				_, err := s.store.Extend(ctx, s.tenant, sm.ExtendRequest{Key: s.key, Token: tok, Lease: 2 * time.Hour})
 				return err
@@ -385,9 +394,9 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 		if after := s.status(); after.State != before.State || after.UpdatedAt != before.UpdatedAt || after.LeaseExpiresAt != before.LeaseExpiresAt {
 			t.Errorf("record changed: before %+v, after %+v", before, after)
 		}
-		// The response limit is inclusive.
+		// The response limit is inclusive, and the error message is not part of it.
 		exact := sm.Response{Body: make([]byte, 1<<20-5), Headers: map[string]string{"X-Pad": ""}}
-		if _, err := s.store.Complete(ctx, s.tenant, sm.CompleteRequest{Key: s.key, Token: tok, Response: exact}); err != nil {
+		if _, err := s.store.Fail(ctx, s.tenant, sm.FailRequest{Key: s.key, Token: tok, Error: long(1024), Response: exact}); err != nil {
 			t.Errorf("a response of exactly 1 MiB: %v", err)
 		}
 	})
@@ -402,5 +411,25 @@ func TestStateNames(t *testing.T) {
 	}
 	if _, err := sm.ParseState("released"); err == nil {
 		t.Error("ParseState accepted an unknown name")
+	}
+}
+
+// TestLimitsAreCappedAtWhatARecordHolds: a configured limit beyond the
+// record's 16-bit length prefixes is capped, never written corrupt.
+func TestLimitsAreCappedAtWhatARecordHolds(t *testing.T) {
+	limits := sm.Limits{MaxOwnerBytes: 70000}
+	stores := map[string]sm.Store{
+		"memory": sm.NewMemoryStore(limits),
+		"redis":  sm.NewRedisStore(redistest.SharedServer(t).Client(t), sm.RedisOptions{Limits: limits}),
+	}
+	for name, store := range stores {
+		_, err := store.Begin(ctx, "t", sm.BeginRequest{Key: unique("k"), Owner: strings.Repeat("o", 1<<16)})
+		var inv *sm.InvalidError
+		if !errors.As(err, &inv) || inv.Field != "owner" {
+			t.Errorf("%s: a 65,536-byte owner: got %v, want invalid owner", name, err)
+		}
+		if _, err := store.Begin(ctx, "t", sm.BeginRequest{Key: unique("k"), Owner: strings.Repeat("o", 1<<16-1)}); err != nil {
+			t.Errorf("%s: a 65,535-byte owner: %v", name, err)
+		}
 	}
 }

@@ -151,7 +151,7 @@ func decodeResponse(s string) (Response, error) {
 	return r, nil
 }
 
-// lease returns the lease of an in-progress record.
+// leaseOf returns the lease of an in-progress record.
 func (s *stored) leaseOf() Lease {
 	return Lease{
 		Token:     s.token.String(),

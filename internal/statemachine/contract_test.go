@@ -164,6 +164,7 @@ func TestTransitions(t *testing.T) {
 		after   shape
 	}
 	acquire := func(s *subject) { s.mustBegin(sm.BeginRequest{Owner: "owner-a", Fingerprint: "fp-1"}) }
+	acquireNoFP := func(s *subject) { s.mustBegin(sm.BeginRequest{Owner: "owner-a"}) }
 	acquireShort := func(s *subject) { s.mustBegin(sm.BeginRequest{Owner: "owner-a", Lease: shortLease}) }
 	then := func(steps ...func(s *subject)) func(s *subject) {
 		return func(s *subject) {
@@ -218,8 +219,10 @@ func TestTransitions(t *testing.T) {
 			op: beginAs("owner-b", "fp-2"), wantErr: sm.ErrFingerprintMismatch, after: completed},
 		{name: "begin with another fingerprint on released", setup: then(acquire, must(failOp(true))), before: released,
 			op: beginAs("owner-b", "fp-2"), wantErr: sm.ErrFingerprintMismatch, after: released},
-		{name: "begin without fingerprint is not compared", setup: then(acquire, must(completeOp)), before: completed,
-			op: beginAs("owner-b", ""), after: completed},
+		{name: "begin without fingerprint is not compared", setup: then(acquire, must(failOp(true))), before: released,
+			op: beginAs("owner-b", ""), after: inProgress(2)},
+		{name: "begin with a fingerprint on a record without one", setup: then(acquireNoFP, must(completeOp)), before: completed,
+			op: beginAs("owner-b", "fp-9"), after: completed},
 		{name: "complete with the current token", setup: acquire, before: inProgress(1),
 			op: completeOp, after: completed},
 		{name: "complete retried with the same token", setup: then(acquire, must(completeOp)), before: completed,

@@ -6,7 +6,9 @@
 // ErrInProgress or ErrFingerprintMismatch. Complete, Fail and Extend are
 // fenced by the lease token of the current attempt: a token of an earlier
 // attempt gets ErrLeaseLost and changes nothing, and a retried call with the
-// current token answers as the first did.
+// current token answers as the first did. One retry cannot: once a retryable
+// Fail released the key and another Begin acquired it, the old token is an
+// earlier attempt's, and a retry of that Fail gets ErrLeaseLost.
 //
 // Two Stores implement it with the same behaviour: RedisStore runs each
 // transition as one Lua script (package internal/lua) over a go-redis client

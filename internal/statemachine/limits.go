@@ -16,10 +16,15 @@ type Limits struct {
 	MinRetention        time.Duration
 	MaxRetention        time.Duration
 	DefaultRetention    time.Duration
-	// MaxResponseBytes bounds a stored response: body, header names and
-	// values, and a failure's error message.
+	// MaxResponseBytes bounds a stored response: body, header names and values.
 	MaxResponseBytes int
+	// MaxErrorBytes bounds the error message of a failure.
+	MaxErrorBytes int
 }
+
+// maxPrefixed is the longest key, owner or fingerprint a record can hold:
+// record.lua prefixes them with a 16-bit length.
+const maxPrefixed = 1<<16 - 1
 
 // DefaultLimits returns the limits of the contract.
 func DefaultLimits() Limits {
@@ -34,10 +39,12 @@ func DefaultLimits() Limits {
 		MaxRetention:        30 * 24 * time.Hour,
 		DefaultRetention:    24 * time.Hour,
 		MaxResponseBytes:    1 << 20,
+		MaxErrorBytes:       1024,
 	}
 }
 
-// withDefaults fills zero fields from DefaultLimits.
+// withDefaults fills zero fields from DefaultLimits and caps the lengths at
+// what a record can hold.
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits()
 	fill := func(v *int, def int) {
@@ -54,12 +61,18 @@ func (l Limits) withDefaults() Limits {
 	fill(&l.MaxFingerprintBytes, d.MaxFingerprintBytes)
 	fill(&l.MaxOwnerBytes, d.MaxOwnerBytes)
 	fill(&l.MaxResponseBytes, d.MaxResponseBytes)
+	fill(&l.MaxErrorBytes, d.MaxErrorBytes)
+	l.MaxKeyBytes = min(l.MaxKeyBytes, maxPrefixed)
+	l.MaxOwnerBytes = min(l.MaxOwnerBytes, maxPrefixed)
+	l.MaxFingerprintBytes = min(l.MaxFingerprintBytes, maxPrefixed)
 	fillD(&l.MinLease, d.MinLease)
 	fillD(&l.MaxLease, d.MaxLease)
 	fillD(&l.DefaultLease, d.DefaultLease)
 	fillD(&l.MinRetention, d.MinRetention)
 	fillD(&l.MaxRetention, d.MaxRetention)
 	fillD(&l.DefaultRetention, d.DefaultRetention)
+	l.DefaultLease = l.DefaultLease.Truncate(time.Millisecond)
+	l.DefaultRetention = l.DefaultRetention.Truncate(time.Second)
 	return l
 }
 
@@ -148,7 +161,10 @@ func (l *Limits) checkFinish(tenant, key, tok string, retention time.Duration, r
 	if resp.StatusCode != 0 && (resp.StatusCode < 100 || resp.StatusCode > 599) {
 		return token{}, invalid("response.status_code", "must be 100 to 599")
 	}
-	size := len(resp.Body) + len(errMsg)
+	if len(errMsg) > l.MaxErrorBytes {
+		return token{}, invalid("error", "must be at most %d bytes", l.MaxErrorBytes)
+	}
+	size := len(resp.Body)
 	for name, value := range resp.Headers {
 		size += len(name) + len(value)
 	}
@@ -156,6 +172,19 @@ func (l *Limits) checkFinish(tenant, key, tok string, retention time.Duration, r
 		return token{}, sizeError(size, l.MaxResponseBytes)
 	}
 	return t, nil
+}
+
+// checkExtend validates an Extend and returns the parsed token and the lease.
+func (l *Limits) checkExtend(tenant string, req *ExtendRequest) (token, time.Duration, error) {
+	if err := l.checkKey(tenant, req.Key); err != nil {
+		return token{}, 0, err
+	}
+	t, err := parseToken(req.Token)
+	if err != nil {
+		return token{}, 0, err
+	}
+	lease, err := l.checkLease(req.Lease)
+	return t, lease, err
 }
 
 func parseToken(s string) (token, error) {

@@ -29,11 +29,12 @@ func NewMemoryStore(limits Limits) *MemoryStore {
 
 var _ Store = (*MemoryStore)(nil)
 
-// get returns the live record under k, dropping it if its retention ended.
+// get returns the live record under k, dropping it if its retention ended
+// (as in Redis, a record expires once the time is past its expiry).
 // The caller holds m.mu.
 func (m *MemoryStore) get(k memoryKey, now int64) *stored {
 	s := m.records[k]
-	if s != nil && s.expires <= now {
+	if s != nil && s.expires < now {
 		delete(m.records, k)
 		return nil
 	}
@@ -44,7 +45,7 @@ func (m *MemoryStore) get(k memoryKey, now int64) *stored {
 func (m *MemoryStore) put(k memoryKey, s *stored, now int64) {
 	n := 0
 	for other, rec := range m.records {
-		if rec.expires <= now {
+		if rec.expires < now {
 			delete(m.records, other)
 		}
 		if n++; n == expirySample {
@@ -92,7 +93,7 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 		fingerprint: req.Fingerprint,
 		key:         req.Key,
 	}
-	s.expires = max(now+retention.Milliseconds(), s.lease)
+	s.expires = s.lease + retention.Milliseconds()
 	rand.Read(s.token[:])
 	if old != nil {
 		s.attempt, s.created = old.attempt+1, old.created
@@ -159,14 +160,7 @@ func (m *MemoryStore) finish(tenant, key string, tok token, state State, set fun
 
 // Extend implements Store; see internal/lua/extend.lua.
 func (m *MemoryStore) Extend(_ context.Context, tenant string, req ExtendRequest) (Lease, error) {
-	if err := m.limits.checkKey(tenant, req.Key); err != nil {
-		return Lease{}, err
-	}
-	tok, err := parseToken(req.Token)
-	if err != nil {
-		return Lease{}, err
-	}
-	lease, err := m.limits.checkLease(req.Lease)
+	tok, lease, err := m.limits.checkExtend(tenant, &req)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -183,7 +177,7 @@ func (m *MemoryStore) Extend(_ context.Context, tenant string, req ExtendRequest
 	}
 	s := *old
 	s.updated, s.lease = now, now+lease.Milliseconds()
-	s.expires = max(now+s.retention*1000, s.lease)
+	s.expires = s.lease + s.retention*1000
 	m.put(k, &s, now)
 	return s.leaseOf(), nil
 }

@@ -3,6 +3,7 @@ package statemachine
 import (
 	"context"
 	"crypto/rand"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
@@ -28,7 +29,8 @@ type RedisOptions struct {
 
 // RedisStore keeps records in Redis: one node, Sentinel or Cluster. Every
 // transition is one script run on the record's key, in one round trip
-// (two commands in one pipeline with WaitReplicas).
+// (two commands in one pipeline with WaitReplicas), plus one to load the
+// script after Redis lost its script cache.
 type RedisStore struct {
 	client       redis.UniversalClient
 	limits       Limits
@@ -139,14 +141,7 @@ func (s *RedisStore) finished(tenant, op string, r reply, err error) (Record, er
 
 // Extend implements Store; see internal/lua/extend.lua.
 func (s *RedisStore) Extend(ctx context.Context, tenant string, req ExtendRequest) (Lease, error) {
-	if err := s.limits.checkKey(tenant, req.Key); err != nil {
-		return Lease{}, err
-	}
-	tok, err := parseToken(req.Token)
-	if err != nil {
-		return Lease{}, err
-	}
-	lease, err := s.limits.checkLease(req.Lease)
+	tok, lease, err := s.limits.checkExtend(tenant, &req)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -198,13 +193,13 @@ func (s *RedisStore) Delete(ctx context.Context, tenant, key string) error {
 	return nil
 }
 
-// Ping implements Store: it pings every node the client uses.
+// Ping implements Store: it pings every master (for a Cluster) or the one node.
 func (s *RedisStore) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	var err error
 	if c, ok := s.client.(*redis.ClusterClient); ok {
-		err = c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
+		err = c.ForEachMaster(ctx, func(ctx context.Context, shard *redis.Client) error {
 			return shard.Ping(ctx).Err()
 		})
 	} else {
@@ -250,16 +245,37 @@ func (s *RedisStore) run(ctx context.Context, op string, script *redis.Script, k
 }
 
 // pipelineWithWait sends one command and WAIT in one pipeline on the
-// connection of key's master, so that WAIT counts that command's write.
+// connection of key's master, so that WAIT counts that command's write. In a
+// Cluster it follows the key to its current master: after a redirect, a
+// cluster error or a lost connection it reloads the slot map and sends again
+// while ctx allows; a command sent twice answers as the first run did.
 func (s *RedisStore) pipelineWithWait(ctx context.Context, key string, send func(redis.Pipeliner) redis.Cmder) error {
-	var node redis.Cmdable = s.client
-	if c, ok := s.client.(*redis.ClusterClient); ok {
-		master, err := c.MasterForKey(ctx, key)
-		if err != nil {
+	cluster, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return s.sendWithWait(ctx, s.client, send)
+	}
+	for backoff := 10 * time.Millisecond; ; backoff *= 2 {
+		master, err := cluster.MasterForKey(ctx, key)
+		if err == nil {
+			err = s.sendWithWait(ctx, master, send)
+		}
+		if err == nil || !isTopologyChange(err) {
 			return err
 		}
-		node = master
+		cluster.ReloadState(ctx)
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(backoff):
+		}
 	}
+}
+
+// errTooFewReplicas is WAIT's answer when fewer replicas than asked confirmed.
+var errTooFewReplicas = errors.New("too few replicas confirmed the write")
+
+// sendWithWait pipelines send's command and WAIT on node's connection.
+func (s *RedisStore) sendWithWait(ctx context.Context, node redis.Cmdable, send func(redis.Pipeliner) redis.Cmder) error {
 	var cmd redis.Cmder
 	var wait *redis.Cmd
 	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -267,23 +283,38 @@ func (s *RedisStore) pipelineWithWait(ctx context.Context, key string, send func
 		wait = p.Do(ctx, "WAIT", s.waitReplicas, s.waitTimeout.Milliseconds())
 		return nil
 	})
-	if err := cmd.Err(); err != nil {
-		if c, ok := s.client.(*redis.ClusterClient); ok && isRedirect(err) {
-			c.ReloadState(ctx) // the next call goes to the slot's new master
-		}
-		return err
+	if cmd.Err() != nil {
+		return cmd.Err()
 	}
 	if err != nil {
 		return err
 	}
-	if n, err := wait.Int64(); err != nil || n < int64(s.waitReplicas) {
-		return fmt.Errorf("WAIT: %d of %d replicas confirmed within %s", n, s.waitReplicas, s.waitTimeout)
+	n, err := wait.Int64()
+	if err != nil {
+		return fmt.Errorf("WAIT: %w", err)
+	}
+	if n < int64(s.waitReplicas) {
+		return fmt.Errorf("WAIT: %w: %d of %d within %s", errTooFewReplicas, n, s.waitReplicas, s.waitTimeout)
 	}
 	return nil
 }
 
-func isRedirect(err error) bool {
-	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")
+// isTopologyChange reports whether err may pass once the client follows the
+// cluster's new shape: a redirect, a cluster error, or a lost connection.
+func isTopologyChange(err error) bool {
+	if errors.Is(err, errTooFewReplicas) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var reply redis.Error
+	if !errors.As(err, &reply) {
+		return true // the connection failed
+	}
+	for _, prefix := range []string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"} {
+		if redis.HasErrorPrefix(err, prefix) {
+			return true
+		}
+	}
+	return false
 }
 
 // decodeReply checks the shape of a script's reply: {code, now_ms[, record]}.

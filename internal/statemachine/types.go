@@ -73,7 +73,7 @@ type Record struct {
 	Owner          string
 	Fingerprint    string
 	CreatedAt      time.Time
-	UpdatedAt      time.Time // the last transition: completed_at or failed_at once finished
+	UpdatedAt      time.Time // the last transition (extend included): completed_at or failed_at once finished
 	LeaseExpiresAt time.Time // while in progress
 	LeaseExpired   bool      // while in progress: the lease ran out and nobody took over yet
 	ExpiresAt      time.Time // end of retention
