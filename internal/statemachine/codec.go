@@ -46,18 +46,17 @@ func decodeStored(raw string) (stored, error) {
 	if len(raw) < fixedHeadBytes || raw[0] != recordVersion {
 		return s, errCorrupt
 	}
-	b := []byte(raw[:fixedHeadBytes])
-	s.state = State(b[1])
-	s.recovered = b[2] == 1
-	s.retryable = b[3] == 1
-	s.attempt = int64(binary.BigEndian.Uint32(b[4:]))
-	s.created = int64(binary.BigEndian.Uint64(b[8:]))
-	s.updated = int64(binary.BigEndian.Uint64(b[16:]))
-	s.lease = int64(binary.BigEndian.Uint64(b[24:]))
-	s.expires = int64(binary.BigEndian.Uint64(b[32:]))
-	s.retention = int64(binary.BigEndian.Uint32(b[40:]))
-	copy(s.token[:], b[44:60])
-	copy(s.call[:], b[60:68])
+	s.state = State(raw[1])
+	s.recovered = raw[2] == 1
+	s.retryable = raw[3] == 1
+	s.attempt = int64(bigEndian(raw[4:8]))
+	s.created = int64(bigEndian(raw[8:16]))
+	s.updated = int64(bigEndian(raw[16:24]))
+	s.lease = int64(bigEndian(raw[24:32]))
+	s.expires = int64(bigEndian(raw[32:40]))
+	s.retention = int64(bigEndian(raw[40:44]))
+	copy(s.token[:], raw[44:60])
+	copy(s.call[:], raw[60:68])
 	rest := raw[fixedHeadBytes:]
 	var ok bool
 	if s.owner, rest, ok = cutString(rest, 2); !ok {
@@ -76,15 +75,22 @@ func decodeStored(raw string) (stored, error) {
 	return s, nil
 }
 
+// bigEndian reads an unsigned big-endian integer of up to 8 bytes from s,
+// without copying it to a []byte.
+func bigEndian(s string) uint64 {
+	var v uint64
+	for i := 0; i < len(s); i++ {
+		v = v<<8 | uint64(s[i])
+	}
+	return v
+}
+
 // cutString splits a string with a big-endian length prefix of n bytes off s.
 func cutString(s string, n int) (value, rest string, ok bool) {
 	if len(s) < n {
 		return "", s, false
 	}
-	var size int
-	for i := range n {
-		size = size<<8 | int(s[i])
-	}
+	size := int(bigEndian(s[:n]))
 	if len(s)-n < size {
 		return "", s, false
 	}
@@ -129,8 +135,8 @@ func decodeResponse(s string) (Response, error) {
 		return r, errCorrupt
 	}
 	r.Base64 = s[0]&1 == 1
-	r.StatusCode = int(binary.BigEndian.Uint16([]byte(s[1:3])))
-	n := int(binary.BigEndian.Uint32([]byte(s[3:7])))
+	r.StatusCode = int(bigEndian(s[1:3]))
+	n := int(bigEndian(s[3:7]))
 	rest := s[7:]
 	if n > 0 {
 		r.Headers = make(map[string]string, min(n, len(rest)/8))
