@@ -37,6 +37,3 @@ var (
 	Extend   = redis.NewScript(record + extend)
 	Status   = redis.NewScript(record + status)
 )
-
-// All lists every script, for loading them ahead of pipelined calls.
-var All = []*redis.Script{Begin, Complete, Fail, Extend, Status}

@@ -53,7 +53,7 @@ func (r *resender) last() (first, second []any) {
 	return p[0].([]any), p[1].([]any)
 }
 
-// redisBackends are the Redis stores, each given a client that resends every script.
+// forEachRedis runs test with a client of the shared standalone server and one of the shared cluster.
 func forEachRedis(t *testing.T, test func(t *testing.T, client redis.UniversalClient)) {
 	t.Run("redis", func(t *testing.T) {
 		t.Parallel()
