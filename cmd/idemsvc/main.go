@@ -1,0 +1,171 @@
+// Command idemsvc serves the idempotency API: over Redis (one node,
+// Sentinel or Cluster) in production, or over an in-memory store for
+// development. Configuration comes from IDEMSVC_* environment variables or
+// flags of the same names; run it with -h for the list.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprintln(os.Stderr, err)
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idemsvc:", err)
+		os.Exit(1)
+	}
+}
+
+// Server timeouts. A begin may wait up to handlers.DefaultMaxWait, so
+// writes get that and the store's time on top.
+const (
+	readHeaderTimeout = 5 * time.Second
+	readTimeout       = 30 * time.Second
+	writeTimeout      = handlers.DefaultMaxWait + 15*time.Second
+	idleTimeout       = 2 * time.Minute
+	shutdownTimeout   = 30 * time.Second
+)
+
+// run serves until ctx ends, then shuts down gracefully: it stops taking
+// connections, wakes waiters, lets requests in flight finish and returns
+// nil. Logs are JSON lines on logOut.
+func run(ctx context.Context, args, env []string, logOut io.Writer) error {
+	cfg, err := parseConfig(args, env)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: cfg.logLevel}))
+
+	var keyring *auth.Keyring
+	if cfg.tenantsFile != "" {
+		if keyring, err = auth.LoadFile(cfg.tenantsFile); err != nil {
+			return err
+		}
+	}
+	store, closeStore, err := openStore(ctx, &cfg, keyring, log)
+	if err != nil {
+		return err
+	}
+	defer closeStore()
+
+	svc := handlers.New(handlers.Config{Store: store, Keyring: keyring, Logger: log})
+	ln, err := net.Listen("tcp", cfg.listen)
+	if err != nil {
+		return fmt.Errorf("listen: %w", err)
+	}
+	srv := &http.Server{
+		Handler:           svc,
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	log.Info("listening", "addr", ln.Addr().String())
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down: finishing requests in flight")
+	svc.StopWaiting()
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownTimeout)
+	defer cancel()
+	if err := srv.Shutdown(shutdownCtx); err != nil {
+		return fmt.Errorf("shutdown: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// openStore opens the configured store and says what it chose.
+func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slog.Logger) (statemachine.Store, func(), error) {
+	limits := statemachine.DefaultLimits()
+	if !cfg.usesRedis() {
+		log.Warn("NO REDIS CONFIGURED: serving from the in-memory store. Records live in this process only and are lost when it exits, and other instances do not see them. For development only; set IDEMSVC_REDIS_URL, IDEMSVC_REDIS_CLUSTER_ADDRS or IDEMSVC_REDIS_SENTINEL_ADDRS in production.")
+		if keyring == nil {
+			log.Warn("NO AUTHENTICATION: no tenants file, so every call is accepted as tenant " + handlers.DefaultTenant + ".")
+		}
+		return statemachine.NewMemoryStore(limits), func() {}, nil
+	}
+	if keyring == nil {
+		if !cfg.insecureNoAuth {
+			return nil, nil, errors.New("refusing to serve Redis without tenants: set IDEMSVC_TENANTS_FILE, or pass --insecure-no-auth to accept every call as tenant " + handlers.DefaultTenant)
+		}
+		log.Warn("NO AUTHENTICATION (--insecure-no-auth): every call is accepted as tenant " + handlers.DefaultTenant + ".")
+	}
+	client, desc, err := redisClient(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	store := statemachine.NewRedisStore(client, statemachine.RedisOptions{
+		Limits:       limits,
+		Timeout:      cfg.redisTimeout,
+		WaitReplicas: cfg.redisWaitReplicas,
+		WaitTimeout:  cfg.redisWaitTimeout,
+	})
+	log.Info("store: Redis", "mode", desc, "wait_replicas", cfg.redisWaitReplicas)
+	if cfg.redisWaitReplicas == 0 {
+		log.Warn("IDEMSVC_REDIS_WAIT_REPLICAS is 0: transitions are acknowledged before any replica has them, so a Redis failover can lose acknowledged transitions")
+	}
+	if err := store.Ping(ctx); err != nil {
+		log.Warn("Redis is not reachable yet; answering 503 until it is", "error", err.Error())
+	}
+	return store, func() { _ = client.Close() }, nil
+}
+
+// redisClient builds the go-redis client of the configured mode. Every
+// mode bounds each command by its context, so the store's timeout holds
+// even while Redis hangs.
+func redisClient(cfg *config) (redis.UniversalClient, string, error) {
+	switch {
+	case cfg.redisURL != "":
+		opts, err := redis.ParseURL(cfg.redisURL)
+		if err != nil {
+			// ParseURL's errors quote the URL, password and all.
+			return nil, "", errors.New("IDEMSVC_REDIS_URL is not a valid redis:// or rediss:// URL")
+		}
+		opts.ContextTimeoutEnabled = true
+		return redis.NewClient(opts), "standalone", nil
+	case len(cfg.redisClusterAddrs) > 0:
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                 cfg.redisClusterAddrs,
+			Password:              cfg.redisPassword,
+			ContextTimeoutEnabled: true,
+		}), "cluster", nil
+	default:
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            cfg.redisSentinelMaster,
+			SentinelAddrs:         cfg.redisSentinelAddrs,
+			Password:              cfg.redisPassword,
+			ContextTimeoutEnabled: true,
+		}), "sentinel", nil
+	}
+}

@@ -1,0 +1,208 @@
+package api
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"reflect"
+)
+
+// FieldError reports a request body that does not fit the API: an unknown,
+// repeated or mistyped field, or a body that is not a JSON object. Field is
+// the member's path as the API names it ("response.headers"), empty for the
+// body as a whole.
+type FieldError struct {
+	Field  string
+	Reason string
+}
+
+func (e *FieldError) Error() string {
+	if e.Field == "" {
+		return "request body: " + e.Reason
+	}
+	return e.Field + ": " + e.Reason
+}
+
+// The request bodies decode strictly: member names match exactly (not case
+// insensitively as encoding/json would), unknown and repeated members are
+// errors, and so is a body that is not an object.
+
+// UnmarshalJSON decodes a begin request strictly.
+func (r *BeginRequest) UnmarshalJSON(b []byte) error {
+	*r = BeginRequest{}
+	return decodeObject(b, func(name string) any {
+		switch name {
+		case "key":
+			return &r.Key
+		case "fingerprint":
+			return &r.Fingerprint
+		case "owner":
+			return &r.Owner
+		case "lease_ms":
+			return &r.LeaseMs
+		case "retention_s":
+			return &r.RetentionS
+		case "wait_ms":
+			return &r.WaitMs
+		case "tenant":
+			return &r.Tenant
+		}
+		return nil
+	})
+}
+
+// UnmarshalJSON decodes a complete request strictly.
+func (r *CompleteRequest) UnmarshalJSON(b []byte) error {
+	*r = CompleteRequest{}
+	return decodeObject(b, func(name string) any {
+		switch name {
+		case "key":
+			return &r.Key
+		case "lease_token":
+			return &r.LeaseToken
+		case "response":
+			return &r.Response
+		case "retention_s":
+			return &r.RetentionS
+		case "tenant":
+			return &r.Tenant
+		}
+		return nil
+	})
+}
+
+// UnmarshalJSON decodes a fail request strictly.
+func (r *FailRequest) UnmarshalJSON(b []byte) error {
+	*r = FailRequest{}
+	return decodeObject(b, func(name string) any {
+		switch name {
+		case "key":
+			return &r.Key
+		case "lease_token":
+			return &r.LeaseToken
+		case "retryable":
+			return &r.Retryable
+		case "error":
+			return &r.Error
+		case "response":
+			return &r.Response
+		case "tenant":
+			return &r.Tenant
+		}
+		return nil
+	})
+}
+
+// UnmarshalJSON decodes an extend request strictly.
+func (r *ExtendRequest) UnmarshalJSON(b []byte) error {
+	*r = ExtendRequest{}
+	return decodeObject(b, func(name string) any {
+		switch name {
+		case "key":
+			return &r.Key
+		case "lease_token":
+			return &r.LeaseToken
+		case "lease_ms":
+			return &r.LeaseMs
+		case "tenant":
+			return &r.Tenant
+		}
+		return nil
+	})
+}
+
+// UnmarshalJSON decodes a response to store strictly.
+func (r *StoredResponse) UnmarshalJSON(b []byte) error {
+	*r = StoredResponse{}
+	return decodeObject(b, func(name string) any {
+		switch name {
+		case "status_code":
+			return &r.StatusCode
+		case "headers":
+			return &r.Headers
+		case "body":
+			return &r.Body
+		case "body_encoding":
+			return &r.BodyEncoding
+		}
+		return nil
+	})
+}
+
+// maxFields bounds the members an object may have; no request has more.
+const maxFields = 8
+
+// decodeObject decodes the JSON object in b, member by member, into the
+// destinations field returns for their names (nil for an unknown name).
+func decodeObject(b []byte, field func(name string) any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		return &FieldError{Reason: "must be a JSON object"}
+	}
+	var seen [maxFields]string
+	n := 0
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			return &FieldError{Reason: "is not valid JSON"}
+		}
+		name := tok.(string) // inside an object the decoder yields only string names
+		dst := field(name)
+		if dst == nil {
+			return &FieldError{Field: name, Reason: "is not a known field"}
+		}
+		for _, s := range seen[:n] {
+			if s == name {
+				return &FieldError{Field: name, Reason: "appears more than once"}
+			}
+		}
+		seen[n] = name // n < maxFields: every name is known and distinct
+		n++
+		if err := dec.Decode(dst); err != nil {
+			return fieldError(name, err)
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		return &FieldError{Reason: "is not valid JSON"}
+	}
+	return nil
+}
+
+// fieldError names the field whose value failed to decode.
+func fieldError(name string, err error) error {
+	var fe *FieldError
+	if errors.As(err, &fe) {
+		if fe.Field != "" {
+			name += "." + fe.Field
+		}
+		return &FieldError{Field: name, Reason: fe.Reason}
+	}
+	var te *json.UnmarshalTypeError
+	if errors.As(err, &te) {
+		if te.Field != "" {
+			name += "." + te.Field
+		}
+		return &FieldError{Field: name, Reason: "must be " + jsonKind(te.Type.Kind())}
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return &FieldError{Reason: "is not valid JSON"}
+	}
+	return &FieldError{Field: name, Reason: fmt.Sprintf("is not valid: %v", err)}
+}
+
+// jsonKind names the JSON value a Go kind decodes from.
+func jsonKind(k reflect.Kind) string {
+	switch k {
+	case reflect.String:
+		return "a string"
+	case reflect.Bool:
+		return "a boolean"
+	case reflect.Int, reflect.Int64, reflect.Int32:
+		return "an integer"
+	case reflect.Map, reflect.Struct:
+		return "an object"
+	}
+	return "of another type"
+}

@@ -1,0 +1,126 @@
+// Package auth maps API keys to the tenants they act for. Keys are never
+// stored: the tenants file holds their SHA-256 digests, a presented key is
+// hashed, found by its digest and compared in constant time.
+package auth
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"regexp"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Principal is who a request acts as.
+type Principal struct {
+	Tenant string // the key's own tenant
+	Admin  bool   // may act for any tenant
+}
+
+// Keyring holds the API key digests of every tenant.
+type Keyring struct {
+	keys []key
+}
+
+type key struct {
+	digest    [sha256.Size]byte
+	principal Principal
+}
+
+// file is the tenants file's layout.
+type file struct {
+	Tenants []struct {
+		Name         string   `yaml:"name"`
+		Admin        bool     `yaml:"admin"`
+		APIKeySHA256 []string `yaml:"api_key_sha256"`
+	} `yaml:"tenants"`
+}
+
+var tenantName = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
+
+// LoadFile reads the tenants file at path.
+func LoadFile(path string) (*Keyring, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("tenants file: %w", err)
+	}
+	k, err := Parse(data)
+	if err != nil {
+		return nil, fmt.Errorf("tenants file %s: %w", path, err)
+	}
+	return k, nil
+}
+
+// Parse reads a tenants file (YAML, or JSON, which is YAML too). Unknown
+// fields, malformed names or digests, a tenant without keys, and a digest
+// given twice are errors: a typo must not silently lock a tenant out or
+// let a key act for two tenants.
+func Parse(data []byte) (*Keyring, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	var f file
+	if err := dec.Decode(&f); err != nil && !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("parse: %w", err)
+	}
+	if len(f.Tenants) == 0 {
+		return nil, errors.New("no tenants")
+	}
+	k := &Keyring{}
+	names := make(map[string]bool, len(f.Tenants))
+	for i, t := range f.Tenants {
+		if !tenantName.MatchString(t.Name) {
+			return nil, fmt.Errorf("tenant %d: name %q must match [a-z0-9_-]{1,64}", i+1, t.Name)
+		}
+		if names[t.Name] {
+			return nil, fmt.Errorf("tenant %q: listed twice", t.Name)
+		}
+		names[t.Name] = true
+		if len(t.APIKeySHA256) == 0 {
+			return nil, fmt.Errorf("tenant %q: no api_key_sha256", t.Name)
+		}
+		for j, h := range t.APIKeySHA256 {
+			var d [sha256.Size]byte
+			if n, err := hex.Decode(d[:], []byte(h)); err != nil || n != sha256.Size || len(h) != 2*sha256.Size {
+				return nil, fmt.Errorf("tenant %q: api_key_sha256[%d] is not 64 hex characters", t.Name, j)
+			}
+			if _, dup := k.lookup(d); dup {
+				return nil, fmt.Errorf("tenant %q: api_key_sha256[%d] is given more than once", t.Name, j)
+			}
+			k.keys = append(k.keys, key{d, Principal{Tenant: t.Name, Admin: t.Admin}})
+		}
+	}
+	return k, nil
+}
+
+// Lookup returns the principal of apiKey, or false for an unknown key.
+func (k *Keyring) Lookup(apiKey string) (Principal, bool) {
+	return k.lookup(sha256.Sum256([]byte(apiKey)))
+}
+
+// lookup compares d with every digest in constant time, without stopping
+// at a match: how long it takes tells nothing about which key matched, or
+// how close a wrong one came.
+func (k *Keyring) lookup(d [sha256.Size]byte) (Principal, bool) {
+	var found Principal
+	match := 0
+	for i := range k.keys {
+		eq := subtle.ConstantTimeCompare(d[:], k.keys[i].digest[:])
+		if eq == 1 {
+			found = k.keys[i].principal
+		}
+		match |= eq
+	}
+	return found, match == 1
+}
+
+// Digest is the SHA-256 hex digest of apiKey, as the tenants file lists it.
+func Digest(apiKey string) string {
+	d := sha256.Sum256([]byte(apiKey))
+	return hex.EncodeToString(d[:])
+}

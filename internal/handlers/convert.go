@@ -1,0 +1,111 @@
+package handlers
+
+import (
+	"encoding/base64"
+	"math"
+	"time"
+
+	"github.com/idemsvc/idemsvc/internal/api"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+)
+
+// duration converts an optional count of unit. Absent is zero, which the
+// store reads as "the default". A given value that is zero, negative or
+// too large to count becomes -1ns, which the store refuses with the
+// field's limits in the message: the limits are checked in one place.
+func duration(v *int64, unit time.Duration) time.Duration {
+	if v == nil {
+		return 0
+	}
+	if *v <= 0 || *v > math.MaxInt64/int64(unit) {
+		return -1
+	}
+	return time.Duration(*v) * unit
+}
+
+// toResponse decodes a response to store.
+func toResponse(r *api.StoredResponse) (statemachine.Response, error) {
+	var out statemachine.Response
+	if r == nil {
+		return out, nil
+	}
+	if r.StatusCode != nil {
+		out.StatusCode = *r.StatusCode
+		if out.StatusCode == 0 { // zero means "none" to the store
+			return out, badField("response.status_code", "must be 100 to 599")
+		}
+	}
+	out.Headers = r.Headers
+	encoding := api.BodyEncodingText
+	if r.BodyEncoding != nil {
+		encoding = *r.BodyEncoding
+	}
+	switch encoding {
+	case api.BodyEncodingText:
+		if r.Body != nil {
+			out.Body = []byte(*r.Body)
+		}
+	case api.BodyEncodingBase64:
+		out.Base64 = true
+		if r.Body != nil {
+			b, err := base64.StdEncoding.DecodeString(*r.Body)
+			if err != nil {
+				return out, badField("response.body", "is not valid base64")
+			}
+			out.Body = b
+		}
+	default:
+		return out, badField("response.body_encoding", `must be "text" or "base64"`)
+	}
+	return out, nil
+}
+
+// fromResponse encodes a stored response as it was given.
+func fromResponse(r statemachine.Response) api.StoredResponse {
+	var out api.StoredResponse
+	if r.StatusCode != 0 {
+		code := r.StatusCode
+		out.StatusCode = &code
+	}
+	out.Headers = r.Headers
+	if len(r.Body) > 0 || r.Base64 {
+		var body string
+		encoding := api.BodyEncodingText
+		if r.Base64 {
+			encoding = api.BodyEncodingBase64
+			body = base64.StdEncoding.EncodeToString(r.Body)
+		} else {
+			body = string(r.Body)
+		}
+		out.Body = &body
+		out.BodyEncoding = &encoding
+	}
+	return out
+}
+
+// optional returns a pointer to v, or nil for the zero value.
+func optional[T comparable](v T) *T {
+	var zero T
+	if v == zero {
+		return nil
+	}
+	return &v
+}
+
+// millis is t for the API; nil for the zero time.
+func millis(t time.Time) *api.MilliTime {
+	if t.IsZero() {
+		return nil
+	}
+	m := api.NewMilliTime(t)
+	return &m
+}
+
+// deref is *p, or the zero value for nil.
+func deref[T any](p *T) T {
+	var v T
+	if p != nil {
+		v = *p
+	}
+	return v
+}

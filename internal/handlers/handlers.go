@@ -1,0 +1,112 @@
+package handlers
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemsvc/idemsvc/internal/api"
+	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+)
+
+// DefaultTenant is the tenant of every call when no tenants are configured.
+const DefaultTenant = "default"
+
+// Config is what New needs. Zero values take the defaults.
+type Config struct {
+	Store statemachine.Store
+	// Keyring authenticates API keys. Nil turns authentication off: every
+	// call is admin of DefaultTenant (development only).
+	Keyring *auth.Keyring
+	Logger  *slog.Logger
+	// Registry receives the service's metrics and serves /metrics; a new
+	// one when nil.
+	Registry *prometheus.Registry
+	// MaxBodyBytes bounds a request body (default 2 MiB).
+	MaxBodyBytes int64
+	// MaxWait bounds wait_ms (default 30 s).
+	MaxWait time.Duration
+	// WaitPollInterval is how often the status of a waited key is read
+	// (default 25 ms, so a waiter learns of a completion within 50 ms).
+	WaitPollInterval time.Duration
+}
+
+// Defaults of Config.
+const (
+	DefaultMaxBodyBytes     = 2 << 20
+	DefaultMaxWait          = 30 * time.Second
+	DefaultWaitPollInterval = 25 * time.Millisecond
+)
+
+// Service implements the API over a Store. It is an http.Handler.
+type Service struct {
+	store        statemachine.Store
+	keyring      *auth.Keyring
+	log          *slog.Logger
+	registry     *prometheus.Registry
+	metrics      *metrics
+	waiters      *waiters
+	maxBodyBytes int64
+	maxWait      time.Duration
+	handler      http.Handler
+}
+
+var _ api.StrictServerInterface = (*Service)(nil)
+
+// New builds the service and its routes.
+func New(cfg Config) *Service {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Registry == nil {
+		cfg.Registry = prometheus.NewRegistry()
+	}
+	if cfg.MaxBodyBytes <= 0 {
+		cfg.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if cfg.MaxWait <= 0 {
+		cfg.MaxWait = DefaultMaxWait
+	}
+	if cfg.WaitPollInterval <= 0 {
+		cfg.WaitPollInterval = DefaultWaitPollInterval
+	}
+	s := &Service{
+		store:        cfg.Store,
+		keyring:      cfg.Keyring,
+		log:          cfg.Logger,
+		registry:     cfg.Registry,
+		metrics:      newMetrics(cfg.Registry),
+		maxBodyBytes: cfg.MaxBodyBytes,
+		maxWait:      cfg.MaxWait,
+	}
+	s.waiters = newWaiters(cfg.Store, cfg.WaitPollInterval, s.metrics)
+
+	r := chi.NewRouter()
+	r.Use(s.observe) // inside the router, so that it sees the matched route
+	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeProblem(w, r, errNoRoute) })
+	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { writeProblem(w, r, errMethod) })
+	strict := api.NewStrictHandlerWithOptions(s, nil, api.StrictHTTPServerOptions{
+		RequestErrorHandlerFunc:  requestError,
+		ResponseErrorHandlerFunc: writeProblem,
+	})
+	api.HandlerWithOptions(strict, api.ChiServerOptions{
+		BaseRouter: r,
+		// The last runs first: authenticate, then read the body.
+		Middlewares:      []api.MiddlewareFunc{s.readBody, s.authenticate},
+		ErrorHandlerFunc: requestError,
+	})
+	s.handler = r
+	return s
+}
+
+// ServeHTTP serves the API.
+func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
+
+// StopWaiting makes every waiting begin answer now and later ones not wait.
+// Call it when shutting down, before http.Server.Shutdown, so that waiters
+// answer instead of holding the shutdown for up to their wait.
+func (s *Service) StopWaiting() { s.waiters.close() }

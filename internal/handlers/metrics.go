@@ -1,0 +1,46 @@
+package handlers
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// metrics are the service's Prometheus collectors.
+type metrics struct {
+	requests    *prometheus.CounterVec
+	duration    *prometheus.HistogramVec
+	storeErrors *prometheus.CounterVec
+	waiters     prometheus.Gauge
+	waitPolls   prometheus.Counter
+}
+
+// newMetrics registers the collectors, and the Go runtime's and the
+// process's, with reg.
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemsvc_http_requests_total",
+			Help: "HTTP requests by route, outcome and status code.",
+		}, []string{"route", "outcome", "status"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemsvc_http_request_duration_seconds",
+			Help:    "HTTP request latency by route.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"route"}),
+		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemsvc_store_errors_total",
+			Help: "Requests that failed on the store, by route: unreachable or slow (store-unavailable) or unexpected (internal).",
+		}, []string{"route", "kind"}),
+		waiters: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "idemsvc_waiters",
+			Help: "Begins waiting (wait_ms) for an attempt in progress to finish.",
+		}),
+		waitPolls: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "idemsvc_wait_polls_total",
+			Help: "Status reads of waited keys; one per waited key per poll interval, however many wait.",
+		}),
+	}
+	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.waitPolls,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

@@ -1,0 +1,262 @@
+package handlers
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"mime"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-chi/chi/v5"
+
+	"github.com/idemsvc/idemsvc/internal/api"
+	"github.com/idemsvc/idemsvc/internal/auth"
+)
+
+// requestInfo is what the layers of one request tell each other and the
+// access log. observe puts it in the context.
+type requestInfo struct {
+	http.ResponseWriter // records the status written
+	status              int
+	id                  string
+	principal           auth.Principal
+	authenticated       bool
+	tenant              string // the tenant acted for, once known
+	outcome             string // e.g. "acquired", or the problem kind
+	err                 error  // the error answered, if any
+}
+
+func (i *requestInfo) WriteHeader(code int) {
+	if i.status == 0 {
+		i.status = code
+	}
+	i.ResponseWriter.WriteHeader(code)
+}
+
+func (i *requestInfo) Write(b []byte) (int, error) {
+	if i.status == 0 {
+		i.status = http.StatusOK
+	}
+	return i.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (i *requestInfo) Unwrap() http.ResponseWriter { return i.ResponseWriter }
+
+type infoKey struct{}
+
+func infoFrom(ctx context.Context) *requestInfo {
+	info, _ := ctx.Value(infoKey{}).(*requestInfo)
+	return info
+}
+
+// setOutcome records what a request came to, for the log and metrics.
+func setOutcome(ctx context.Context, tenant, outcome string) {
+	if info := infoFrom(ctx); info != nil {
+		info.tenant = tenant
+		info.outcome = outcome
+	}
+}
+
+// observe gives each request an id (the caller's X-Request-Id when it is
+// sane), and when it is done logs one line and counts it. Nothing secret is
+// logged: no API key, no client key, no body.
+func (s *Service) observe(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		info := &requestInfo{ResponseWriter: w, id: requestID(r.Header.Get("X-Request-Id"))}
+		w.Header().Set("X-Request-Id", info.id)
+		r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
+		next.ServeHTTP(info, r)
+
+		elapsed := time.Since(start)
+		route := chi.RouteContext(r.Context()).RoutePattern()
+		if route == "" {
+			route = "unmatched"
+		}
+		status := info.status
+		if status == 0 {
+			status = http.StatusOK
+		}
+		outcome := info.outcome
+		if outcome == "" {
+			outcome = "ok"
+		}
+		s.metrics.requests.WithLabelValues(route, outcome, strconv.Itoa(status)).Inc()
+		s.metrics.duration.WithLabelValues(route).Observe(elapsed.Seconds())
+		level := slog.LevelInfo
+		if status >= 500 {
+			level = slog.LevelError
+			s.metrics.storeErrors.WithLabelValues(route, outcome).Inc()
+		}
+		if !s.log.Enabled(r.Context(), level) {
+			return
+		}
+		attrs := []slog.Attr{
+			slog.String("request_id", info.id),
+			slog.String("method", r.Method),
+			slog.String("route", route),
+			slog.Int("status", status),
+			slog.String("outcome", outcome),
+			slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
+		}
+		if info.tenant != "" {
+			attrs = append(attrs, slog.String("tenant", info.tenant))
+		}
+		if info.err != nil && status >= 500 {
+			attrs = append(attrs, slog.String("error", info.err.Error()))
+		}
+		s.log.LogAttrs(r.Context(), level, "request", attrs...)
+	})
+}
+
+// requestID keeps a caller's id of up to 64 visible ASCII characters, and
+// otherwise makes one.
+func requestID(given string) string {
+	if n := len(given); n > 0 && n <= 64 {
+		ok := true
+		for i := 0; i < n; i++ {
+			if given[i] < 0x21 || given[i] > 0x7e {
+				ok = false
+				break
+			}
+		}
+		if ok {
+			return given
+		}
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail
+	return hex.EncodeToString(b[:])
+}
+
+// authenticate finds the principal of the request's API key.
+func (s *Service) authenticate(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		info := infoFrom(r.Context())
+		if !strings.HasPrefix(r.URL.Path, "/v1/") {
+			next.ServeHTTP(w, r) // health, readiness and metrics are open
+			return
+		}
+		if s.keyring == nil {
+			info.principal = auth.Principal{Tenant: DefaultTenant, Admin: true}
+			info.authenticated = true
+			next.ServeHTTP(w, r)
+			return
+		}
+		key, ok := bearer(r.Header.Get("Authorization"))
+		if ok {
+			info.principal, ok = s.keyring.Lookup(key)
+		}
+		if !ok {
+			writeProblem(w, r, errUnauthorized)
+			return
+		}
+		info.authenticated = true
+		next.ServeHTTP(w, r)
+	})
+}
+
+// bearer takes the token out of an "Authorization: Bearer <token>" value.
+func bearer(header string) (string, bool) {
+	const scheme = "bearer "
+	if len(header) <= len(scheme) || !strings.EqualFold(header[:len(scheme)], scheme) {
+		return "", false
+	}
+	return strings.TrimSpace(header[len(scheme):]), true
+}
+
+// readBody checks a request body's content type, size and JSON syntax, and
+// hands the handler the body read in full.
+func (s *Service) readBody(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodPost {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if !isJSON(r.Header.Get("Content-Type")) {
+			writeProblem(w, r, errMediaType)
+			return
+		}
+		if r.ContentLength > s.maxBodyBytes {
+			writeProblem(w, r, bodyTooLarge(s.maxBodyBytes))
+			return
+		}
+		body, err := readAll(http.MaxBytesReader(w, r.Body, s.maxBodyBytes), r.ContentLength)
+		if err != nil {
+			var tooLarge *http.MaxBytesError
+			if errors.As(err, &tooLarge) {
+				writeProblem(w, r, bodyTooLarge(s.maxBodyBytes))
+			} else {
+				writeProblem(w, r, badField("", "the request body could not be read: %v", err))
+			}
+			return
+		}
+		if !json.Valid(body) {
+			writeProblem(w, r, badField("", "the request body is not valid JSON"))
+			return
+		}
+		r.Body = &bodyReader{Reader: bytes.NewReader(body)}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func bodyTooLarge(limit int64) error {
+	return fmt.Errorf("%w: the request body is over the limit of %d bytes", errTooLargeBody, limit)
+}
+
+// isJSON reports whether a Content-Type names application/json.
+func isJSON(ct string) bool {
+	if ct == "application/json" {
+		return true
+	}
+	mt, _, err := mime.ParseMediaType(ct)
+	return err == nil && mt == "application/json"
+}
+
+// readAll reads a body whose length is known in one allocation.
+func readAll(r io.Reader, length int64) ([]byte, error) {
+	if length < 0 {
+		return io.ReadAll(r)
+	}
+	b := make([]byte, length)
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, err
+	}
+	return b, nil
+}
+
+// bodyReader is a request body already read into memory.
+type bodyReader struct{ *bytes.Reader }
+
+func (*bodyReader) Close() error { return nil }
+
+// requestError answers a request the generated code could not decode: a
+// body that does not fit its schema, or a bad query parameter.
+func requestError(w http.ResponseWriter, r *http.Request, err error) {
+	var field *api.FieldError
+	var required *api.RequiredParamError
+	var format *api.InvalidParamFormatError
+	var many *api.TooManyValuesForParamError
+	switch {
+	case errors.As(err, &field):
+		writeProblem(w, r, &fieldError{field: field.Field, reason: field.Reason})
+	case errors.As(err, &required):
+		writeProblem(w, r, badField(required.ParamName, "is required"))
+	case errors.As(err, &format):
+		writeProblem(w, r, badField(format.ParamName, "is not valid"))
+	case errors.As(err, &many):
+		writeProblem(w, r, badField(many.ParamName, "must be given once"))
+	default:
+		writeProblem(w, r, badField("", "%v", err))
+	}
+}

@@ -1,0 +1,288 @@
+package handlers
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/idemsvc/idemsvc/internal/api"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+)
+
+// tenant resolves the tenant a request acts for: the one it names, which
+// only an admin key may name when it is another's, or the key's own.
+func tenant(ctx context.Context, named *string) (string, error) {
+	info := infoFrom(ctx)
+	if info == nil || !info.authenticated {
+		return "", errUnauthorized
+	}
+	p := info.principal
+	if named == nil || *named == p.Tenant {
+		info.tenant = p.Tenant
+		return p.Tenant, nil
+	}
+	if !p.Admin {
+		return "", fmt.Errorf("%w: this API key acts for its own tenant only", errForbidden)
+	}
+	info.tenant = *named
+	return *named, nil
+}
+
+// Begin acquires a key or replays its outcome, waiting for an attempt in
+// progress when asked to.
+func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.BeginResponseObject, error) {
+	b := req.Body
+	t, err := tenant(ctx, b.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	var wait time.Duration
+	if b.WaitMs != nil {
+		if *b.WaitMs < 0 || *b.WaitMs > s.maxWait.Milliseconds() {
+			return nil, badField("wait_ms", "must be 0 to %d", s.maxWait.Milliseconds())
+		}
+		wait = time.Duration(*b.WaitMs) * time.Millisecond
+	}
+	breq := statemachine.BeginRequest{
+		Key:         b.Key,
+		Fingerprint: deref(b.Fingerprint),
+		Owner:       deref(b.Owner),
+		Lease:       duration(b.LeaseMs, time.Millisecond),
+		Retention:   duration(b.RetentionS, time.Second),
+	}
+	deadline := time.Now().Add(wait)
+	for {
+		res, err := s.store.Begin(ctx, t, breq)
+		var busy *statemachine.InProgressError
+		if wait > 0 && errors.As(err, &busy) {
+			if left := time.Until(deadline); left > 0 && s.waiters.wait(ctx, t, b.Key, busy.Attempt, left) {
+				continue // the attempt is over: begin again
+			}
+		}
+		if err != nil {
+			return nil, fmt.Errorf("begin: %w", err)
+		}
+		return s.beginResult(ctx, t, res), nil
+	}
+}
+
+func (s *Service) beginResult(ctx context.Context, t string, res statemachine.BeginResult) api.BeginResponseObject {
+	if res.Acquired {
+		setOutcome(ctx, t, "acquired")
+		return api.Begin201JSONResponse{
+			Status:         api.BeginAcquiredStatusAcquired,
+			Key:            res.Record.Key,
+			Attempt:        res.Lease.Attempt,
+			LeaseToken:     res.Lease.Token,
+			LeaseExpiresAt: api.NewMilliTime(res.Lease.ExpiresAt),
+			Recovered:      res.Lease.Recovered,
+		}
+	}
+	rec := &res.Record
+	out := api.Begin200JSONResponse{
+		Key:      rec.Key,
+		Attempt:  rec.Attempt,
+		Response: fromResponse(rec.Response),
+	}
+	if rec.State == statemachine.StateCompleted {
+		setOutcome(ctx, t, "replayed-completed")
+		out.Status = api.FinishedStateCompleted
+		out.CompletedAt = millis(rec.UpdatedAt)
+	} else {
+		setOutcome(ctx, t, "replayed-failed")
+		out.Status = api.FinishedStateFailed
+		out.FailedAt = millis(rec.UpdatedAt)
+		out.Error = optional(rec.Error)
+	}
+	return out
+}
+
+// Complete stores the attempt's response.
+func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (api.CompleteResponseObject, error) {
+	b := req.Body
+	t, err := tenant(ctx, b.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := toResponse(b.Response)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := s.store.Complete(ctx, t, statemachine.CompleteRequest{
+		Key:       b.Key,
+		Token:     b.LeaseToken,
+		Response:  resp,
+		Retention: duration(b.RetentionS, time.Second),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("complete: %w", err)
+	}
+	setOutcome(ctx, t, "completed")
+	return api.Complete200JSONResponse(finishResult(&rec)), nil
+}
+
+// Fail ends the attempt with a failure, terminal or retryable.
+func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.FailResponseObject, error) {
+	b := req.Body
+	t, err := tenant(ctx, b.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := toResponse(b.Response)
+	if err != nil {
+		return nil, err
+	}
+	retryable := b.Retryable == nil || *b.Retryable
+	rec, err := s.store.Fail(ctx, t, statemachine.FailRequest{
+		Key:       b.Key,
+		Token:     b.LeaseToken,
+		Retryable: retryable,
+		Error:     deref(b.Error),
+		Response:  resp,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("fail: %w", err)
+	}
+	if retryable {
+		setOutcome(ctx, t, "released")
+	} else {
+		setOutcome(ctx, t, "failed")
+	}
+	return api.Fail200JSONResponse(finishResult(&rec)), nil
+}
+
+func finishResult(rec *statemachine.Record) api.FinishResult {
+	out := api.FinishResult{
+		Key:       rec.Key,
+		Attempt:   rec.Attempt,
+		ExpiresAt: api.NewMilliTime(rec.ExpiresAt),
+	}
+	if rec.State == statemachine.StateCompleted {
+		out.Status = api.FinishedStateCompleted
+		out.CompletedAt = millis(rec.UpdatedAt)
+	} else {
+		out.Status = api.FinishedStateFailed
+		out.FailedAt = millis(rec.UpdatedAt)
+		out.Retryable = &rec.Retryable
+	}
+	return out
+}
+
+// Extend renews the lease of the current attempt.
+func (s *Service) Extend(ctx context.Context, req api.ExtendRequestObject) (api.ExtendResponseObject, error) {
+	b := req.Body
+	t, err := tenant(ctx, b.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := s.store.Extend(ctx, t, statemachine.ExtendRequest{
+		Key:   b.Key,
+		Token: b.LeaseToken,
+		Lease: duration(b.LeaseMs, time.Millisecond),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("extend: %w", err)
+	}
+	setOutcome(ctx, t, "extended")
+	return api.Extend200JSONResponse{
+		Key:            b.Key,
+		Attempt:        lease.Attempt,
+		LeaseToken:     lease.Token,
+		LeaseExpiresAt: api.NewMilliTime(lease.ExpiresAt),
+	}, nil
+}
+
+// GetStatus reads a key's record.
+func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject) (api.GetStatusResponseObject, error) {
+	p := req.Params
+	t, err := tenant(ctx, p.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	withResponse := deref(p.IncludeResponse)
+	rec, err := s.store.Status(ctx, t, p.Key, withResponse)
+	if err != nil {
+		return nil, fmt.Errorf("status: %w", err)
+	}
+	setOutcome(ctx, t, "found")
+	out := api.GetStatus200JSONResponse{
+		Key:         rec.Key,
+		Tenant:      t,
+		State:       api.State(rec.State.String()),
+		Attempt:     rec.Attempt,
+		Owner:       optional(rec.Owner),
+		Fingerprint: optional(rec.Fingerprint),
+		CreatedAt:   api.NewMilliTime(rec.CreatedAt),
+		UpdatedAt:   api.NewMilliTime(rec.UpdatedAt),
+		ExpiresAt:   api.NewMilliTime(rec.ExpiresAt),
+	}
+	switch rec.State {
+	case statemachine.StateInProgress:
+		out.LeaseExpiresAt = millis(rec.LeaseExpiresAt)
+		out.LeaseExpired = &rec.LeaseExpired
+	case statemachine.StateFailed:
+		out.Retryable = &rec.Retryable
+		out.Error = optional(rec.Error)
+	}
+	if withResponse {
+		resp := fromResponse(rec.Response)
+		out.Response = &resp
+	}
+	return out, nil
+}
+
+// DeleteKey forgets a key's record.
+func (s *Service) DeleteKey(ctx context.Context, req api.DeleteKeyRequestObject) (api.DeleteKeyResponseObject, error) {
+	t, err := tenant(ctx, req.Params.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.store.Delete(ctx, t, req.Params.Key); err != nil {
+		return nil, fmt.Errorf("delete: %w", err)
+	}
+	setOutcome(ctx, t, "deleted")
+	return api.DeleteKey204Response{}, nil
+}
+
+// Healthz answers while the process serves.
+func (s *Service) Healthz(context.Context, api.HealthzRequestObject) (api.HealthzResponseObject, error) {
+	return api.Healthz200JSONResponse{Status: api.HealthStatusOk}, nil
+}
+
+// Readyz answers once the store can be reached.
+func (s *Service) Readyz(ctx context.Context, _ api.ReadyzRequestObject) (api.ReadyzResponseObject, error) {
+	if err := s.store.Ping(ctx); err != nil {
+		return nil, fmt.Errorf("readyz: %w", err)
+	}
+	return api.Readyz200JSONResponse{Status: api.HealthStatusOk}, nil
+}
+
+// Metrics serves the Prometheus metrics.
+func (s *Service) Metrics(context.Context, api.MetricsRequestObject) (api.MetricsResponseObject, error) {
+	families, err := s.registry.Gather()
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	return metricsResponse(families), nil
+}
+
+// metricsResponse writes metric families in Prometheus's text format, with
+// its versioned content type.
+type metricsResponse []*dto.MetricFamily
+
+func (m metricsResponse) VisitMetricsResponse(w http.ResponseWriter) error {
+	format := expfmt.NewFormat(expfmt.TypeTextPlain)
+	w.Header().Set("Content-Type", string(format))
+	enc := expfmt.NewEncoder(w, format)
+	for _, mf := range m {
+		if err := enc.Encode(mf); err != nil {
+			return fmt.Errorf("metrics: %w", err)
+		}
+	}
+	return nil
+}
