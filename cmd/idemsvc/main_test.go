@@ -1,0 +1,291 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/redistest"
+)
+
+func TestMain(m *testing.M) {
+	if os.Getenv("IDEMSVC_TEST_RUN_MAIN") == "1" {
+		main() // the test binary stands in for idemsvc: see TestSIGTERM
+		return
+	}
+	redistest.Main(m)
+}
+
+func TestConfig(t *testing.T) {
+	env := []string{"IDEMSVC_LISTEN=:9000", "IDEMSVC_REDIS_WAIT_REPLICAS=2", "IDEMSVC_REDIS_CLUSTER_ADDRS=a:1, b:2,", "PATH=/bin"}
+	c, err := parseConfig([]string{"--listen", "127.0.0.1:9001"}, env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.listen != "127.0.0.1:9001" {
+		t.Errorf("listen = %q: the flag overrides the variable", c.listen)
+	}
+	if c.redisWaitReplicas != 2 || c.redisWaitTimeout != time.Second {
+		t.Errorf("wait = %d, %v", c.redisWaitReplicas, c.redisWaitTimeout)
+	}
+	if strings.Join(c.redisClusterAddrs, "|") != "a:1|b:2" {
+		t.Errorf("cluster addrs = %q", c.redisClusterAddrs)
+	}
+	if !c.usesRedis() {
+		t.Error("usesRedis = false")
+	}
+
+	for name, tt := range map[string]struct{ args, env []string }{
+		"not a number":      {env: []string{"IDEMSVC_REDIS_WAIT_REPLICAS=two"}},
+		"two backends":      {args: []string{"--redis-url", "redis://x:1", "--redis-cluster-addrs", "y:1"}},
+		"sentinel alone":    {env: []string{"IDEMSVC_REDIS_SENTINEL_ADDRS=s:26379"}},
+		"unknown flag":      {args: []string{"--redis"}},
+		"bad log level":     {args: []string{"--log-level", "loud"}},
+		"negative replicas": {args: []string{"--redis-wait-replicas", "-1"}},
+		"argument":          {args: []string{"serve"}},
+	} {
+		if _, err := parseConfig(tt.args, tt.env); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
+
+func TestRefusesRedisWithoutTenants(t *testing.T) {
+	err := run(t.Context(), nil, []string{"IDEMSVC_REDIS_URL=redis://127.0.0.1:1"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "--insecure-no-auth") {
+		t.Fatalf("run = %v, want a refusal naming --insecure-no-auth", err)
+	}
+}
+
+func TestRedisURLErrorHidesPassword(t *testing.T) {
+	err := run(t.Context(), []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=redis://user:hunter2@host:notaport"}, io.Discard)
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("run = %v, want an error without the password", err)
+	}
+}
+
+// instance is idemsvc started by run in this process.
+type instance struct {
+	url  string
+	logs *syncBuffer
+	stop context.CancelFunc
+	done chan error
+}
+
+func start(t *testing.T, args, env []string) *instance {
+	t.Helper()
+	ctx, cancel := context.WithCancel(t.Context())
+	logs := &syncBuffer{}
+	in := &instance{logs: logs, stop: cancel, done: make(chan error, 1)}
+	go func() { in.done <- run(ctx, append([]string{"--listen", "127.0.0.1:0"}, args...), env, logs) }()
+	t.Cleanup(func() {
+		cancel()
+		<-in.done
+	})
+	in.url = "http://" + waitListening(t, logs.lines)
+	return in
+}
+
+// waitListening reads the address from the "listening" log line.
+func waitListening(t *testing.T, lines func() []string) string {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, line := range lines() {
+			var entry struct{ Msg, Addr string }
+			if json.Unmarshal([]byte(line), &entry) == nil && entry.Msg == "listening" {
+				return entry.Addr
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("no listening line in the logs:\n%s", strings.Join(lines(), "\n"))
+	return ""
+}
+
+func post(t *testing.T, url, apiKey, body string) (int, map[string]any) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	if apiKey != "" {
+		req.Header.Set("Authorization", "Bearer "+apiKey)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Errorf("POST %s: %v", url, err)
+		return 0, nil
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		t.Errorf("POST %s: decode: %v", url, err)
+	}
+	return resp.StatusCode, out
+}
+
+func TestMemoryStoreDevelopmentMode(t *testing.T) {
+	in := start(t, nil, nil)
+	if code, body := post(t, in.url+"/v1/begin", "", `{"key":"k"}`); code != http.StatusCreated {
+		t.Fatalf("begin = %d %v", code, body)
+	}
+	logs := in.logs.String()
+	for _, warning := range []string{"NO REDIS CONFIGURED", "NO AUTHENTICATION"} {
+		if !strings.Contains(logs, warning) {
+			t.Errorf("no %q warning in the logs:\n%s", warning, logs)
+		}
+	}
+}
+
+func TestRedisWithTenants(t *testing.T) {
+	tenants := filepath.Join(t.TempDir(), "tenants.yaml")
+	file := fmt.Sprintf("tenants:\n  - name: payments\n    api_key_sha256: [%q]\n", auth.Digest("s3cret-key"))
+	if err := os.WriteFile(tenants, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	backends := map[string][]string{
+		"standalone": {"IDEMSVC_REDIS_URL=redis://" + redistest.SharedServer(t).Addr()},
+		"cluster":    {"IDEMSVC_REDIS_CLUSTER_ADDRS=" + strings.Join(redistest.SharedCluster(t).Addrs(), ",")},
+	}
+	for name, env := range backends {
+		t.Run(name, func(t *testing.T) {
+			in := start(t, []string{"--tenants-file", tenants}, env)
+			key := fmt.Sprintf(`{"key":"cmd-%s-%d"}`, name, time.Now().UnixNano())
+			if code, body := post(t, in.url+"/v1/begin", "s3cret-key", key); code != http.StatusCreated {
+				t.Fatalf("begin = %d %v", code, body)
+			}
+			if code, _ := post(t, in.url+"/v1/begin", "wrong-key", key); code != http.StatusUnauthorized {
+				t.Errorf("begin with a wrong key = %d", code)
+			}
+			resp, err := http.Get(in.url + "/readyz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Errorf("readyz = %d", resp.StatusCode)
+			}
+			if logs := in.logs.String(); strings.Contains(logs, "s3cret-key") || !strings.Contains(logs, "IDEMSVC_REDIS_WAIT_REPLICAS is 0") {
+				t.Errorf("logs leak the key or lack the WAIT warning:\n%s", logs)
+			}
+		})
+	}
+}
+
+// TestGracefulShutdown ends run's context while a waiter and a request are
+// in flight: both get their answer, and run returns nil.
+func TestGracefulShutdown(t *testing.T) {
+	in := start(t, nil, nil)
+	if code, _ := post(t, in.url+"/v1/begin", "", `{"key":"held"}`); code != http.StatusCreated {
+		t.Fatal("begin did not acquire")
+	}
+	var wg sync.WaitGroup
+	codes := make([]int, 4)
+	for i := range codes {
+		wg.Go(func() {
+			codes[i], _ = post(t, in.url+"/v1/begin", "", `{"key":"held","wait_ms":30000}`)
+		})
+	}
+	// Shut down once every waiter waits.
+	deadline := time.Now().Add(10 * time.Second)
+	for waiting(t, in.url) < len(codes) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	in.stop()
+	select {
+	case err := <-in.done:
+		in.done <- err // for the cleanup
+		if err != nil {
+			t.Fatalf("run = %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("run did not return after its context ended")
+	}
+	wg.Wait()
+	for i, code := range codes {
+		if code != http.StatusConflict {
+			t.Errorf("waiter %d got %d, want 409 (answered at shutdown)", i, code)
+		}
+	}
+	if _, err := http.Get(in.url + "/healthz"); err == nil {
+		t.Error("still serving after shutdown")
+	}
+}
+
+// waiting reads the idemsvc_waiters gauge.
+func waiting(t *testing.T, url string) int {
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		var n int
+		if _, err := fmt.Sscanf(sc.Text(), "idemsvc_waiters %d", &n); err == nil {
+			return n
+		}
+	}
+	return 0
+}
+
+// TestSIGTERM runs idemsvc as a process and stops it with SIGTERM: it exits
+// with status 0.
+func TestSIGTERM(t *testing.T) {
+	cmd := exec.Command(os.Args[0], "--listen", "127.0.0.1:0")
+	cmd.Env = append(os.Environ(), "IDEMSVC_TEST_RUN_MAIN=1")
+	logs := &syncBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cmd.Process.Kill() }) // no-op once it exited
+	url := "http://" + waitListening(t, logs.lines)
+	if code, _ := post(t, url+"/v1/begin", "", `{"key":"k"}`); code != http.StatusCreated {
+		t.Fatalf("begin = %d", code)
+	}
+	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("exit: %v, want status 0\n%s", err, logs.String())
+	}
+	if !strings.Contains(logs.String(), `"msg":"stopped"`) {
+		t.Errorf("no stopped line:\n%s", logs.String())
+	}
+}
+
+// syncBuffer collects log output written from several goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func (b *syncBuffer) lines() []string { return strings.Split(b.String(), "\n") }
