@@ -731,8 +731,8 @@ type HttpRequestDoer interface {
 	Do(req *http.Request) (*http.Response, error)
 }
 
-// Client which conforms to the OpenAPI3 specification for this service.
-type Client struct {
+// APIClient which conforms to the OpenAPI3 specification for this service.
+type APIClient struct {
 	// The endpoint of the server conforming to this interface, with scheme,
 	// https://api.deepmap.com for example. This can contain a path relative
 	// to the server, such as https://api.deepmap.com/dev-test, and all the
@@ -749,12 +749,12 @@ type Client struct {
 }
 
 // ClientOption allows setting custom parameters during construction
-type ClientOption func(*Client) error
+type ClientOption func(*APIClient) error
 
-// Creates a new Client, with reasonable defaults
-func NewClient(server string, opts ...ClientOption) (*Client, error) {
+// Creates a new APIClient, with reasonable defaults
+func NewClient(server string, opts ...ClientOption) (*APIClient, error) {
 	// create a client with sane default values
-	client := Client{
+	client := APIClient{
 		Server: server,
 	}
 	// mutate client and add all optional params
@@ -777,7 +777,7 @@ func NewClient(server string, opts ...ClientOption) (*Client, error) {
 // WithHTTPClient allows overriding the default Doer, which is
 // automatically created using http.Client. This is useful for tests.
 func WithHTTPClient(doer HttpRequestDoer) ClientOption {
-	return func(c *Client) error {
+	return func(c *APIClient) error {
 		c.Client = doer
 		return nil
 	}
@@ -786,7 +786,7 @@ func WithHTTPClient(doer HttpRequestDoer) ClientOption {
 // WithRequestEditorFn allows setting up a callback function, which will be
 // called right before sending the request. This can be used to mutate the request.
 func WithRequestEditorFn(fn RequestEditorFn) ClientOption {
-	return func(c *Client) error {
+	return func(c *APIClient) error {
 		c.RequestEditors = append(c.RequestEditors, fn)
 		return nil
 	}
@@ -964,7 +964,7 @@ type ClientInterface interface {
 // Answers 200 while the process is alive; it does not consult the store.
 //
 // Corresponds with GET /healthz (the `Healthz` operationId).
-func (c *Client) Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewHealthzRequest(c.Server)
 	if err != nil {
 		return nil, err
@@ -983,7 +983,7 @@ func (c *Client) Healthz(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 // `idemsvc_`.
 //
 // Corresponds with GET /metrics (the `Metrics` operationId).
-func (c *Client) Metrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) Metrics(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewMetricsRequest(c.Server)
 	if err != nil {
 		return nil, err
@@ -1000,7 +1000,7 @@ func (c *Client) Metrics(ctx context.Context, reqEditors ...RequestEditorFn) (*h
 // Answers 200 when the store can be reached, 503 otherwise.
 //
 // Corresponds with GET /readyz (the `Readyz` operationId).
-func (c *Client) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewReadyzRequest(c.Server)
 	if err != nil {
 		return nil, err
@@ -1035,7 +1035,7 @@ func (c *Client) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*ht
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/begin (the `Begin` operationId).
-func (c *Client) BeginWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) BeginWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewBeginRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
@@ -1070,7 +1070,7 @@ func (c *Client) BeginWithBody(ctx context.Context, contentType string, body io.
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/begin (the `Begin` operationId).
-func (c *Client) Begin(ctx context.Context, body BeginJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) Begin(ctx context.Context, body BeginJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewBeginRequest(c.Server, body)
 	if err != nil {
 		return nil, err
@@ -1093,7 +1093,7 @@ func (c *Client) Begin(ctx context.Context, body BeginJSONRequestBody, reqEditor
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/complete (the `Complete` operationId).
-func (c *Client) CompleteWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) CompleteWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewCompleteRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
@@ -1116,7 +1116,7 @@ func (c *Client) CompleteWithBody(ctx context.Context, contentType string, body 
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/complete (the `Complete` operationId).
-func (c *Client) Complete(ctx context.Context, body CompleteJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) Complete(ctx context.Context, body CompleteJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewCompleteRequest(c.Server, body)
 	if err != nil {
 		return nil, err
@@ -1136,7 +1136,7 @@ func (c *Client) Complete(ctx context.Context, body CompleteJSONRequestBody, req
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/extend (the `Extend` operationId).
-func (c *Client) ExtendWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) ExtendWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewExtendRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
@@ -1156,7 +1156,7 @@ func (c *Client) ExtendWithBody(ctx context.Context, contentType string, body io
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/extend (the `Extend` operationId).
-func (c *Client) Extend(ctx context.Context, body ExtendJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) Extend(ctx context.Context, body ExtendJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewExtendRequest(c.Server, body)
 	if err != nil {
 		return nil, err
@@ -1179,7 +1179,7 @@ func (c *Client) Extend(ctx context.Context, body ExtendJSONRequestBody, reqEdit
 // Takes any type of body and a specified content type.
 //
 // Corresponds with POST /v1/fail (the `Fail` operationId).
-func (c *Client) FailWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) FailWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewFailRequestWithBody(c.Server, contentType, body)
 	if err != nil {
 		return nil, err
@@ -1202,7 +1202,7 @@ func (c *Client) FailWithBody(ctx context.Context, contentType string, body io.R
 // Takes a body of the `application/json` content type.
 //
 // Corresponds with POST /v1/fail (the `Fail` operationId).
-func (c *Client) Fail(ctx context.Context, body FailJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) Fail(ctx context.Context, body FailJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewFailRequest(c.Server, body)
 	if err != nil {
 		return nil, err
@@ -1221,7 +1221,7 @@ func (c *Client) Fail(ctx context.Context, body FailJSONRequestBody, reqEditors 
 // an absent record succeeds too.
 //
 // Corresponds with DELETE /v1/keys (the `DeleteKey` operationId).
-func (c *Client) DeleteKey(ctx context.Context, params *DeleteKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) DeleteKey(ctx context.Context, params *DeleteKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewDeleteKeyRequest(c.Server, params)
 	if err != nil {
 		return nil, err
@@ -1240,7 +1240,7 @@ func (c *Client) DeleteKey(ctx context.Context, params *DeleteKeyParams, reqEdit
 // included only with `include_response=true`.
 //
 // Corresponds with GET /v1/status (the `GetStatus` operationId).
-func (c *Client) GetStatus(ctx context.Context, params *GetStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+func (c *APIClient) GetStatus(ctx context.Context, params *GetStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetStatusRequest(c.Server, params)
 	if err != nil {
 		return nil, err
@@ -1629,7 +1629,7 @@ func NewGetStatusRequest(server string, params *GetStatusParams) (*http.Request,
 	return req, nil
 }
 
-func (c *Client) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
+func (c *APIClient) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
 			return err
@@ -1660,7 +1660,7 @@ func NewClientWithResponses(server string, opts ...ClientOption) (*ClientWithRes
 
 // WithBaseURL overrides the baseURL.
 func WithBaseURL(baseURL string) ClientOption {
-	return func(c *Client) error {
+	return func(c *APIClient) error {
 		newBaseURL, err := url.Parse(baseURL)
 		if err != nil {
 			return err

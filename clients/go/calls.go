@@ -1,0 +1,230 @@
+package idem
+
+import (
+	"context"
+	"encoding/base64"
+	"fmt"
+	"net/http"
+	"time"
+	"unicode/utf8"
+)
+
+// Response is what an operation produced, as idemsvc stores and replays
+// it byte for byte. Every part is optional.
+type Response struct {
+	StatusCode int // 0: none
+	Headers    map[string]string
+	Body       []byte
+}
+
+// stored encodes r for the API: a body that is not UTF-8 goes as base64.
+func (r Response) stored() *StoredResponse {
+	out := &StoredResponse{Headers: r.Headers}
+	if r.StatusCode != 0 {
+		out.StatusCode = &r.StatusCode
+	}
+	if r.Body != nil {
+		body, enc := string(r.Body), BodyEncodingText
+		if !utf8.Valid(r.Body) {
+			body, enc = base64.StdEncoding.EncodeToString(r.Body), BodyEncodingBase64
+		}
+		out.Body, out.BodyEncoding = &body, &enc
+	}
+	return out
+}
+
+// Decode returns the stored response with its body decoded.
+func (s StoredResponse) Decode() (Response, error) {
+	r := Response{Headers: s.Headers}
+	if s.StatusCode != nil {
+		r.StatusCode = *s.StatusCode
+	}
+	if s.Body == nil {
+		return r, nil
+	}
+	if s.BodyEncoding != nil && *s.BodyEncoding == BodyEncodingBase64 {
+		b, err := base64.StdEncoding.DecodeString(*s.Body)
+		if err != nil {
+			return r, fmt.Errorf("idem: stored body: %w", err)
+		}
+		r.Body = b
+		return r, nil
+	}
+	r.Body = []byte(*s.Body)
+	return r, nil
+}
+
+// BeginParams are a begin's parameters. Zero values take the service's
+// defaults (a 30 s lease, a day's retention, no wait).
+type BeginParams struct {
+	Key         string
+	Fingerprint string
+	// Owner identifies the caller's attempt: a begin retried with the same
+	// owner gets the same lease. Begin makes one up when it is empty.
+	Owner     string
+	Lease     time.Duration
+	Retention time.Duration
+	// Wait holds the begin while another caller's attempt is in progress,
+	// up to this long, to answer with its outcome instead of ErrInProgress.
+	Wait time.Duration
+}
+
+// BeginResult is either a lease to run the operation under, or the stored
+// outcome of a finished attempt to replay.
+type BeginResult struct {
+	Lease  *BeginAcquired // acquired: run the operation, then complete or fail
+	Replay *BeginReplay   // completed or terminally failed: do not run it
+}
+
+// Begin starts an attempt for p.Key. A key in progress elsewhere answers an
+// *Error matching ErrInProgress, with Problem.LeaseExpiresAt and RetryAfter.
+func (c *Client) Begin(ctx context.Context, p BeginParams) (BeginResult, error) {
+	if p.Owner == "" {
+		p.Owner = newOwner()
+	}
+	body := BeginRequest{Key: p.Key, Owner: &p.Owner, Tenant: c.tenant,
+		Fingerprint: nonEmpty(p.Fingerprint), LeaseMs: millis(p.Lease),
+		RetentionS: seconds(p.Retention), WaitMs: millis(p.Wait)}
+	var out BeginResult
+	err := c.call(ctx, "begin", c.callTimeout+p.Wait, func(ctx context.Context) (*http.Response, *Problem, error) {
+		r, err := c.api.BeginWithResponse(ctx, body)
+		if err != nil {
+			return nil, nil, err
+		}
+		out = BeginResult{Lease: r.JSON201, Replay: r.JSON200}
+		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
+			r.ApplicationproblemJSON403, r.ApplicationproblemJSON409, r.ApplicationproblemJSON413,
+			r.ApplicationproblemJSON415, r.ApplicationproblemJSON422, r.ApplicationproblemJSON500,
+			r.ApplicationproblemJSON503), nil
+	})
+	return out, err
+}
+
+// Complete stores resp as the outcome of the attempt holding token.
+func (c *Client) Complete(ctx context.Context, key, token string, resp Response, retention time.Duration) (FinishResult, error) {
+	body := CompleteRequest{Key: key, LeaseToken: token, Response: resp.stored(),
+		RetentionS: seconds(retention), Tenant: c.tenant}
+	var out FinishResult
+	err := c.call(ctx, "complete", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+		r, err := c.api.CompleteWithResponse(ctx, body)
+		if err != nil {
+			return nil, nil, err
+		}
+		if r.JSON200 != nil {
+			out = *r.JSON200
+		}
+		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
+			r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON409,
+			r.ApplicationproblemJSON413, r.ApplicationproblemJSON415, r.ApplicationproblemJSON500,
+			r.ApplicationproblemJSON503), nil
+	})
+	return out, err
+}
+
+// FailParams describe a failed attempt.
+type FailParams struct {
+	// Terminal stores the failure for begin to replay; otherwise the key is
+	// released and the next begin runs the operation again.
+	Terminal bool
+	Error    string   // a short message for operators
+	Response Response // what to replay for a terminal failure
+}
+
+// Fail ends the attempt holding token with a failure.
+func (c *Client) Fail(ctx context.Context, key, token string, p FailParams) (FinishResult, error) {
+	retryable := !p.Terminal
+	body := FailRequest{Key: key, LeaseToken: token, Retryable: &retryable,
+		Error: nonEmpty(p.Error), Response: p.Response.stored(), Tenant: c.tenant}
+	var out FinishResult
+	err := c.call(ctx, "fail", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+		r, err := c.api.FailWithResponse(ctx, body)
+		if err != nil {
+			return nil, nil, err
+		}
+		if r.JSON200 != nil {
+			out = *r.JSON200
+		}
+		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
+			r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON409,
+			r.ApplicationproblemJSON413, r.ApplicationproblemJSON415, r.ApplicationproblemJSON500,
+			r.ApplicationproblemJSON503), nil
+	})
+	return out, err
+}
+
+// Extend pushes the lease of the attempt holding token to now + lease.
+func (c *Client) Extend(ctx context.Context, key, token string, lease time.Duration) (Lease, error) {
+	body := ExtendRequest{Key: key, LeaseToken: token, LeaseMs: millis(lease), Tenant: c.tenant}
+	var out Lease
+	err := c.call(ctx, "extend", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+		r, err := c.api.ExtendWithResponse(ctx, body)
+		if err != nil {
+			return nil, nil, err
+		}
+		if r.JSON200 != nil {
+			out = *r.JSON200
+		}
+		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
+			r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON409,
+			r.ApplicationproblemJSON415, r.ApplicationproblemJSON500, r.ApplicationproblemJSON503), nil
+	})
+	return out, err
+}
+
+// Status reads key's record; ErrNotFound when there is none.
+func (c *Client) Status(ctx context.Context, key string, includeResponse bool) (StatusRecord, error) {
+	params := &GetStatusParams{Key: key, Tenant: c.tenant}
+	if includeResponse {
+		params.IncludeResponse = &includeResponse
+	}
+	var out StatusRecord
+	err := c.call(ctx, "status", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+		r, err := c.api.GetStatusWithResponse(ctx, params)
+		if err != nil {
+			return nil, nil, err
+		}
+		if r.JSON200 != nil {
+			out = *r.JSON200
+		}
+		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
+			r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON500,
+			r.ApplicationproblemJSON503), nil
+	})
+	return out, err
+}
+
+// Delete forgets key's record; deleting an absent record is no error.
+func (c *Client) Delete(ctx context.Context, key string) error {
+	params := &DeleteKeyParams{Key: key, Tenant: c.tenant}
+	return c.call(ctx, "delete", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+		r, err := c.api.DeleteKeyWithResponse(ctx, params)
+		if err != nil {
+			return nil, nil, err
+		}
+		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
+			r.ApplicationproblemJSON403, r.ApplicationproblemJSON500, r.ApplicationproblemJSON503), nil
+	})
+}
+
+func nonEmpty(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
+
+func millis(d time.Duration) *int64 {
+	if d <= 0 {
+		return nil
+	}
+	ms := d.Milliseconds()
+	return &ms
+}
+
+func seconds(d time.Duration) *int64 {
+	if d <= 0 {
+		return nil
+	}
+	s := int64(d / time.Second)
+	return &s
+}

@@ -1,0 +1,237 @@
+package idem
+
+import (
+	"context"
+	crand "crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// Client calls idemsvc. Every call is retried on network errors and 503
+// answers, with exponential backoff and jitter, honouring Retry-After,
+// until the retry budget or the context ends; retries are safe because a
+// begin carries an owner and complete and fail carry the lease token.
+type Client struct {
+	api         *ClientWithResponses
+	tenant      *string
+	callTimeout time.Duration
+	retryBudget time.Duration
+	minBackoff  time.Duration
+	maxBackoff  time.Duration
+}
+
+// Option configures a Client.
+type Option func(*clientConfig)
+
+type clientConfig struct {
+	apiKey      string
+	httpClient  HttpRequestDoer
+	tenant      string
+	callTimeout time.Duration
+	retryBudget time.Duration
+}
+
+// WithAPIKey sends key as the bearer token of every call.
+func WithAPIKey(key string) Option { return func(c *clientConfig) { c.apiKey = key } }
+
+// WithHTTP sends calls through hc (an *http.Client, say) instead of a
+// default http.Client.
+func WithHTTP(hc HttpRequestDoer) Option { return func(c *clientConfig) { c.httpClient = hc } }
+
+// WithTenant acts for tenant; only an admin API key may name another tenant.
+func WithTenant(tenant string) Option { return func(c *clientConfig) { c.tenant = tenant } }
+
+// WithCallTimeout bounds each HTTP request, waits included (default 10 s
+// plus the begin's wait).
+func WithCallTimeout(d time.Duration) Option { return func(c *clientConfig) { c.callTimeout = d } }
+
+// WithRetryBudget bounds the time spent retrying one call (default 15 s).
+// Zero turns retries off.
+func WithRetryBudget(d time.Duration) Option { return func(c *clientConfig) { c.retryBudget = d } }
+
+// Defaults of the options.
+const (
+	DefaultCallTimeout = 10 * time.Second
+	DefaultRetryBudget = 15 * time.Second
+)
+
+// New returns a client of the idemsvc at baseURL, e.g. "http://idemsvc:8080".
+func New(baseURL string, opts ...Option) (*Client, error) {
+	cfg := clientConfig{callTimeout: DefaultCallTimeout, retryBudget: DefaultRetryBudget}
+	for _, opt := range opts {
+		opt(&cfg)
+	}
+	if cfg.httpClient == nil {
+		cfg.httpClient = &http.Client{}
+	}
+	apiOpts := []ClientOption{WithHTTPClient(cfg.httpClient)}
+	if cfg.apiKey != "" {
+		auth := "Bearer " + cfg.apiKey
+		apiOpts = append(apiOpts, WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
+			req.Header.Set("Authorization", auth)
+			return nil
+		}))
+	}
+	api, err := NewClientWithResponses(baseURL, apiOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("idem: %w", err)
+	}
+	c := &Client{api: api, callTimeout: cfg.callTimeout, retryBudget: cfg.retryBudget,
+		minBackoff: 50 * time.Millisecond, maxBackoff: 2 * time.Second}
+	if cfg.tenant != "" {
+		c.tenant = &cfg.tenant
+	}
+	return c, nil
+}
+
+// API returns the generated client underneath, for calls without retries.
+func (c *Client) API() *ClientWithResponses { return c.api }
+
+// The errors of calls, tested with errors.Is. An answer of idemsvc is an
+// *Error, which matches the sentinel of its kind.
+var (
+	ErrInvalid             = errors.New("idem: invalid request")
+	ErrUnauthorized        = errors.New("idem: unauthorized")
+	ErrForbidden           = errors.New("idem: forbidden")
+	ErrNotFound            = errors.New("idem: not found")
+	ErrTooLarge            = errors.New("idem: too large")
+	ErrInProgress          = errors.New("idem: in progress")
+	ErrLeaseLost           = errors.New("idem: lease lost")
+	ErrFingerprintMismatch = errors.New("idem: fingerprint mismatch")
+	// ErrUnavailable is a 503, or idemsvc could not be reached, until the
+	// retry budget ran out. The call may or may not have taken effect.
+	ErrUnavailable = errors.New("idem: unavailable")
+)
+
+var kinds = map[string]error{
+	"invalid-request":        ErrInvalid,
+	"unauthorized":           ErrUnauthorized,
+	"forbidden":              ErrForbidden,
+	"not-found":              ErrNotFound,
+	"too-large":              ErrTooLarge,
+	"in-progress":            ErrInProgress,
+	"lease-lost":             ErrLeaseLost,
+	"fingerprint-mismatch":   ErrFingerprintMismatch,
+	"store-unavailable":      ErrUnavailable,
+	"method-not-allowed":     ErrInvalid,
+	"unsupported-media-type": ErrInvalid,
+}
+
+// Error is a problem idemsvc answered.
+type Error struct {
+	StatusCode int
+	Problem    Problem
+	RetryAfter time.Duration // from the Retry-After header, if any
+}
+
+func (e *Error) Error() string {
+	return fmt.Sprintf("idem: %d %s: %s", e.StatusCode, e.Problem.Title, e.Problem.Detail)
+}
+
+// Kind is the problem's kind: the last path segment of its type URI.
+func (e *Error) Kind() string {
+	t := e.Problem.Type
+	for i := len(t) - 1; i >= 0; i-- {
+		if t[i] == '/' {
+			return t[i+1:]
+		}
+	}
+	return t
+}
+
+// Is makes errors.Is(err, ErrInProgress) and the like hold.
+func (e *Error) Is(target error) bool {
+	if k, ok := kinds[e.Kind()]; ok {
+		return k == target
+	}
+	return e.StatusCode == http.StatusServiceUnavailable && target == ErrUnavailable
+}
+
+// call runs one API call until it succeeds, fails for good, or the retry
+// budget or ctx ends. do makes one HTTP exchange, bounded by timeout, and
+// returns its response and, for an error status, the problem it carried.
+func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do func(ctx context.Context) (*http.Response, *Problem, error)) error {
+	deadline := time.Now().Add(c.retryBudget)
+	for attempt := 0; ; attempt++ {
+		callCtx, cancel := context.WithTimeout(ctx, timeout)
+		resp, problem, err := do(callCtx)
+		cancel()
+		var wait time.Duration
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return fmt.Errorf("idem: %s: %w", op, ctx.Err())
+		case err != nil:
+			err = fmt.Errorf("idem: %s: %w: %w", op, ErrUnavailable, err)
+		case resp.StatusCode < 300:
+			return nil
+		default:
+			e := &Error{StatusCode: resp.StatusCode}
+			if problem != nil {
+				e.Problem = *problem
+			} else {
+				e.Problem = Problem{Status: e.StatusCode, Title: http.StatusText(e.StatusCode),
+					Detail: "an answer idemsvc does not document"}
+			}
+			if s, perr := strconv.Atoi(resp.Header.Get("Retry-After")); perr == nil && s > 0 {
+				e.RetryAfter = time.Duration(s) * time.Second
+				wait = e.RetryAfter
+			}
+			err = fmt.Errorf("idem: %s: %w", op, e)
+			if e.StatusCode != http.StatusServiceUnavailable {
+				return err
+			}
+		}
+		if wait == 0 {
+			wait = c.backoff(attempt)
+		}
+		if time.Now().Add(wait).After(deadline) {
+			return err
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return fmt.Errorf("idem: %s: %w", op, err)
+		}
+	}
+}
+
+// firstProblem is the one problem a parsed response carries, if any.
+func firstProblem(problems ...*Problem) *Problem {
+	for _, p := range problems {
+		if p != nil {
+			return p
+		}
+	}
+	return nil
+}
+
+// backoff is a full-jitter exponential delay for the attempt'th retry.
+func (c *Client) backoff(attempt int) time.Duration {
+	d := c.maxBackoff
+	if attempt < 16 {
+		d = min(c.minBackoff<<attempt, c.maxBackoff)
+	}
+	return d/2 + rand.N(d/2+1)
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// newOwner is a random owner for a begin, so that its retries get the
+// lease it may already have been given.
+func newOwner() string {
+	var b [16]byte
+	_, _ = crand.Read(b[:]) // crypto/rand.Read does not fail
+	return "idem-go-" + hex.EncodeToString(b[:])
+}

@@ -1,0 +1,221 @@
+package idem
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// MiddlewareOptions configure Middleware. Zero values take the defaults.
+type MiddlewareOptions struct {
+	// KeyHeader names the request header with the idempotency key
+	// (default "Idempotency-Key").
+	KeyHeader string
+	// Optional lets POST and PATCH requests without a key through, not
+	// idempotent; by default they get 400.
+	Optional bool
+	// Headers lists the response headers stored and replayed (default
+	// Content-Type, Content-Language, Location, ETag, Last-Modified);
+	// others reach only the first caller.
+	Headers []string
+	// Lease, Retention and Wait are as in DoOptions; Wait (default 0) is
+	// how long a duplicate waits for the attempt in progress before 409.
+	Lease     time.Duration
+	Retention time.Duration
+	Wait      time.Duration
+	// MaxBodyBytes bounds the request body read for the fingerprint
+	// (default 1 MiB); a larger one gets 413.
+	MaxBodyBytes int64
+}
+
+// ReplayedHeader marks a response replayed from idemsvc.
+const ReplayedHeader = "Idempotent-Replayed"
+
+// Middleware makes an HTTP handler idempotent. A request with an
+// Idempotency-Key header runs the handler at most once per key: a
+// duplicate gets the stored response byte for byte, with
+// "Idempotent-Replayed: true". The fingerprint is a SHA-256 of the method,
+// path and body, so reusing a key for another request gets 422; a
+// duplicate of a request still running gets 409 with Retry-After. A 5xx
+// from the handler fails the attempt retryably, so a retry runs it again.
+// When idemsvc cannot be reached the middleware fails closed with 503.
+func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handler {
+	if opts.KeyHeader == "" {
+		opts.KeyHeader = "Idempotency-Key"
+	}
+	if opts.Headers == nil {
+		opts.Headers = []string{"Content-Type", "Content-Language", "Location", "ETag", "Last-Modified"}
+	}
+	if opts.MaxBodyBytes <= 0 {
+		opts.MaxBodyBytes = 1 << 20
+	}
+	if opts.Lease <= 0 {
+		opts.Lease = DefaultLease
+	}
+	allowed := make([]string, len(opts.Headers))
+	for i, h := range opts.Headers {
+		allowed[i] = http.CanonicalHeaderKey(h)
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			key := r.Header.Get(opts.KeyHeader)
+			if key == "" {
+				if !opts.Optional && (r.Method == http.MethodPost || r.Method == http.MethodPatch) {
+					writeProblem(w, http.StatusBadRequest, "invalid-request", "the "+opts.KeyHeader+" header is required", 0)
+					return
+				}
+				next.ServeHTTP(w, r)
+				return
+			}
+			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes))
+			if err != nil {
+				writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			res, err := c.Begin(r.Context(), BeginParams{Key: key, Fingerprint: fingerprint(r, body),
+				Lease: opts.Lease, Retention: opts.Retention, Wait: opts.Wait})
+			if err != nil {
+				writeBeginError(w, err)
+				return
+			}
+			if res.Replay != nil {
+				writeReplay(w, res.Replay)
+				return
+			}
+			rec := &recorder{header: make(http.Header)}
+			_, _ = c.run(r.Context(), key, res.Lease, DoOptions{Lease: opts.Lease, Retention: opts.Retention},
+				func(ctx context.Context) (Response, error) {
+					next.ServeHTTP(rec, r.WithContext(ctx))
+					resp := rec.stored(allowed)
+					if resp.StatusCode >= 500 {
+						return resp, fmt.Errorf("the handler answered %d", resp.StatusCode)
+					}
+					return resp, nil
+				})
+			// The handler ran: its caller gets its response, whether or not
+			// storing it worked; a duplicate then runs it again or gets 409.
+			rec.writeTo(w)
+		})
+	}
+}
+
+// fingerprint is a SHA-256 of the method, path and body.
+func fingerprint(r *http.Request, body []byte) string {
+	h := sha256.New()
+	h.Write([]byte(r.Method))
+	h.Write([]byte{0})
+	h.Write([]byte(r.URL.Path))
+	h.Write([]byte{0})
+	h.Write(body)
+	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+}
+
+func writeBeginError(w http.ResponseWriter, err error) {
+	var e *Error
+	switch {
+	case errors.Is(err, ErrInProgress):
+		retry := 1
+		if errors.As(err, &e) && e.RetryAfter > 0 {
+			retry = int(e.RetryAfter.Seconds())
+		}
+		writeProblem(w, http.StatusConflict, "in-progress", "a request with this idempotency key is in progress", retry)
+	case errors.Is(err, ErrFingerprintMismatch):
+		writeProblem(w, http.StatusUnprocessableEntity, "fingerprint-mismatch", "the idempotency key was used for another request", 0)
+	case errors.Is(err, ErrInvalid) && errors.As(err, &e):
+		writeProblem(w, http.StatusBadRequest, "invalid-request", "idempotency key: "+e.Problem.Detail, 0)
+	default:
+		// Fail closed: without idemsvc, nothing may run.
+		writeProblem(w, http.StatusServiceUnavailable, "store-unavailable", "the idempotency service cannot be reached", 1)
+	}
+}
+
+// writeReplay answers with a stored response.
+func writeReplay(w http.ResponseWriter, replay *BeginReplay) {
+	resp, err := replay.Response.Decode()
+	if err != nil {
+		writeProblem(w, http.StatusInternalServerError, "internal", "the stored response cannot be decoded", 0)
+		return
+	}
+	for name, value := range resp.Headers {
+		w.Header().Set(name, value)
+	}
+	w.Header().Set(ReplayedHeader, "true")
+	status := resp.StatusCode
+	if status == 0 {
+		status = http.StatusOK
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(resp.Body)
+}
+
+func writeProblem(w http.ResponseWriter, status int, kind, detail string, retryAfter int) {
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(Problem{Type: "https://idemsvc.dev/problems/" + kind,
+		Title: http.StatusText(status), Status: status, Detail: detail})
+}
+
+// recorder captures a handler's response.
+type recorder struct {
+	header http.Header
+	status int
+	body   bytes.Buffer
+}
+
+func (r *recorder) Header() http.Header { return r.header }
+
+func (r *recorder) WriteHeader(code int) {
+	if r.status == 0 {
+		r.status = code
+	}
+}
+
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.status == 0 {
+		r.status = http.StatusOK
+	}
+	return r.body.Write(b)
+}
+
+// stored is the response to store: the status, the allowed headers, the body.
+func (r *recorder) stored(allowed []string) Response {
+	status := r.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	resp := Response{StatusCode: status, Body: bytes.Clone(r.body.Bytes())}
+	for _, name := range allowed {
+		if v := r.header.Get(name); v != "" {
+			if resp.Headers == nil {
+				resp.Headers = make(map[string]string)
+			}
+			resp.Headers[name] = v
+		}
+	}
+	return resp
+}
+
+// writeTo sends the captured response to the caller.
+func (r *recorder) writeTo(w http.ResponseWriter) {
+	for name, values := range r.header {
+		w.Header()[name] = values
+	}
+	status := r.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	w.WriteHeader(status)
+	_, _ = w.Write(r.body.Bytes())
+}
