@@ -1,0 +1,413 @@
+// Command idemctl is the operator's tool for idemsvc: it reads the record
+// of an idempotency key and forgets one that is stuck.
+//
+// Usage:
+//
+//	idemctl status KEY [--tenant T] [--show-response] [--json]
+//	idemctl delete KEY [--tenant T] [--json]
+//
+// Common flags, which may come before or after KEY (use -- before a key
+// that starts with "-"):
+//
+//	--url URL        idemsvc's base URL (IDEMSVC_URL, default http://127.0.0.1:8080)
+//	--api-key KEY    API key sent as a bearer token (IDEMSVC_API_KEY)
+//	--tenant T       act for tenant T; only an admin key may name another tenant
+//	--json           print JSON for scripts instead of aligned "field: value" lines
+//	--timeout D      give up after D, retries included (default 15s)
+//
+// status prints the key's record: state, attempt, owner, fingerprint,
+// times, and for a failed attempt whether it was retryable and its error.
+// With --show-response it also prints the stored response: status code,
+// headers and body, the body decoded (a binary body is printed as base64
+// and marked as such). With --json it prints the record as the API gives
+// it.
+//
+// delete forgets the key's record, so that the next begin acquires it
+// again. idemsvc answers a delete of an absent key as done, so delete
+// succeeds whether or not the record existed. With --json it prints
+// {"deleted":true,"key":KEY} (and "tenant" when --tenant is given).
+//
+// Exit status: 0 when the record was found (status) or is gone (delete),
+// 3 when status finds no record, 1 on any error, usage errors included.
+//
+// Examples:
+//
+//	IDEMSVC_URL=http://idemsvc:8080 IDEMSVC_API_KEY=... idemctl status order-42/charge --show-response
+//	idemctl status order-42/charge --json | jq -r .state
+//	idemctl delete order-42/charge --tenant payments --api-key "$ADMIN_KEY"
+package main
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	idem "github.com/idemsvc/idemsvc/clients/go"
+)
+
+// Exit statuses.
+const (
+	exitOK       = 0
+	exitError    = 1
+	exitNotFound = 3
+)
+
+// Defaults.
+const (
+	defaultURL     = "http://127.0.0.1:8080"
+	defaultTimeout = 15 * time.Second
+)
+
+const usage = `usage:
+  idemctl status KEY [--tenant T] [--show-response] [--json]
+  idemctl delete KEY [--tenant T] [--json]
+
+flags (before or after KEY; use -- before a key starting with "-"):
+  --url URL        idemsvc's base URL (IDEMSVC_URL, default http://127.0.0.1:8080)
+  --api-key KEY    API key sent as a bearer token (IDEMSVC_API_KEY)
+  --tenant T       act for tenant T (another tenant needs an admin key)
+  --show-response  status: also print the stored response, body decoded
+  --json           print JSON instead of "field: value" lines
+  --timeout D      give up after D, retries included (default 15s)
+
+exit status: 0 found or deleted, 3 not found, 1 error
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// options are the parsed command line.
+type options struct {
+	command      string
+	key          string
+	url          string
+	apiKey       string
+	tenant       string
+	json         bool
+	showResponse bool
+	timeout      time.Duration
+}
+
+// run runs idemctl with args (without the program name) and env (KEY=value
+// entries, as os.Environ gives them), and returns the exit status.
+func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int {
+	opts, err := parseArgs(args, env)
+	if errors.Is(err, flag.ErrHelp) {
+		fmt.Fprint(stdout, usage)
+		return exitOK
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "idemctl: %v\n\n%s", err, usage)
+		return exitError
+	}
+
+	clientOpts := []idem.Option{idem.WithRetryBudget(opts.timeout)}
+	if opts.apiKey != "" {
+		clientOpts = append(clientOpts, idem.WithAPIKey(opts.apiKey))
+	}
+	if opts.tenant != "" {
+		clientOpts = append(clientOpts, idem.WithTenant(opts.tenant))
+	}
+	client, err := idem.New(opts.url, clientOpts...)
+	if err != nil {
+		fmt.Fprintf(stderr, "idemctl: %v\n", err)
+		return exitError
+	}
+	ctx, cancel := context.WithTimeout(ctx, opts.timeout)
+	defer cancel()
+
+	switch opts.command {
+	case "status":
+		return status(ctx, client, opts, stdout, stderr)
+	default: // "delete"; parseArgs accepts no other command
+		return deleteKey(ctx, client, opts, stdout, stderr)
+	}
+}
+
+// parseArgs reads the command, the key and the flags, which may come in any
+// order; env gives the defaults of --url and --api-key.
+func parseArgs(args, env []string) (options, error) {
+	vars := make(map[string]string)
+	for _, kv := range env {
+		if k, v, ok := strings.Cut(kv, "="); ok {
+			vars[k] = v
+		}
+	}
+	opts := options{url: defaultURL, apiKey: vars["IDEMSVC_API_KEY"], timeout: defaultTimeout}
+	if v := vars["IDEMSVC_URL"]; v != "" {
+		opts.url = v
+	}
+
+	fs := flag.NewFlagSet("idemctl", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&opts.url, "url", opts.url, "")
+	fs.StringVar(&opts.apiKey, "api-key", opts.apiKey, "")
+	fs.StringVar(&opts.tenant, "tenant", "", "")
+	fs.BoolVar(&opts.json, "json", false, "")
+	fs.BoolVar(&opts.showResponse, "show-response", false, "")
+	fs.DurationVar(&opts.timeout, "timeout", opts.timeout, "")
+
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return opts, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			break
+		}
+		if consumed := args[:len(args)-len(rest)]; len(consumed) > 0 && consumed[len(consumed)-1] == "--" {
+			positional = append(positional, rest...) // everything after -- is an argument
+			break
+		}
+		positional = append(positional, rest[0])
+		args = rest[1:]
+	}
+
+	if len(positional) == 0 {
+		return opts, errors.New("no command given")
+	}
+	opts.command = positional[0]
+	switch opts.command {
+	case "help":
+		return opts, flag.ErrHelp
+	case "status", "delete":
+	default:
+		return opts, fmt.Errorf("unknown command %q", opts.command)
+	}
+	switch len(positional) {
+	case 1:
+		return opts, fmt.Errorf("%s: no KEY given", opts.command)
+	case 2:
+		opts.key = positional[1]
+	default:
+		return opts, fmt.Errorf("%s: one KEY only, got %q", opts.command, positional[1:])
+	}
+	if opts.key == "" {
+		return opts, fmt.Errorf("%s: KEY is empty", opts.command)
+	}
+	if opts.showResponse && opts.command != "status" {
+		return opts, fmt.Errorf("%s: --show-response is a flag of status", opts.command)
+	}
+	if opts.timeout <= 0 {
+		return opts, fmt.Errorf("--timeout %v: must be positive", opts.timeout)
+	}
+	u, err := url.Parse(opts.url)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return opts, fmt.Errorf("--url %q: want an http:// or https:// URL (IDEMSVC_URL)", opts.url)
+	}
+	return opts, nil
+}
+
+// status prints the record of opts.key.
+func status(ctx context.Context, client *idem.Client, opts options, stdout, stderr io.Writer) int {
+	rec, err := client.Status(ctx, opts.key, opts.showResponse)
+	if err != nil {
+		return fail(stderr, opts, err)
+	}
+	if opts.json {
+		if err := writeJSON(stdout, rec); err != nil {
+			fmt.Fprintf(stderr, "idemctl: %v\n", err)
+			return exitError
+		}
+		return exitOK
+	}
+	var f fields
+	f.add("key", rec.Key)
+	f.add("tenant", rec.Tenant)
+	f.add("state", string(rec.State))
+	f.add("attempt", strconv.FormatInt(rec.Attempt, 10))
+	if rec.Owner != nil {
+		f.add("owner", *rec.Owner)
+	}
+	if rec.Fingerprint != nil {
+		f.add("fingerprint", *rec.Fingerprint)
+	}
+	f.add("created_at", stamp(rec.CreatedAt))
+	f.add("updated_at", stamp(rec.UpdatedAt))
+	if rec.LeaseExpiresAt != nil {
+		f.add("lease_expires_at", stamp(*rec.LeaseExpiresAt))
+	}
+	if rec.LeaseExpired != nil {
+		f.add("lease_expired", strconv.FormatBool(*rec.LeaseExpired))
+	}
+	f.add("expires_at", stamp(rec.ExpiresAt))
+	if rec.Retryable != nil {
+		f.add("retryable", strconv.FormatBool(*rec.Retryable))
+	}
+	if rec.Error != nil {
+		f.add("error", *rec.Error)
+	}
+	if opts.showResponse {
+		if err := addResponse(&f, rec.Response); err != nil {
+			fmt.Fprintf(stderr, "idemctl: %s: %v\n", opts.key, err)
+			return exitError
+		}
+	}
+	f.write(stdout)
+	return exitOK
+}
+
+// addResponse adds the fields of a stored response.
+func addResponse(f *fields, stored *idem.StoredResponse) error {
+	if stored == nil || (stored.StatusCode == nil && len(stored.Headers) == 0 && stored.Body == nil) {
+		f.add("response", "(none stored)")
+		return nil
+	}
+	resp, err := stored.Decode()
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode != 0 {
+		f.add("response.status_code", strconv.Itoa(resp.StatusCode))
+	}
+	names := make([]string, 0, len(resp.Headers))
+	for name := range resp.Headers {
+		names = append(names, name)
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		f.add("response.header", printable(name)+": "+printable(resp.Headers[name]))
+	}
+	text := strings.ReplaceAll(string(resp.Body), "\r\n", "\n")
+	switch {
+	case stored.Body == nil:
+	case len(resp.Body) == 0:
+		f.add("response.body", "(empty)")
+	case isText([]byte(text)):
+		f.addRaw("response.body", text)
+	default:
+		f.add("response.body", fmt.Sprintf("(binary, %d bytes, shown as base64) %s",
+			len(resp.Body), base64.StdEncoding.EncodeToString(resp.Body)))
+	}
+	return nil
+}
+
+// deleteKey forgets the record of opts.key.
+func deleteKey(ctx context.Context, client *idem.Client, opts options, stdout, stderr io.Writer) int {
+	if err := client.Delete(ctx, opts.key); err != nil {
+		return fail(stderr, opts, err)
+	}
+	if opts.json {
+		out := struct {
+			Deleted bool   `json:"deleted"`
+			Key     string `json:"key"`
+			Tenant  string `json:"tenant,omitempty"`
+		}{true, opts.key, opts.tenant}
+		if err := writeJSON(stdout, out); err != nil {
+			fmt.Fprintf(stderr, "idemctl: %v\n", err)
+			return exitError
+		}
+		return exitOK
+	}
+	var f fields
+	f.add("key", opts.key)
+	if opts.tenant != "" {
+		f.add("tenant", opts.tenant)
+	}
+	f.add("deleted", "true")
+	f.write(stdout)
+	return exitOK
+}
+
+// fail reports err on stderr and returns its exit status.
+func fail(stderr io.Writer, opts options, err error) int {
+	code := exitError
+	if errors.Is(err, idem.ErrNotFound) {
+		code = exitNotFound
+	}
+	var e *idem.Error
+	if !errors.As(err, &e) {
+		fmt.Fprintf(stderr, "idemctl: %s %s: %v\n", opts.command, opts.key, err)
+		return code
+	}
+	msg := fmt.Sprintf("idemctl: %s %s: %d %s", opts.command, opts.key, e.StatusCode, e.Problem.Title)
+	if e.Problem.Detail != "" {
+		msg += ": " + e.Problem.Detail
+	}
+	switch {
+	case errors.Is(err, idem.ErrUnauthorized):
+		msg += " (check --api-key or IDEMSVC_API_KEY)"
+	case errors.Is(err, idem.ErrForbidden) && opts.tenant != "":
+		msg += fmt.Sprintf(" (only an admin API key may act for tenant %q)", opts.tenant)
+	}
+	fmt.Fprintln(stderr, msg)
+	return code
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false)
+	return enc.Encode(v)
+}
+
+func stamp(t idem.MilliTime) string {
+	return t.UTC().Format("2006-01-02T15:04:05.000Z")
+}
+
+// isText reports whether b can be shown on a terminal as it is: UTF-8
+// without control characters other than tab and newline.
+func isText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if unicode.IsControl(r) && r != '\n' && r != '\t' {
+			return false
+		}
+	}
+	return true
+}
+
+// printable is s as it is when it is text on one line, else quoted.
+func printable(s string) string {
+	if isText([]byte(s)) && !strings.Contains(s, "\n") {
+		return s
+	}
+	return strconv.Quote(s)
+}
+
+// fields are "name: value" lines with the values aligned.
+type fields struct{ names, values []string }
+
+// add adds a one-line field; a value that is not printable is quoted.
+func (f *fields) add(name, value string) {
+	f.names = append(f.names, name)
+	f.values = append(f.values, printable(value))
+}
+
+// addRaw adds a field whose value may span lines; it must be text.
+func (f *fields) addRaw(name, value string) {
+	f.names = append(f.names, name)
+	f.values = append(f.values, value)
+}
+
+func (f *fields) write(w io.Writer) {
+	width := 0
+	for _, n := range f.names {
+		width = max(width, len(n)+1)
+	}
+	indent := "\n" + strings.Repeat(" ", width+1)
+	for i, n := range f.names {
+		value := strings.ReplaceAll(strings.TrimSuffix(f.values[i], "\n"), "\n", indent)
+		fmt.Fprintf(w, "%-*s %s\n", width, n+":", value)
+	}
+}
