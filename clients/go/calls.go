@@ -126,15 +126,32 @@ type FailParams struct {
 	// Terminal stores the failure for begin to replay; otherwise the key is
 	// released and the next begin runs the operation again.
 	Terminal bool
-	Error    string   // a short message for operators
+	// Error is a short message for operators; only its first 1 KiB is
+	// sent, as idemsvc refuses a longer one.
+	Error    string
 	Response Response // what to replay for a terminal failure
+}
+
+// maxErrorBytes is the longest failure message idemsvc takes.
+const maxErrorBytes = 1024
+
+// shortMessage cuts msg to maxErrorBytes, at a character boundary.
+func shortMessage(msg string) string {
+	if len(msg) <= maxErrorBytes {
+		return msg
+	}
+	cut := maxErrorBytes
+	for cut > 0 && !utf8.RuneStart(msg[cut]) {
+		cut--
+	}
+	return msg[:cut]
 }
 
 // Fail ends the attempt holding token with a failure.
 func (c *Client) Fail(ctx context.Context, key, token string, p FailParams) (FinishResult, error) {
 	retryable := !p.Terminal
 	body := FailRequest{Key: key, LeaseToken: token, Retryable: &retryable,
-		Error: nonEmpty(p.Error), Response: p.Response.stored(), Tenant: c.tenant}
+		Error: nonEmpty(shortMessage(p.Error)), Response: p.Response.stored(), Tenant: c.tenant}
 	var out FinishResult
 	err := c.call(ctx, "fail", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
 		r, err := c.api.FailWithResponse(ctx, body)
@@ -225,6 +242,6 @@ func seconds(d time.Duration) *int64 {
 	if d <= 0 {
 		return nil
 	}
-	s := int64(d / time.Second)
+	s := int64((d + time.Second - 1) / time.Second) // a part of a second counts as one
 	return &s
 }

@@ -41,10 +41,13 @@ var ErrFailed = errors.New("idem: failed terminally")
 //   - a key in progress elsewhere is waited for, and begun again with
 //     backoff, until ctx ends;
 //   - otherwise fn runs with a context that is cancelled, with cause
-//     ErrLeaseLost, if the lease is lost. The lease is extended every
+//     ErrLeaseLost, if the lease is lost; Do's error then matches
+//     ErrLeaseLost too. The lease is extended every
 //     Lease/3 while fn runs.
 //
-// fn's response is then completed. An error fails the attempt: terminally
+// fn's response is then completed; a response idemsvc refuses to store
+// (over its size limit) fails the attempt terminally instead, so that no
+// duplicate runs fn again. An error fails the attempt: terminally
 // when it is marked with Terminal, storing fn's response for replay;
 // otherwise retryably, releasing the key for the next caller. A panic in fn
 // fails the attempt retryably and is raised again.
@@ -115,10 +118,21 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 
 	out := Result{Response: resp, Attempt: lease.Attempt}
 	if err == nil {
-		if _, cerr := c.Complete(finishCtx, key, token, resp, opts.Retention); cerr != nil {
+		_, cerr := c.Complete(finishCtx, key, token, resp, opts.Retention)
+		if errors.Is(cerr, ErrTooLarge) || errors.Is(cerr, ErrInvalid) {
+			// The operation ran but its outcome cannot be stored: a
+			// terminal failure keeps duplicates from running it again.
+			out.Failed, out.Error = true, "the response could not be stored: "+cerr.Error()
+			_, ferr := c.Fail(finishCtx, key, token, FailParams{Terminal: true, Error: out.Error})
+			return out, errors.Join(fmt.Errorf("idem: do %q: %w", key, cerr), ferr)
+		}
+		if cerr != nil {
 			return out, fmt.Errorf("idem: do %q: %w", key, cerr)
 		}
 		return out, nil
+	}
+	if cause := context.Cause(fnCtx); errors.Is(cause, ErrLeaseLost) && !errors.Is(err, ErrLeaseLost) {
+		err = fmt.Errorf("%w (%w)", err, cause)
 	}
 	if IsTerminal(err) {
 		out.Failed, out.Error = true, err.Error()

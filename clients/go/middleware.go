@@ -95,6 +95,11 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 			_, _ = c.run(r.Context(), key, res.Lease, DoOptions{Lease: opts.Lease, Retention: opts.Retention},
 				func(ctx context.Context) (Response, error) {
 					next.ServeHTTP(rec, r.WithContext(ctx))
+					if rec.status == 0 && r.Context().Err() != nil {
+						// The caller went away and the handler gave up
+						// without an answer: nothing to replay.
+						return Response{}, fmt.Errorf("the request was cancelled: %w", r.Context().Err())
+					}
 					resp := rec.stored(allowed)
 					if resp.StatusCode >= 500 {
 						return resp, fmt.Errorf("the handler answered %d", resp.StatusCode)
@@ -132,6 +137,9 @@ func writeBeginError(w http.ResponseWriter, err error) {
 		writeProblem(w, http.StatusUnprocessableEntity, "fingerprint-mismatch", "the idempotency key was used for another request", 0)
 	case errors.Is(err, ErrInvalid) && errors.As(err, &e):
 		writeProblem(w, http.StatusBadRequest, "invalid-request", "idempotency key: "+e.Problem.Detail, 0)
+	case errors.Is(err, ErrUnauthorized), errors.Is(err, ErrForbidden):
+		// A misconfigured API key: retrying will not help.
+		writeProblem(w, http.StatusInternalServerError, "internal", "the idempotency service refused this service's credentials", 0)
 	default:
 		// Fail closed: without idemsvc, nothing may run.
 		writeProblem(w, http.StatusServiceUnavailable, "store-unavailable", "the idempotency service cannot be reached", 1)
@@ -143,6 +151,13 @@ func writeReplay(w http.ResponseWriter, replay *BeginReplay) {
 	resp, err := replay.Response.Decode()
 	if err != nil {
 		writeProblem(w, http.StatusInternalServerError, "internal", "the stored response cannot be decoded", 0)
+		return
+	}
+	if replay.Status == FinishedStateFailed && resp.StatusCode == 0 {
+		// A failure stored without a response: the operation ran, and its
+		// outcome is unknown here.
+		w.Header().Set(ReplayedHeader, "true")
+		writeProblem(w, http.StatusInternalServerError, "internal", "the first request with this idempotency key failed", 0)
 		return
 	}
 	for name, value := range resp.Headers {

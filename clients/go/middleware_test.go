@@ -1,0 +1,393 @@
+package idem_test
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/auth"
+)
+
+// serveIdempotent serves h behind idem.Middleware(c, opts) until the test
+// ends.
+func serveIdempotent(t *testing.T, c *idem.Client, opts idem.MiddlewareOptions, h http.HandlerFunc) string {
+	t.Helper()
+	srv := httptest.NewServer(idem.Middleware(c, opts)(h))
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// answer is a response as a test sees it.
+type answer struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+// send makes one request with the idempotency key (none when empty).
+func send(t *testing.T, method, url, key string, body []byte) answer {
+	t.Helper()
+	a, err := request(method, url, key, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// sendAsync sends the request on another goroutine; the answer comes on
+// the channel, a zero one when the request failed.
+func sendAsync(t *testing.T, method, url, key string, body []byte) <-chan answer {
+	out := make(chan answer, 1)
+	go func() {
+		a, err := request(method, url, key, body)
+		if err != nil {
+			t.Error(err)
+		}
+		out <- a
+	}()
+	return out
+}
+
+func request(method, url, key string, body []byte) (answer, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, method, url, bytes.NewReader(body))
+	if err != nil {
+		return answer{}, err
+	}
+	if key != "" {
+		req.Header.Set("Idempotency-Key", key)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return answer{}, fmt.Errorf("%s %s: %w", method, url, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return answer{}, fmt.Errorf("%s %s: reading the body: %w", method, url, err)
+	}
+	return answer{resp.StatusCode, resp.Header, b}, nil
+}
+
+// problemKind is the kind of a problem+json answer, "" for another answer.
+func problemKind(a answer) string {
+	if a.header.Get("Content-Type") != "application/problem+json" {
+		return ""
+	}
+	var p idem.Problem
+	if err := json.Unmarshal(a.body, &p); err != nil {
+		return ""
+	}
+	return (&idem.Error{Problem: p}).Kind()
+}
+
+// A duplicate gets the first response byte for byte, binary body and
+// allowed headers included, marked Idempotent-Replayed; headers off the
+// allow-list reach the first caller only.
+func TestMiddlewareReplaysByteForByte(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	var runs atomic.Int32
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		in, _ := io.ReadAll(r.Body) // the middleware read it first: it must still be there
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Set("Location", "/blobs/1")
+		w.Header().Set("X-Request-Id", "req-"+strconv.Itoa(int(n)))
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write(append([]byte{0xff, 0x00, 0xc3, 0x28, 0x80, '\n'}, in...))
+	})
+	reqBody := []byte{0xde, 0xad, 0xbe, 0xef, 0x00}
+	want := append([]byte{0xff, 0x00, 0xc3, 0x28, 0x80, '\n'}, reqBody...)
+
+	first := send(t, http.MethodPost, url+"/blobs", "upload-1", reqBody)
+	if first.status != http.StatusCreated || !bytes.Equal(first.body, want) ||
+		first.header.Get("X-Request-Id") != "req-1" || first.header.Get(idem.ReplayedHeader) != "" {
+		t.Fatalf("first = %d %v %x; want the handler's 201, not replayed", first.status, first.header, first.body)
+	}
+	for range 2 {
+		dup := send(t, http.MethodPost, url+"/blobs", "upload-1", reqBody)
+		if dup.status != http.StatusCreated || !bytes.Equal(dup.body, want) {
+			t.Errorf("duplicate = %d %x, want %d %x", dup.status, dup.body, first.status, first.body)
+		}
+		if dup.header.Get(idem.ReplayedHeader) != "true" {
+			t.Errorf("duplicate's %s = %q, want true", idem.ReplayedHeader, dup.header.Get(idem.ReplayedHeader))
+		}
+		if dup.header.Get("Content-Type") != "application/octet-stream" || dup.header.Get("Location") != "/blobs/1" {
+			t.Errorf("duplicate's headers %v lack the allowed Content-Type and Location", dup.header)
+		}
+		if v := dup.header.Get("X-Request-Id"); v != "" {
+			t.Errorf("duplicate has X-Request-Id %q, which is not on the allow-list", v)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once", n)
+	}
+}
+
+// Headers replaces the default allow-list.
+func TestMiddlewareHeaderAllowList(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{Headers: []string{"x-charge-id"}}, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Charge-Id", "ch_1")
+		w.Header().Set("Location", "/charges/ch_1")
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"ch_1"}`))
+	})
+	first := send(t, http.MethodPost, url+"/charges", "charge-1", []byte(`{"amount":100}`))
+	if first.header.Get("Location") != "/charges/ch_1" || first.header.Get("X-Charge-Id") != "ch_1" {
+		t.Fatalf("first's headers %v: want every header the handler set", first.header)
+	}
+	dup := send(t, http.MethodPost, url+"/charges", "charge-1", []byte(`{"amount":100}`))
+	if dup.header.Get(idem.ReplayedHeader) != "true" || dup.header.Get("X-Charge-Id") != "ch_1" || string(dup.body) != `{"id":"ch_1"}` {
+		t.Errorf("duplicate = %d %v %q, want the replay with X-Charge-Id", dup.status, dup.header, dup.body)
+	}
+	if v := dup.header.Get("Location"); v != "" {
+		t.Errorf("duplicate has Location %q, which is not on this allow-list", v)
+	}
+}
+
+// A duplicate of a request still running gets 409 with Retry-After, or,
+// when it may wait, the first request's response.
+func TestMiddlewareDuplicateWhileRunning(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	entered := make(chan struct{}, 4)
+	release := make(chan struct{})
+	var runs atomic.Int32
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		entered <- struct{}{}
+		<-release
+		w.WriteHeader(http.StatusAccepted)
+		_, _ = w.Write([]byte("queued"))
+	}
+	noWait := serveIdempotent(t, c, idem.MiddlewareOptions{}, handler)
+	waiting := serveIdempotent(t, c, idem.MiddlewareOptions{Wait: 5 * time.Second}, handler)
+	releaseOnce := sync.OnceFunc(func() { close(release) })
+	t.Cleanup(releaseOnce) // runs before the servers close, should the test stop early
+
+	firstc := sendAsync(t, http.MethodPost, noWait+"/jobs", "job-1", []byte("a"))
+	recv(t, entered, "the handler to run")
+
+	dup := send(t, http.MethodPost, noWait+"/jobs", "job-1", []byte("a"))
+	retryAfter, err := strconv.Atoi(dup.header.Get("Retry-After"))
+	if dup.status != http.StatusConflict || problemKind(dup) != "in-progress" || err != nil || retryAfter < 1 {
+		t.Errorf("duplicate while running = %d %v %s; want 409 in-progress with Retry-After", dup.status, dup.header, dup.body)
+	}
+
+	// Through a middleware that waits: the duplicate is held until the
+	// first request is done, then replayed.
+	begins := svc.calls.get("/v1/begin")
+	waitedc := sendAsync(t, http.MethodPost, waiting+"/jobs", "job-1", []byte("a"))
+	waitFor(t, "the waiting duplicate's begin", func() bool { return svc.calls.get("/v1/begin") > begins })
+
+	releaseOnce()
+	first := recv(t, firstc, "the first answer")
+	if first.status != http.StatusAccepted || string(first.body) != "queued" || first.header.Get(idem.ReplayedHeader) != "" {
+		t.Errorf("first = %d %v %q, want the handler's 202", first.status, first.header, first.body)
+	}
+	waited := recv(t, waitedc, "the waiting duplicate's answer")
+	if waited.status != http.StatusAccepted || string(waited.body) != "queued" || waited.header.Get(idem.ReplayedHeader) != "true" {
+		t.Errorf("waiting duplicate = %d %v %q, want the replayed 202", waited.status, waited.header, waited.body)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once", n)
+	}
+}
+
+// A key reused for another request (another body, path or method) gets
+// 422 without running the handler.
+func TestMiddlewareFingerprintMismatch(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	var runs atomic.Int32
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		_, _ = w.Write([]byte("ok"))
+	})
+	if a := send(t, http.MethodPost, url+"/orders", "order-1", []byte(`{"qty":1}`)); a.status != http.StatusOK {
+		t.Fatalf("first = %d %s", a.status, a.body)
+	}
+	for _, r := range []struct{ method, path, body string }{
+		{http.MethodPost, "/orders", `{"qty":2}`},
+		{http.MethodPost, "/refunds", `{"qty":1}`},
+		{http.MethodPatch, "/orders", `{"qty":1}`},
+	} {
+		a := send(t, r.method, url+r.path, "order-1", []byte(r.body))
+		if a.status != http.StatusUnprocessableEntity || problemKind(a) != "fingerprint-mismatch" {
+			t.Errorf("%s %s %s with the same key = %d %s, want 422 fingerprint-mismatch", r.method, r.path, r.body, a.status, a.body)
+		}
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once", n)
+	}
+}
+
+// POST and PATCH need a key unless Optional; other methods pass without.
+func TestMiddlewareMissingKey(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	var runs atomic.Int32
+	handler := func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		_, _ = w.Write([]byte("ran"))
+	}
+	strict := serveIdempotent(t, c, idem.MiddlewareOptions{}, handler)
+	optional := serveIdempotent(t, c, idem.MiddlewareOptions{Optional: true}, handler)
+
+	for _, method := range []string{http.MethodPost, http.MethodPatch} {
+		a := send(t, method, strict+"/orders", "", []byte("{}"))
+		if a.status != http.StatusBadRequest || problemKind(a) != "invalid-request" {
+			t.Errorf("%s without a key = %d %s, want 400 invalid-request", method, a.status, a.body)
+		}
+	}
+	if n := runs.Load(); n != 0 {
+		t.Fatalf("the handler ran %d times for requests without a key", n)
+	}
+	if a := send(t, http.MethodGet, strict+"/orders", "", nil); a.status != http.StatusOK || string(a.body) != "ran" {
+		t.Errorf("GET without a key = %d %s, want the handler's answer", a.status, a.body)
+	}
+	for range 2 {
+		a := send(t, http.MethodPost, optional+"/orders", "", []byte("{}"))
+		if a.status != http.StatusOK || string(a.body) != "ran" || a.header.Get(idem.ReplayedHeader) != "" {
+			t.Errorf("POST without a key, Optional = %d %v %s; want the handler's answer", a.status, a.header, a.body)
+		}
+	}
+	if n := runs.Load(); n != 3 {
+		t.Errorf("the handler ran %d times, want 3 (GET and both optional POSTs)", n)
+	}
+}
+
+// A 5xx from the handler releases the key: the next request runs it again.
+func TestMiddlewareServerErrorIsRetryable(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	var runs atomic.Int32
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {
+		if runs.Add(1) == 1 {
+			http.Error(w, "database down", http.StatusInternalServerError)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte("created"))
+	})
+	if a := send(t, http.MethodPost, url+"/orders", "order-5", []byte("{}")); a.status != http.StatusInternalServerError {
+		t.Errorf("first = %d %s, want the handler's 500", a.status, a.body)
+	}
+	st, err := c.Status(testContext(t), "order-5", false)
+	if err != nil || st.State != idem.StateFailed || st.Retryable == nil || !*st.Retryable {
+		t.Errorf("status after the 500 = %+v, %v; want a retryable failure", st, err)
+	}
+	if a := send(t, http.MethodPost, url+"/orders", "order-5", []byte("{}")); a.status != http.StatusCreated || a.header.Get(idem.ReplayedHeader) != "" {
+		t.Errorf("retry = %d %s, want the handler run again", a.status, a.body)
+	}
+	if a := send(t, http.MethodPost, url+"/orders", "order-5", []byte("{}")); a.status != http.StatusCreated ||
+		string(a.body) != "created" || a.header.Get(idem.ReplayedHeader) != "true" {
+		t.Errorf("third = %d %v %s, want the 201 replayed", a.status, a.header, a.body)
+	}
+	if n := runs.Load(); n != 2 {
+		t.Errorf("the handler ran %d times, want 2", n)
+	}
+}
+
+// Without idemsvc nothing runs: the middleware answers 503.
+func TestMiddlewareFailsClosed(t *testing.T) {
+	t.Parallel()
+	down := httptest.NewServer(http.NotFoundHandler())
+	down.Close()
+	c := newClient(t, down.URL, idem.WithRetryBudget(100*time.Millisecond))
+	var runs atomic.Int32
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+	})
+	a := send(t, http.MethodPost, url+"/orders", "order-1", []byte("{}"))
+	if a.status != http.StatusServiceUnavailable || a.header.Get("Retry-After") == "" || problemKind(a) != "store-unavailable" {
+		t.Errorf("with idemsvc down = %d %v %s; want 503 with Retry-After", a.status, a.header, a.body)
+	}
+	if runs.Load() != 0 {
+		t.Error("the handler ran without idemsvc")
+	}
+}
+
+// A key idemsvc refuses, or a body over MaxBodyBytes, is the caller's
+// mistake: 400 and 413, and the handler does not run.
+func TestMiddlewareRefusesBadRequests(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	var runs atomic.Int32
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{MaxBodyBytes: 16}, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+	})
+	if a := send(t, http.MethodPost, url+"/orders", "key with spaces", []byte("{}")); a.status != http.StatusBadRequest || problemKind(a) != "invalid-request" {
+		t.Errorf("a key with spaces = %d %s, want 400 invalid-request", a.status, a.body)
+	}
+	if a := send(t, http.MethodPost, url+"/orders", "big", bytes.Repeat([]byte("x"), 17)); a.status != http.StatusRequestEntityTooLarge || problemKind(a) != "too-large" {
+		t.Errorf("a 17-byte body over a 16-byte limit = %d %s, want 413 too-large", a.status, a.body)
+	}
+	if runs.Load() != 0 {
+		t.Error("the handler ran for a refused request")
+	}
+}
+
+// A response too large for idemsvc to store is failed terminally: the
+// handler ran, and a duplicate must not run it again.
+func TestMiddlewareUnstorableResponseIsNotRunAgain(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	var runs atomic.Int32
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{Lease: 200 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		_, _ = w.Write(bytes.Repeat([]byte("x"), 2<<20))
+	})
+	first := send(t, http.MethodPost, url+"/exports", "export-1", nil)
+	if first.status != http.StatusOK || len(first.body) != 2<<20 {
+		t.Fatalf("first = %d with %d bytes; want the handler's 200", first.status, len(first.body))
+	}
+	time.Sleep(300 * time.Millisecond) // past the lease: a key left in progress would be taken over
+	again := send(t, http.MethodPost, url+"/exports", "export-1", nil)
+	if runs.Load() != 1 {
+		t.Fatalf("the handler ran %d times for one key", runs.Load())
+	}
+	if again.status != http.StatusInternalServerError || again.header.Get(idem.ReplayedHeader) != "true" {
+		t.Errorf("duplicate = %d %v %s; want a replayed 500", again.status, again.header, again.body)
+	}
+}
+
+// A key idemsvc does not accept is a misconfiguration, not an outage: 500,
+// without Retry-After.
+func TestMiddlewareWrongAPIKey(t *testing.T) {
+	t.Parallel()
+	keyring, err := auth.Parse([]byte(`{"tenants":[{"name":"shop","api_key_sha256":["` + auth.Digest("right") + `"]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	svc := startIdemsvc(t, keyring)
+	c := newClient(t, svc.URL, idem.WithAPIKey("wrong"))
+	var runs atomic.Int32
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) { runs.Add(1) })
+	a := send(t, http.MethodPost, url+"/orders", "order-1", []byte("{}"))
+	if a.status != http.StatusInternalServerError || a.header.Get("Retry-After") != "" || runs.Load() != 0 {
+		t.Errorf("with a wrong API key = %d %v %s, %d runs; want 500 without Retry-After, no run", a.status, a.header, a.body, runs.Load())
+	}
+}
