@@ -88,15 +88,24 @@ func New(cfg Config) *Service {
 	r := chi.NewRouter()
 	r.Use(s.observe) // inside the router, so that it sees the matched route
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeProblem(w, r, errNoRoute) })
-	r.MethodNotAllowed(func(w http.ResponseWriter, r *http.Request) { writeProblem(w, r, errMethod) })
+	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
+			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
+				w.Header().Add("Allow", m)
+			}
+		}
+		writeProblem(w, req, errMethod)
+	})
 	strict := api.NewStrictHandlerWithOptions(s, nil, api.StrictHTTPServerOptions{
 		RequestErrorHandlerFunc:  requestError,
 		ResponseErrorHandlerFunc: writeProblem,
 	})
 	api.HandlerWithOptions(strict, api.ChiServerOptions{
-		BaseRouter: r,
-		// The last runs first: authenticate, then read the body.
-		Middlewares:      []api.MiddlewareFunc{s.readBody, s.authenticate},
+		// Authenticate before the generated wrapper reads the query, so
+		// that a call without a valid key is 401 whatever its parameters;
+		// then read the body.
+		BaseRouter:       r.With(s.authenticate),
+		Middlewares:      []api.MiddlewareFunc{s.readBody},
 		ErrorHandlerFunc: requestError,
 	})
 	s.handler = r

@@ -45,11 +45,16 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 	}
 
 	var answered, completed atomic.Int64
+	failed := make(chan error, waiters)
 	var wg sync.WaitGroup
 	for i := range waiters {
 		wg.Go(func() {
 			wait := int64(20_000)
-			r := c.begin(idem.BeginRequest{Key: fmt.Sprintf("wait-load-%d", i%keys), WaitMs: &wait})
+			r, err := c.c.BeginWithResponse(bg, idem.BeginRequest{Key: fmt.Sprintf("wait-load-%d", i%keys), WaitMs: &wait})
+			if err != nil {
+				failed <- err
+				return
+			}
 			answered.Add(1)
 			if r.StatusCode() == http.StatusOK && r.JSON200 != nil && r.JSON200.Status == idem.FinishedStateCompleted {
 				completed.Add(1)
@@ -63,7 +68,7 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 		}
 		return string(body)
 	}
-	waitFor(t, metrics, waiters)
+	waitFor(t, metrics, waiters, failed)
 
 	before := scriptCalls(t, rdb)
 	time.Sleep(window)
@@ -88,11 +93,17 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 }
 
 // waitFor waits until the idemsvc_waiters gauge shows n.
-func waitFor(t *testing.T, metrics func() string, n int) {
+// A waiter's request that failed, sent on failed, ends the wait.
+func waitFor(t *testing.T, metrics func() string, n int, failed <-chan error) {
 	t.Helper()
 	want := fmt.Sprintf("idemsvc_waiters %d\n", n)
 	deadline := time.Now().Add(60 * time.Second)
 	for {
+		select {
+		case err := <-failed:
+			t.Fatalf("a waiter's begin failed: %v", err)
+		default:
+		}
 		m := metrics()
 		if strings.Contains(m, want) {
 			return
@@ -129,7 +140,7 @@ func TestWaiterLatency(t *testing.T) {
 			}
 			answered <- time.Now()
 		}()
-		waitFor(t, metrics, 1)
+		waitFor(t, metrics, 1, nil)
 		c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: tok})
 		completed := time.Now()
 		latencies = append(latencies, (<-answered).Sub(completed))
