@@ -1,0 +1,210 @@
+#!/usr/bin/env bash
+# Measures idemsvc over HTTP with idembench and compares it with barechi, a
+# bare chi handler that runs the same begin script (benchmarks/barechi).
+# Everything runs on this machine, on a Redis of its own:
+#
+#   benchmarks/http-load.sh [runs]      (default 3)
+#
+# Each run puts, for DURATION seconds (default 10) at CONCURRENCY (default
+# 64): begin on new keys on idemsvc, cycles (begin + complete) on idemsvc,
+# and begin on new keys on barechi; Redis is flushed before each. idemsvc
+# runs as shipped: tenants file, JSON logs at info (to a file). The script
+# prints each run's figures and the medians over the runs: requests/s,
+# cycles/s, latency percentiles, the CPU time per request of the server, of
+# Redis and of idembench (from /proc and the shell's time), which shows where
+# the machine's cores went, and the share of the CPU that other processes
+# took meanwhile (high values mean the figures are not to be trusted).
+#
+# PROFILE=1 adds, after the runs, one more begin and one more cycle load on
+# an idemsvc built with a net/http/pprof listener (added at build time with
+# go build -overlay; the source is not changed) and saves their CPU
+# profiles and `go tool pprof -top` summaries next to the reports.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+runs=${1:-3}
+duration=${DURATION:-10}
+concurrency=${CONCURRENCY:-64}
+
+dir=$(mktemp -d)
+results=$(mktemp -d -t http-load.XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+# wait_http URL: until something answers HTTP there.
+wait_http() {
+  for _ in $(seq 100); do
+    curl -s -o /dev/null "$1" && return 0
+    sleep 0.1
+  done
+  echo "nothing answers at $1" >&2
+  return 1
+}
+
+echo "building idemsvc, barechi and idembench"
+go build -o "$dir/idemsvc" ./cmd/idemsvc
+go build -o "$dir/barechi" ./benchmarks/barechi
+go build -o "$dir/idembench" ./cmd/idembench
+
+redis_port=$(free_port)
+redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no --daemonize no \
+  --dir "$dir" --logfile "$dir/redis.log" &
+redis_pid=$!
+pids+=("$redis_pid")
+until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
+redis_url=redis://127.0.0.1:$redis_port
+
+api_key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf 'tenants:\n  - name: bench\n    api_key_sha256: ["%s"]\n' \
+  "$(printf %s "$api_key" | sha256sum | cut -d' ' -f1)" >"$dir/tenants.yaml"
+export IDEMSVC_API_KEY=$api_key
+
+# start_idemsvc BINARY: serves on $idemsvc_port; its PID is $idemsvc_pid.
+# Logs are appended, so that load can empty the file while it is open.
+start_idemsvc() {
+  idemsvc_port=$(free_port)
+  "$1" --listen "127.0.0.1:$idemsvc_port" --redis-url "$redis_url" \
+    --tenants-file "$dir/tenants.yaml" --log-level info 2>>"$dir/idemsvc.log" &
+  idemsvc_pid=$!
+  pids+=("$idemsvc_pid")
+  wait_http "http://127.0.0.1:$idemsvc_port/readyz"
+}
+start_idemsvc "$dir/idemsvc"
+barechi_port=$(free_port)
+"$dir/barechi" --listen "127.0.0.1:$barechi_port" --redis-url "$redis_url" 2>"$dir/barechi.log" &
+barechi_pid=$!
+pids+=("$barechi_pid")
+wait_http "http://127.0.0.1:$barechi_port/"
+
+clk_tck=$(getconf CLK_TCK)
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# machine_ticks: busy and total CPU ticks of the whole machine.
+machine_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
+# per_request TICKS REQUESTS: CPU µs per request.
+per_request() { awk -v t="$1" -v n="$2" -v hz="$clk_tck" 'BEGIN { printf "%.1f\n", n ? t * 1e6 / hz / n : 0 }'; }
+
+# load NAME PORT SERVER_PID MIX: one idembench run on a flushed Redis. The
+# report goes to $results/NAME.txt; the CPU µs per request of the server,
+# Redis and idembench, and the share of the machine's CPU that other
+# processes took meanwhile, to $results/NAME.cpu.
+load() {
+  local name=$1 port=$2 server=$3 mix=$4
+  redis-cli -p "$redis_port" flushall sync >/dev/null
+  : >"$dir/idemsvc.log" # as shipped it logs every request; keep the file small
+  local s0 r0 m0 s1 r1 m1 status=0
+  s0=$(cpu_ticks "$server")
+  r0=$(cpu_ticks "$redis_pid")
+  m0=$(machine_ticks)
+  TIMEFORMAT='%U %S'
+  { time "$dir/idembench" --url "http://127.0.0.1:$port" --mix "$mix" --concurrency "$concurrency" \
+    --duration "${duration}s" >"$results/$name.txt" 2>"$dir/idembench.err" || status=$?; } 2>"$dir/time"
+  s1=$(cpu_ticks "$server")
+  r1=$(cpu_ticks "$redis_pid")
+  m1=$(machine_ticks)
+  if [ "$status" != 0 ]; then
+    cat "$results/$name.txt" "$dir/idembench.err"
+    echo "idembench failed: $name" >&2
+    exit 1
+  fi
+  local n
+  n=$(awk '$1 == "requests/s" { gsub(/\(/, "", $3); print $3 }' "$results/$name.txt")
+  echo "$(per_request $((s1 - s0)) "$n") $(per_request $((r1 - r0)) "$n")" \
+    "$(awk -v n="$n" '{ printf "%.1f\n", ($1 + $2) * 1e6 / n }' "$dir/time")" \
+    "$(awk -v m0="$m0" -v m1="$m1" -v ours=$((s1 - s0 + r1 - r0)) -v hz="$clk_tck" '{
+      split(m0, a, " "); split(m1, b, " ")
+      other = (b[1] - a[1]) - ours - ($1 + $2) * hz
+      share = other > 0 ? 100 * other / (b[2] - a[2]) : 0
+      printf "%.0f\n", share }' "$dir/time")" >"$results/$name.cpu"
+}
+# row NAME OP: an operation's p50, p90, p99 and max.
+row() { awk -v op="$2" '$1 == op { print $4, $5, $6, $7 }' "$results/$1.txt"; }
+total() { awk -v what="$2" '$1 == what { print $2 }' "$results/$1.txt"; }
+errors() { awk '$1 == "errors:" { print $2 }' "$results/$1.txt"; }
+
+# Per-run figures go to $dir/figures, one line per label.
+record() { echo "$*" >>"$dir/figures"; }
+columns=(req/s cycles/s p50_ms p90_ms p99_ms max_ms srv_us/req redis_us/req gen_us/req other_cpu%)
+fmt_row() { printf '%-23s %9s %9s %7s %7s %7s %7s %10s %12s %10s %10s\n' "$@"; }
+
+for run in $(seq "$runs"); do
+  load "idemsvc-begin-$run" "$idemsvc_port" "$idemsvc_pid" begin
+  load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
+  load "barechi-begin-$run" "$barechi_port" "$barechi_pid" begin
+  b=idemsvc-begin-$run c=idemsvc-cycle-$run bare=barechi-begin-$run
+  record idemsvc_begin "$(total "$b" requests/s)" - "$(row "$b" begin)" "$(cat "$results/$b.cpu")"
+  for op in cycle.begin cycle.complete cycle; do
+    record "idemsvc_$op" "$(total "$c" requests/s)" "$(total "$c" cycles/s)" "$(row "$c" "$op")" "$(cat "$results/$c.cpu")"
+  done
+  record barechi_begin "$(total "$bare" requests/s)" - "$(row "$bare" begin)" "$(cat "$results/$bare.cpu")"
+  echo
+  echo "run $run of $runs (errors: idemsvc begin $(errors "$b"), cycle $(errors "$c"), barechi begin $(errors "$bare"))"
+  fmt_row "" "${columns[@]}"
+  # shellcheck disable=SC2086 # the figures are words
+  tail -n 5 "$dir/figures" | while read -r label rest; do fmt_row "$label" $rest; done
+done
+
+# median: of the numbers on stdin; "-" when there are none.
+median() {
+  sort -g | awk '{ v[NR] = $1 }
+    END { if (NR == 0 || v[1] == "-") print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+# column LABEL N: the median of the figures' Nth column for LABEL.
+column() { awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$dir/figures" | median; }
+echo
+echo "medians of $runs runs, ${duration}s each, concurrency $concurrency"
+fmt_row "" "${columns[@]}"
+for label in idemsvc_begin idemsvc_cycle.begin idemsvc_cycle.complete idemsvc_cycle barechi_begin; do
+  cols=()
+  for c in $(seq 2 $((${#columns[@]} + 1))); do cols+=("$(column "$label" "$c")"); done
+  fmt_row "$label" "${cols[@]}"
+done
+awk -v a="$(column idemsvc_begin 2)" -v b="$(column barechi_begin 2)" \
+  'BEGIN { printf "idemsvc begin / barechi begin: %.1f%% of the requests/s\n", 100 * a / b }'
+echo "full reports: $results"
+
+if [ -n "${PROFILE:-}" ]; then
+  echo
+  echo "profiling idemsvc"
+  cat >"$dir/pprof.go" <<'EOF'
+package main
+
+import (
+	"net/http"
+	_ "net/http/pprof"
+	"os"
+)
+
+func init() {
+	if addr := os.Getenv("IDEMSVC_BENCH_PPROF"); addr != "" {
+		go func() { _ = http.ListenAndServe(addr, nil) }()
+	}
+}
+EOF
+  printf '{"Replace": {"%s": "%s"}}\n' "$PWD/cmd/idemsvc/zz_bench_pprof.go" "$dir/pprof.go" >"$dir/overlay.json"
+  go build -overlay "$dir/overlay.json" -o "$results/idemsvc-pprof" ./cmd/idemsvc
+  kill "$idemsvc_pid"
+  wait "$idemsvc_pid" 2>/dev/null || true
+  pprof_port=$(free_port)
+  IDEMSVC_BENCH_PPROF=127.0.0.1:$pprof_port start_idemsvc "$results/idemsvc-pprof"
+  for mix in begin cycle; do
+    (sleep 1 && curl -s -o "$results/idemsvc-$mix.cpu.pprof" \
+      "http://127.0.0.1:$pprof_port/debug/pprof/profile?seconds=$((duration > 3 ? duration - 2 : 1))") &
+    curl_pid=$!
+    load "profiled-$mix" "$idemsvc_port" "$idemsvc_pid" "$mix"
+    wait "$curl_pid"
+    go tool pprof -top -nodecount=60 "$results/idemsvc-pprof" "$results/idemsvc-$mix.cpu.pprof" \
+      >"$results/idemsvc-$mix.top.txt" 2>/dev/null
+    go tool pprof -top -cum -nodecount=100 "$results/idemsvc-pprof" "$results/idemsvc-$mix.cpu.pprof" \
+      >"$results/idemsvc-$mix.cum.txt" 2>/dev/null
+    echo "$mix: $(total "profiled-$mix" requests/s) req/s while profiled; top of the profile:"
+    sed -n '5,25p' "$results/idemsvc-$mix.top.txt"
+  done
+  echo "profiles, and the binary for go tool pprof, in $results"
+fi

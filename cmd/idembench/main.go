@@ -1,0 +1,205 @@
+// Command idembench puts HTTP load on an idemsvc and checks what it answers.
+//
+// Usage:
+//
+//	idembench [--url http://127.0.0.1:8080] [--api-key KEY] [--concurrency 64]
+//	          [--duration 10s] [--mix begin] [--replay-keys 1000]
+//
+// The API key may also come from the environment variable IDEMSVC_API_KEY;
+// without one, requests carry no Authorization header (an idemsvc without
+// tenants). Each of --concurrency workers sends one request at a time, for
+// --duration. On each turn a worker does one operation of --mix:
+//
+//	begin   begin on a new key: one request, expecting 201
+//	cycle   begin on a new key, then complete it with the lease token and a
+//	        small response: two requests (201, 200) make one cycle
+//	replay  begin on one of --replay-keys keys completed during a warm-up,
+//	        expecting 200 and the stored 1 KiB body
+//	hot     begin on one key held for the whole run: the warm-up acquires
+//	        it for worker 0 with an owner and a one-hour lease; worker 0
+//	        begins it again with that owner (201, the same lease), every
+//	        other worker without an owner (409)
+//
+// --mix takes one name, or weights such as begin=1,cycle=1,replay=2: each
+// turn picks an operation at random in those proportions (a name without a
+// weight weighs 1). Keys are unique to each run: they start with a random
+// prefix.
+//
+// The report gives requests/s (and cycles/s), the p50, p90, p99 and maximum
+// latency of each operation, the responses by status, and the errors:
+// statuses other than the expected ones, and requests that got no reply.
+// It also tallies acquisitions per key: every key idembench begins more
+// than once (the replay keys and the hot key) must have been acquired once
+// only, by the warm-up; a 201 that hands out a second lease on one of them
+// is printed as an ERROR line. Keys of begin and cycle are begun once each,
+// so they cannot be acquired twice.
+//
+// idembench exits with status 1 when the load cannot start (the first
+// begin, or the warm-up, fails), when a key was acquired more than once, or
+// when a replay lacked the stored body; other errors are reported, with
+// status 0. An interrupt ends the load early and still prints the report.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"os"
+	"os/signal"
+	"runtime/debug"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+func main() {
+	// The load allocates little that lives long: trade memory for less GC.
+	debug.SetGCPercent(400)
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.Stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		return
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "idembench:", err)
+		os.Exit(1)
+	}
+}
+
+// config is what the flags say.
+type config struct {
+	url         *url.URL
+	apiKey      string
+	concurrency int
+	duration    time.Duration
+	mix         mix
+	replayKeys  int
+}
+
+// run parses args, puts the load on, and writes the report to stdout. It
+// returns an error when the load could not start or when a key was
+// acquired more than once.
+func run(ctx context.Context, args []string, stdout io.Writer) error {
+	cfg, err := parseFlags(args)
+	if err != nil {
+		return err
+	}
+	b := newBench(cfg)
+	if err := b.warmUp(ctx); err != nil {
+		return err
+	}
+	r := b.load(ctx)
+	r.write(stdout)
+	if n := len(r.violations); n > 0 {
+		return fmt.Errorf("%d keys acquired more than once", n)
+	}
+	if r.bad > 0 {
+		return fmt.Errorf("%d replays did not return the stored response", r.bad)
+	}
+	return nil
+}
+
+func parseFlags(args []string) (config, error) {
+	fs := flag.NewFlagSet("idembench", flag.ContinueOnError)
+	fs.SetOutput(os.Stderr)
+	rawURL := fs.String("url", "http://127.0.0.1:8080", "base URL of the idemsvc")
+	apiKey := fs.String("api-key", "", "API key, sent as a bearer token (default $IDEMSVC_API_KEY)")
+	concurrency := fs.Int("concurrency", 64, "workers, each with one request in flight")
+	duration := fs.Duration("duration", 10*time.Second, "how long to put the load on")
+	rawMix := fs.String("mix", "begin", "operations: begin, cycle, replay, hot, or weights like begin=1,cycle=1,replay=2")
+	replayKeys := fs.Int("replay-keys", 1000, "keys completed during the warm-up for replay")
+	if err := fs.Parse(args); err != nil {
+		return config{}, err
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	if *apiKey == "" {
+		*apiKey = os.Getenv("IDEMSVC_API_KEY") // not a flag default, which -h would print
+	}
+	u, err := url.Parse(*rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return config{}, fmt.Errorf("--url %q: want http://host:port or https://host:port", *rawURL)
+	}
+	m, err := parseMix(*rawMix)
+	if err != nil {
+		return config{}, fmt.Errorf("--mix: %w", err)
+	}
+	switch {
+	case *concurrency < 1:
+		return config{}, errors.New("--concurrency must be at least 1")
+	case *duration <= 0:
+		return config{}, errors.New("--duration must be positive")
+	case *replayKeys < 1:
+		return config{}, errors.New("--replay-keys must be at least 1")
+	case m.has(opHot) && *duration >= hotLease-time.Minute:
+		return config{}, fmt.Errorf("--duration must be under %v with hot: the hot key's lease would run out", hotLease-time.Minute)
+	}
+	return config{url: u, apiKey: *apiKey, concurrency: *concurrency, duration: *duration, mix: m, replayKeys: *replayKeys}, nil
+}
+
+// An op is what a worker does on one turn.
+type op int
+
+const (
+	opBegin op = iota
+	opCycle
+	opReplay
+	opHot
+	numOps
+)
+
+var opNames = [numOps]string{"begin", "cycle", "replay", "hot"}
+
+// mix is the weight of each op.
+type mix [numOps]int
+
+func (m *mix) has(o op) bool { return m[o] > 0 }
+
+func (m *mix) total() int {
+	t := 0
+	for _, w := range m {
+		t += w
+	}
+	return t
+}
+
+// parseMix reads "begin", or "begin=1,cycle=1,replay=2".
+func parseMix(s string) (mix, error) {
+	var m mix
+	for part := range strings.SplitSeq(s, ",") {
+		name, weight, hasWeight := strings.Cut(strings.TrimSpace(part), "=")
+		o := op(slices.Index(opNames[:], name))
+		if o < 0 {
+			return mix{}, fmt.Errorf("unknown operation %q (want begin, cycle, replay or hot)", name)
+		}
+		w := 1
+		if hasWeight {
+			var err error
+			if w, err = strconv.Atoi(weight); err != nil || w < 0 {
+				return mix{}, fmt.Errorf("weight of %s: %q is not a whole number", name, weight)
+			}
+		}
+		m[o] += w
+	}
+	if m.total() == 0 {
+		return mix{}, errors.New("no operation has a weight")
+	}
+	return m, nil
+}
+
+func (m mix) String() string {
+	var parts []string
+	for o, w := range m {
+		if w > 0 {
+			parts = append(parts, opNames[o]+"="+strconv.Itoa(w))
+		}
+	}
+	return strings.Join(parts, ",")
+}

@@ -1,0 +1,142 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+)
+
+func TestRunAgainstIdemsvc(t *testing.T) {
+	srv := httptest.NewServer(handlers.New(handlers.Config{
+		Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()),
+	}))
+	defer srv.Close()
+
+	for _, mix := range []string{"begin", "cycle", "replay", "hot", "begin=1,cycle=1,replay=2,hot=1"} {
+		t.Run(mix, func(t *testing.T) {
+			var out bytes.Buffer
+			err := run(context.Background(), []string{
+				"--url", srv.URL, "--concurrency", "8", "--duration", "1s",
+				"--mix", mix, "--replay-keys", "50",
+			}, &out)
+			report := out.String()
+			if err != nil {
+				t.Fatalf("run: %v\n%s", err, report)
+			}
+			m := regexp.MustCompile(`requests/s +[0-9.]+ +\(([0-9]+) requests\)`).FindStringSubmatch(report)
+			if m == nil {
+				t.Fatalf("no request count in the report:\n%s", report)
+			}
+			if n, _ := strconv.Atoi(m[1]); n == 0 {
+				t.Errorf("no requests done:\n%s", report)
+			}
+			for _, want := range []string{"errors: none", "correctness: OK"} {
+				if !strings.Contains(report, want) {
+					t.Errorf("report lacks %q:\n%s", want, report)
+				}
+			}
+			if strings.Contains(report, "ERROR") {
+				t.Errorf("report has an ERROR:\n%s", report)
+			}
+			if strings.Contains(mix, "cycle") && !strings.Contains(report, "cycles/s") {
+				t.Errorf("report lacks cycles/s:\n%s", report)
+			}
+		})
+	}
+}
+
+// grantAll is a broken service that acquires every begin.
+func grantAll(w http.ResponseWriter, r *http.Request) {
+	var tok [16]byte
+	rand.Read(tok[:])
+	w.Header().Set("Content-Type", "application/json")
+	switch r.URL.Path {
+	case "/v1/begin":
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"status":"acquired","attempt":1,"lease_token":%q}`, hex.EncodeToString(tok[:]))
+	case "/v1/complete":
+		fmt.Fprint(w, `{"status":"completed","attempt":1}`)
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+func TestRunCatchesDoubleAcquisition(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(grantAll))
+	defer srv.Close()
+
+	for _, mix := range []string{"hot", "replay"} {
+		t.Run(mix, func(t *testing.T) {
+			var out bytes.Buffer
+			err := run(context.Background(), []string{
+				"--url", srv.URL, "--concurrency", "4", "--duration", "200ms",
+				"--mix", mix, "--replay-keys", "5",
+			}, &out)
+			if err == nil || !strings.Contains(err.Error(), "acquired more than once") {
+				t.Errorf("run returned %v, want an error about keys acquired more than once", err)
+			}
+			if !strings.Contains(out.String(), "ERROR:") {
+				t.Errorf("report lacks an ERROR line:\n%s", out.String())
+			}
+		})
+	}
+}
+
+func TestRunRejectsBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--mix", "frobnicate"},
+		{"--mix", "begin=x"},
+		{"--mix", "begin=0"},
+		{"--concurrency", "0"},
+		{"--url", "127.0.0.1:8080"},
+		{"--mix", "hot", "--duration", "2h"},
+	} {
+		if err := run(context.Background(), args, new(bytes.Buffer)); err == nil {
+			t.Errorf("run(%q) succeeded", args)
+		}
+	}
+}
+
+func TestParseMix(t *testing.T) {
+	m, err := parseMix("begin=1,cycle=1,replay=2")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := (mix{opBegin: 1, opCycle: 1, opReplay: 2}); m != want {
+		t.Errorf("got %v, want %v", m, want)
+	}
+	if m, _ := parseMix("hot, begin"); m != (mix{opBegin: 1, opHot: 1}) {
+		t.Errorf("hot, begin: got %v", m)
+	}
+}
+
+func TestHistogramQuantiles(t *testing.T) {
+	var h histogram
+	for i := 1; i <= 1000; i++ {
+		h.record(time.Duration(i) * time.Microsecond)
+	}
+	for _, c := range []struct {
+		q    float64
+		want time.Duration
+	}{{0.5, 500 * time.Microsecond}, {0.99, 990 * time.Microsecond}, {1, time.Millisecond}} {
+		got := h.quantile(c.q)
+		if diff := got - c.want; diff < -c.want/100 || diff > c.want/100 {
+			t.Errorf("quantile(%v) = %v, want %v within 1%%", c.q, got, c.want)
+		}
+	}
+	if h.max != time.Millisecond {
+		t.Errorf("max = %v", h.max)
+	}
+}
