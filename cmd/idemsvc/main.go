@@ -47,6 +47,8 @@ const (
 	writeTimeout      = handlers.DefaultMaxWait + 15*time.Second
 	idleTimeout       = 2 * time.Minute
 	shutdownTimeout   = 30 * time.Second
+	// logFlushInterval is how long a log line may wait in the buffer.
+	logFlushInterval = 100 * time.Millisecond
 )
 
 // run serves until ctx ends, then shuts down gracefully: it stops taking
@@ -57,7 +59,9 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(logOut, &slog.HandlerOptions{Level: cfg.logLevel}))
+	logs := newLogWriter(logOut, logFlushInterval)
+	defer logs.Close()
+	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}))
 
 	var keyring *auth.Keyring
 	if cfg.tenantsFile != "" {

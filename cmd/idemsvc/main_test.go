@@ -289,3 +289,25 @@ func (b *syncBuffer) String() string {
 }
 
 func (b *syncBuffer) lines() []string { return strings.Split(b.String(), "\n") }
+
+func TestLogWriter(t *testing.T) {
+	out := &syncBuffer{}
+	w := newLogWriter(out, 10*time.Millisecond)
+	fmt.Fprintln(w, "first")
+	deadline := time.Now().Add(5 * time.Second)
+	for out.String() != "first\n" { // written by the periodic flush
+		if time.Now().After(deadline) {
+			t.Fatalf("the line was not written out: %q", out.String())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	big := strings.Repeat("x", logBufferBytes)
+	fmt.Fprintln(w, big)
+	fmt.Fprintln(w, "last")
+	if err := w.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := out.String(), "first\n"+big+"\nlast\n"; got != want {
+		t.Errorf("wrote %d bytes, want %d, in order", len(got), len(want))
+	}
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"reflect"
 )
 
@@ -134,21 +133,46 @@ func (r *StoredResponse) UnmarshalJSON(b []byte) error {
 // maxFields bounds the members an object may have; no request has more.
 const maxFields = 8
 
+var (
+	errNotObject = &FieldError{Reason: "must be a JSON object"}
+	errSyntax    = &FieldError{Reason: "is not valid JSON"}
+)
+
 // decodeObject decodes the JSON object in b, member by member, into the
-// destinations field returns for their names (nil for an unknown name).
+// destinations field returns for their names (nil for an unknown name). It
+// finds the members in one pass over b and hands each value to
+// encoding/json, which checks it.
 func decodeObject(b []byte, field func(name string) any) error {
-	dec := json.NewDecoder(bytes.NewReader(b))
-	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
-		return &FieldError{Reason: "must be a JSON object"}
+	i := skipSpace(b, 0)
+	if i == len(b) || b[i] != '{' {
+		return errNotObject
 	}
 	var seen [maxFields]string
 	n := 0
-	for dec.More() {
-		tok, err := dec.Token()
-		if err != nil {
-			return &FieldError{Reason: "is not valid JSON"}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == '}' {
+		return end(b, i+1)
+	}
+	for {
+		nameEnd, ok := skipString(b, i)
+		if !ok {
+			return errSyntax
 		}
-		name := tok.(string) // inside an object the decoder yields only string names
+		var name string
+		if raw := b[i+1 : nameEnd-1]; bytes.IndexByte(raw, '\\') < 0 {
+			name = string(raw)
+		} else if err := json.Unmarshal(b[i:nameEnd], &name); err != nil {
+			return errSyntax
+		}
+		i = skipSpace(b, nameEnd)
+		if i == len(b) || b[i] != ':' {
+			return errSyntax
+		}
+		i = skipSpace(b, i+1)
+		valueEnd, ok := skipValue(b, i)
+		if !ok {
+			return errSyntax
+		}
 		dst := field(name)
 		if dst == nil {
 			return &FieldError{Field: name, Reason: "is not a known field"}
@@ -160,14 +184,89 @@ func decodeObject(b []byte, field func(name string) any) error {
 		}
 		seen[n] = name // n < maxFields: every name is known and distinct
 		n++
-		if err := dec.Decode(dst); err != nil {
+		if err := json.Unmarshal(b[i:valueEnd], dst); err != nil {
 			return fieldError(name, err)
 		}
+		i = skipSpace(b, valueEnd)
+		switch {
+		case i < len(b) && b[i] == ',':
+			i = skipSpace(b, i+1)
+		case i < len(b) && b[i] == '}':
+			return end(b, i+1)
+		default:
+			return errSyntax
+		}
 	}
-	if _, err := dec.Token(); err != nil {
-		return &FieldError{Reason: "is not valid JSON"}
+}
+
+// end checks that nothing but space follows the object.
+func end(b []byte, i int) error {
+	if skipSpace(b, i) != len(b) {
+		return errSyntax
 	}
 	return nil
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// skipString returns the end of the JSON string starting at b[i].
+func skipString(b []byte, i int) (int, bool) {
+	if i >= len(b) || b[i] != '"' {
+		return 0, false
+	}
+	for i++; i < len(b); i++ {
+		switch b[i] {
+		case '\\':
+			i++
+		case '"':
+			return i + 1, true
+		}
+	}
+	return 0, false
+}
+
+// skipValue returns the end of the JSON value starting at b[i]. It finds
+// the value's extent only; encoding/json checks its content.
+func skipValue(b []byte, i int) (int, bool) {
+	if i >= len(b) {
+		return 0, false
+	}
+	switch b[i] {
+	case '"':
+		return skipString(b, i)
+	case '{', '[':
+		depth := 0
+		for i < len(b) {
+			switch b[i] {
+			case '"':
+				end, ok := skipString(b, i)
+				if !ok {
+					return 0, false
+				}
+				i = end
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+				if depth == 0 {
+					return i + 1, true
+				}
+			}
+			i++
+		}
+		return 0, false
+	}
+	start := i
+	for i < len(b) && b[i] != ',' && b[i] != '}' && b[i] != ']' && b[i] != ' ' && b[i] != '\t' && b[i] != '\n' && b[i] != '\r' {
+		i++
+	}
+	return i, i > start
 }
 
 // fieldError names the field whose value failed to decode.
@@ -186,8 +285,9 @@ func fieldError(name string, err error) error {
 		}
 		return &FieldError{Field: name, Reason: "must be " + jsonKind(te.Type.Kind())}
 	}
-	if errors.Is(err, io.ErrUnexpectedEOF) {
-		return &FieldError{Reason: "is not valid JSON"}
+	var syntax *json.SyntaxError
+	if errors.As(err, &syntax) {
+		return errSyntax
 	}
 	return &FieldError{Field: name, Reason: fmt.Sprintf("is not valid: %v", err)}
 }

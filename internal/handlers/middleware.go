@@ -101,14 +101,15 @@ func (s *Service) observe(next http.Handler) http.Handler {
 		if !s.log.Enabled(r.Context(), level) {
 			return
 		}
-		attrs := []slog.Attr{
+		var buf [8]slog.Attr // no allocation for the list
+		attrs := append(buf[:0],
 			slog.String("request_id", info.id),
 			slog.String("method", r.Method),
 			slog.String("route", route),
 			slog.Int("status", status),
 			slog.String("outcome", outcome),
-			slog.Float64("duration_ms", float64(elapsed.Microseconds())/1000),
-		}
+			slog.Int64("duration_us", elapsed.Microseconds()),
+		)
 		if info.tenant != "" {
 			attrs = append(attrs, slog.String("tenant", info.tenant))
 		}
