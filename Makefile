@@ -1,4 +1,4 @@
-.PHONY: generate test bench lint
+.PHONY: generate test bench load lint
 
 # Regenerate code from its sources (api/openapi.yaml).
 generate:
@@ -10,8 +10,12 @@ test:
 
 # Benchmarks of the hot paths and, for comparison, the bare scripts through redis-benchmark.
 bench:
-	go test -run '^$$' -bench . -benchtime 3s -count 3 ./internal/statemachine/
+	go test -run '^$$' -bench . -benchtime 3s -count 3 ./internal/statemachine/ ./internal/handlers/
 	benchmarks/redis-baseline.sh
+
+# idemsvc over HTTP under idembench, side by side with a bare chi handler.
+load:
+	benchmarks/http-load.sh
 
 lint:
 	scripts/lint.sh

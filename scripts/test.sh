@@ -1,16 +1,26 @@
 #!/usr/bin/env bash
-# The test suite: real Redis servers (standalone and a 3+3 Cluster) are
-# started by the tests themselves from redis-server, installed here when
-# missing. Extra arguments go to go test, e.g. scripts/test.sh -run Begin.
+# The test suite: real Redis servers (standalone and a 3+3 Cluster) and a
+# NATS JetStream server are started by the tests themselves from
+# redis-server and nats-server, installed here when missing. Extra arguments
+# go to go test, e.g. scripts/test.sh -run Begin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
-  echo "redis-server not found: installing it from Debian's packages" >&2
-  sudo=""
+# apt_install PACKAGE installs a Debian package.
+apt_install() {
+  echo "$1 not found: installing it from Debian's packages" >&2
+  local sudo=""
   [ "$(id -u)" -eq 0 ] || sudo=sudo
   $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq redis-server >/dev/null
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$1" >/dev/null
+}
+
+if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
+  apt_install redis-server
+fi
+export PATH="$PATH:/usr/sbin" # where Debian puts nats-server
+if ! command -v nats-server >/dev/null; then
+  apt_install nats-server
 fi
 
 exec go test -race -count=1 "$@" ./...

@@ -13,19 +13,6 @@ type Message struct {
 	Body []byte
 }
 
-// Delivery is one delivery of a message. The consumer must settle it with
-// Ack (done) or Nack (deliver it again later).
-type Delivery struct {
-	Message
-	broker *Broker
-}
-
-// Ack settles d as done.
-func (d Delivery) Ack() { d.broker.settle(d, false) }
-
-// Nack hands d back to the broker, which delivers it again.
-func (d Delivery) Nack() { d.broker.settle(d, true) }
-
 // Broker is an in-process stand-in for an at-least-once broker (NATS
 // JetStream, RabbitMQ, SQS, Kafka...), built on a channel. It delivers every
 // message more than once on purpose, as real brokers do after a lost ack,
@@ -39,16 +26,16 @@ type Broker struct {
 	stats      BrokerStats // owned by loop until done is closed
 }
 
-// BrokerStats count what a broker did.
+// BrokerStats count what a broker did: the channel Broker, or JetStream.
 type BrokerStats struct {
 	Published   int // messages
-	Copies      int // deliveries planned: each message 2 or 3 times
-	Delivered   int // deliveries made, redeliveries of nacked ones included
-	Redelivered int // nacked deliveries delivered again
+	Copies      int // deliveries planned: each message 2 or 3 times (JetStream: the stream's messages, producer retries included)
+	Delivered   int // deliveries made, redeliveries included
+	Redelivered int // deliveries again of a nacked delivery (JetStream: or of one unacked after AckWait)
 }
 
 type settlement struct {
-	d       Delivery
+	m       Message
 	requeue bool
 }
 
@@ -66,7 +53,7 @@ func NewBroker(ctx context.Context, msgs []Message, seed uint64) *Broker {
 	for _, m := range msgs {
 		copies := 2 + rng.IntN(2)
 		for range copies {
-			queue = append(queue, Delivery{Message: m, broker: b})
+			queue = append(queue, b.delivery(m))
 		}
 	}
 	// Shuffle, but keep some copies side by side, so that duplicates are
@@ -109,7 +96,7 @@ func (b *Broker) loop(ctx context.Context, queue []Delivery) {
 			b.stats.Delivered++
 		case s := <-b.settled:
 			if s.requeue {
-				queue = append(queue, s.d)
+				queue = append(queue, b.delivery(s.m))
 				b.stats.Redelivered++
 			} else {
 				unacked--
@@ -120,9 +107,14 @@ func (b *Broker) loop(ctx context.Context, queue []Delivery) {
 	}
 }
 
-func (b *Broker) settle(d Delivery, requeue bool) {
+// delivery is a delivery of m, settled by telling loop.
+func (b *Broker) delivery(m Message) Delivery {
+	return Delivery{Message: m, Ack: func() { b.settle(m, false) }, Nack: func() { b.settle(m, true) }}
+}
+
+func (b *Broker) settle(m Message, requeue bool) {
 	select {
-	case b.settled <- settlement{d, requeue}:
+	case b.settled <- settlement{m, requeue}:
 	case <-b.done: // every delivery was acked already, or the broker stopped
 	}
 }

@@ -23,6 +23,10 @@ import (
 //
 // Handle must do its side effect only when it returns no error: a
 // retryable error means "nothing happened, run me again".
+//
+// Consume takes deliveries from a channel (the in-process Broker);
+// ConsumeJetStream pulls them from NATS JetStream (jetstream.go). Both
+// settle each delivery the same way, in handle.
 type Consumer struct {
 	Client *idem.Client
 	// Group names the consumer: keys are Group + ":" + message id, so that
@@ -34,7 +38,21 @@ type Consumer struct {
 	// Options are Do's options: lease, retention, wait.
 	Options idem.DoOptions
 
-	processed, replayed, deadLettered, nacked atomic.Int64
+	// dieBeforeAck, for the demo, simulates a worker that dies after Do
+	// returned and before its ack reached the broker: when it returns true
+	// the delivery is left unsettled, for the broker to deliver it again
+	// once its ack deadline passes. Only a broker with one (JetStream's
+	// AckWait) ever does.
+	dieBeforeAck func(Message) bool
+
+	processed, replayed, deadLettered, nacked, died atomic.Int64
+}
+
+// Delivery is one delivery of a message, to be settled with Ack (done) or
+// Nack (deliver it again).
+type Delivery struct {
+	Message
+	Ack, Nack func()
 }
 
 // ConsumerStats count what the consumer did with its deliveries.
@@ -43,6 +61,7 @@ type ConsumerStats struct {
 	Replayed     int64 // duplicates of a processed message: acked without running Handle
 	DeadLettered int64 // terminal failures, first or replayed: acked
 	Nacked       int64 // retryable failures: handed back to the broker
+	Died         int64 // of the acks, those lost to a worker dying first (demo)
 }
 
 // Consume handles deliveries until the channel is closed.
@@ -57,16 +76,21 @@ func (c *Consumer) handle(ctx context.Context, d Delivery) {
 		out, err := c.Handle(ctx, d.Message)
 		return idem.Response{Body: out}, err
 	})
+	ack := func(n *atomic.Int64) {
+		n.Add(1)
+		if c.dieBeforeAck != nil && c.dieBeforeAck(d.Message) {
+			c.died.Add(1)
+			return
+		}
+		d.Ack()
+	}
 	switch {
 	case err == nil && res.Replayed:
-		c.replayed.Add(1)
-		d.Ack()
+		ack(&c.replayed)
 	case err == nil:
-		c.processed.Add(1)
-		d.Ack()
+		ack(&c.processed)
 	case errors.Is(err, idem.ErrFailed):
-		c.deadLettered.Add(1)
-		d.Ack()
+		ack(&c.deadLettered)
 	default:
 		// Handle failed retryably, or idemsvc could not be reached: nothing
 		// ran for good, so let the broker deliver the message again.
@@ -78,5 +102,5 @@ func (c *Consumer) handle(ctx context.Context, d Delivery) {
 // Stats returns the consumer's counts so far.
 func (c *Consumer) Stats() ConsumerStats {
 	return ConsumerStats{Processed: c.processed.Load(), Replayed: c.replayed.Load(),
-		DeadLettered: c.deadLettered.Load(), Nacked: c.nacked.Load()}
+		DeadLettered: c.deadLettered.Load(), Nacked: c.nacked.Load(), Died: c.died.Load()}
 }

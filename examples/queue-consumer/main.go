@@ -2,20 +2,26 @@
 // applies each message's side effect once, deduplicating deliveries with
 // idem.Do and the message id as the idempotency key.
 //
-// The broker is an in-process channel (broker.go) that delivers every
-// message two or three times on purpose and redelivers what is nacked; the
-// side effect is crediting an account in an in-memory ledger. The demo
-// publishes a batch of messages, a few of them poison and a few whose
-// first attempt fails, consumes them with concurrent workers, and checks
-// that every good message was applied exactly once.
+// The broker is NATS JetStream when --nats-url or NATS_URL names a server
+// (jetstream.go): the producer publishes some messages twice, as a retry
+// does, and some workers die after their work and before their ack, left
+// for JetStream to deliver again after AckWait. Otherwise it is an
+// in-process channel (broker.go) that delivers every message two or three
+// times on purpose. Both deliver again what is nacked. The side effect is
+// crediting an account in an in-memory ledger. The demo publishes a batch
+// of messages, a few of them poison and a few whose first attempt fails,
+// consumes them with concurrent workers, and checks that every good
+// message was applied exactly once.
 //
 // Usage:
 //
 //	IDEMSVC_URL=http://127.0.0.1:8080 go run ./examples/queue-consumer [--messages 200] [--workers 8]
+//	NATS_URL=nats://127.0.0.1:4222 go run ./examples/queue-consumer
 //
-// Configuration: IDEMSVC_URL (default http://127.0.0.1:8080) and
-// IDEMSVC_API_KEY. It exits with status 1 when a message was applied other
-// than once.
+// Configuration: IDEMSVC_URL (default http://127.0.0.1:8080),
+// IDEMSVC_API_KEY, and NATS_URL (or --nats-url; default none: the
+// channel). It exits with status 1 when a message was applied other than
+// once.
 package main
 
 import (
@@ -32,6 +38,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 )
@@ -61,12 +68,13 @@ func run(ctx context.Context, args, env []string, out io.Writer) error {
 	if v := vars["IDEMSVC_URL"]; v != "" {
 		idemURL = v
 	}
-	cfg := demoConfig{Group: "ledger", PoisonEvery: 25, FlakyEvery: 7}
+	cfg := demoConfig{Group: "ledger", PoisonEvery: 25, FlakyEvery: 7, RetryEvery: 3, CrashEvery: 5, AckWait: time.Second}
 	fs := flag.NewFlagSet("queue-consumer", flag.ContinueOnError)
 	fs.SetOutput(out)
+	fs.StringVar(&cfg.NATSURL, "nats-url", vars["NATS_URL"], "NATS JetStream server to use (default $NATS_URL; none: an in-process channel)")
 	fs.IntVar(&cfg.Messages, "messages", 200, "messages to publish")
 	fs.IntVar(&cfg.Workers, "workers", 8, "concurrent workers")
-	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the delivery order")
+	fs.Uint64Var(&cfg.Seed, "seed", 1, "seed of the channel's delivery order")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -92,11 +100,21 @@ type demoConfig struct {
 	Workers     int    // concurrent workers
 	PoisonEvery int    // every n'th message is poison (0: none)
 	FlakyEvery  int    // every n'th message fails its first attempt (0: none)
-	Seed        uint64 // delivery order
+	Seed        uint64 // the channel's delivery order
+
+	// NATS JetStream, when NATSURL is set.
+	NATSURL    string
+	RetryEvery int           // every n'th message is published twice (0: none)
+	CrashEvery int           // every n'th message's first ack is lost to a worker dying (0: none)
+	AckWait    time.Duration // how long JetStream waits for an ack before delivering again
 }
+
+// every reports whether the i'th message (from 0) is an n'th one.
+func every(n, i int) bool { return n > 0 && i%n == n-1 }
 
 // report is what a demo run did.
 type report struct {
+	Queue        string // the broker
 	Published    int
 	IDs          []string // every message's id, in publishing order
 	Good, Poison []string // message ids
@@ -111,21 +129,25 @@ type report struct {
 // runDemo publishes cfg.Messages messages with ids unique to this run (so
 // that a long-lived idemsvc never replays an earlier run's), consumes them
 // with cfg.Workers workers until the broker has every delivery acked, and
-// reports.
+// reports. The broker is JetStream if cfg.NATSURL is set, else the
+// channel.
 func runDemo(ctx context.Context, client *idem.Client, cfg demoConfig) (*report, error) {
 	var b [6]byte
 	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail
 	runID := hex.EncodeToString(b[:])
 
-	rep := &report{Published: cfg.Messages}
+	rep := &report{Queue: "in-process channel", Published: cfg.Messages}
+	if cfg.NATSURL != "" {
+		rep.Queue = fmt.Sprintf("NATS JetStream at %s, AckWait %s", cfg.NATSURL, cfg.AckWait)
+	}
 	msgs := make([]Message, cfg.Messages)
-	flaky := make(map[string]bool)
+	flaky, dying := make(map[string]bool), make(map[string]bool)
 	for i := range msgs {
 		id := fmt.Sprintf("credit-%s-%04d", runID, i)
 		amount := int64(i%9+1) * 100
 		body := strconv.FormatInt(amount, 10)
 		switch {
-		case cfg.PoisonEvery > 0 && i%cfg.PoisonEvery == cfg.PoisonEvery-1:
+		case every(cfg.PoisonEvery, i):
 			body = "one hundred" // not an amount: no attempt can succeed
 			rep.Poison = append(rep.Poison, id)
 		default:
@@ -134,6 +156,9 @@ func runDemo(ctx context.Context, client *idem.Client, cfg demoConfig) (*report,
 		}
 		if cfg.FlakyEvery > 0 && i%cfg.FlakyEvery == 0 {
 			flaky[id] = true
+		}
+		if cfg.NATSURL != "" && every(cfg.CrashEvery, i) {
+			dying[id] = true // only JetStream delivers an unacked message again
 		}
 		msgs[i] = Message{ID: id, Body: []byte(body)}
 		rep.IDs = append(rep.IDs, id)
@@ -163,18 +188,28 @@ func runDemo(ctx context.Context, client *idem.Client, cfg demoConfig) (*report,
 			balance := ledger.credit(m.ID, amount)
 			return []byte(fmt.Sprintf("credited %d, balance %d", amount, balance)), nil
 		},
+		// The worker dies before the first ack of a dying message.
+		dieBeforeAck: func(m Message) bool {
+			mu.Lock()
+			defer mu.Unlock()
+			die := dying[m.ID]
+			delete(dying, m.ID)
+			return die
+		},
 	}
 
-	broker := NewBroker(ctx, msgs, cfg.Seed)
-	var wg sync.WaitGroup
-	for range cfg.Workers {
-		wg.Go(func() { consumer.Consume(ctx, broker.Deliveries()) })
+	var err error
+	if cfg.NATSURL != "" {
+		rep.Broker, err = runJetStream(ctx, cfg, runID, msgs, consumer)
+	} else {
+		rep.Broker = runChannel(ctx, cfg, msgs, consumer)
 	}
-	wg.Wait()
-	if err := ctx.Err(); err != nil {
+	if err == nil {
+		err = ctx.Err()
+	}
+	if err != nil {
 		return nil, err
 	}
-	rep.Broker = broker.Stats()
 	rep.Consumer = consumer.Stats()
 	rep.Applied, rep.Balance = ledger.snapshot()
 	mu.Lock()
@@ -183,14 +218,28 @@ func runDemo(ctx context.Context, client *idem.Client, cfg demoConfig) (*report,
 	return rep, nil
 }
 
+// runChannel is the demo on the in-process Broker: it consumes msgs with
+// cfg.Workers workers until the broker has every delivery acked.
+func runChannel(ctx context.Context, cfg demoConfig, msgs []Message, consumer *Consumer) BrokerStats {
+	broker := NewBroker(ctx, msgs, cfg.Seed)
+	var wg sync.WaitGroup
+	for range cfg.Workers {
+		wg.Go(func() { consumer.Consume(ctx, broker.Deliveries()) })
+	}
+	wg.Wait()
+	return broker.Stats()
+}
+
 func (r *report) print(w io.Writer) {
+	fmt.Fprintf(w, "broker:         %s\n", r.Queue)
 	fmt.Fprintf(w, "published:      %d messages (%d good, %d poison)\n", r.Published, len(r.Good), len(r.Poison))
-	fmt.Fprintf(w, "delivered:      %d times (%d copies planned, %d redelivered after a nack)\n",
+	fmt.Fprintf(w, "delivered:      %d times (%d copies queued, %d redelivered)\n",
 		r.Broker.Delivered, r.Broker.Copies, r.Broker.Redelivered)
 	fmt.Fprintf(w, "processed:      %d\n", r.Consumer.Processed)
 	fmt.Fprintf(w, "replayed:       %d duplicates skipped\n", r.Consumer.Replayed)
 	fmt.Fprintf(w, "dead-lettered:  %d deliveries of poison messages\n", r.Consumer.DeadLettered)
 	fmt.Fprintf(w, "nacked:         %d retryable failures\n", r.Consumer.Nacked)
+	fmt.Fprintf(w, "acks lost:      %d to a worker dying after its work\n", r.Consumer.Died)
 	applied := 0
 	for _, n := range r.Applied {
 		applied += n
