@@ -134,7 +134,8 @@ type BeginAcquired struct {
 	LeaseExpiresAt Timestamp `json:"lease_expires_at"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -254,7 +255,8 @@ type CompleteRequest struct {
 	Key Key `json:"key"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -293,7 +295,8 @@ type ExtendRequest struct {
 	LeaseMs *LeaseMs `json:"lease_ms,omitempty"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -321,7 +324,8 @@ type FailRequest struct {
 	Key Key `json:"key"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -430,7 +434,8 @@ type Lease struct {
 	LeaseExpiresAt Timestamp `json:"lease_expires_at"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -443,7 +448,8 @@ type Lease struct {
 type LeaseMs = int64
 
 // LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-// `extend` must present the current attempt's token.
+// `extend` must present the current attempt's token: 32 hex
+// characters; anything else gets 400.
 //
 // Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
 type LeaseToken = string

@@ -46,8 +46,8 @@ func WithHTTP(hc HttpRequestDoer) Option { return func(c *clientConfig) { c.http
 // WithTenant acts for tenant; only an admin API key may name another tenant.
 func WithTenant(tenant string) Option { return func(c *clientConfig) { c.tenant = tenant } }
 
-// WithCallTimeout bounds each HTTP request, waits included (default 10 s
-// plus the begin's wait).
+// WithCallTimeout bounds each HTTP request (default 10 s, plus a begin's
+// wait); zero keeps the default.
 func WithCallTimeout(d time.Duration) Option { return func(c *clientConfig) { c.callTimeout = d } }
 
 // WithRetryBudget bounds the time spent retrying one call (default 15 s).
@@ -65,6 +65,9 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	cfg := clientConfig{callTimeout: DefaultCallTimeout, retryBudget: DefaultRetryBudget}
 	for _, opt := range opts {
 		opt(&cfg)
+	}
+	if cfg.callTimeout <= 0 {
+		cfg.callTimeout = DefaultCallTimeout
 	}
 	if cfg.httpClient == nil {
 		cfg.httpClient = &http.Client{}

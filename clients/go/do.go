@@ -71,8 +71,11 @@ func (c *Client) Do(ctx context.Context, key string, opts DoOptions, fn func(ctx
 		if err != nil {
 			return Result{}, fmt.Errorf("idem: do %q: %w", key, err)
 		}
-		if res.Replay != nil {
+		switch {
+		case res.Replay != nil:
 			return replayed(res.Replay)
+		case res.Lease == nil:
+			return Result{}, fmt.Errorf("idem: do %q: begin answered neither a lease nor an outcome", key)
 		}
 		return c.run(ctx, key, res.Lease, opts, fn)
 	}
@@ -137,6 +140,10 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 	if IsTerminal(err) {
 		out.Failed, out.Error = true, err.Error()
 		_, ferr := c.Fail(finishCtx, key, token, FailParams{Terminal: true, Error: err.Error(), Response: resp})
+		if errors.Is(ferr, ErrTooLarge) {
+			// Store the failure without its response rather than not at all.
+			_, ferr = c.Fail(finishCtx, key, token, FailParams{Terminal: true, Error: err.Error()})
+		}
 		return out, errors.Join(fmt.Errorf("%w: %w", ErrFailed, err), ferr)
 	}
 	_, ferr := c.Fail(finishCtx, key, token, FailParams{Error: err.Error()})
@@ -147,6 +154,9 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 // lease is lost, or cannot be extended before it runs out, it cancels ctx
 // with ErrLeaseLost.
 func (c *Client) heartbeat(ctx context.Context, lost context.CancelCauseFunc, key, token string, lease time.Duration) (stop func()) {
+	// stop cancels an extend in flight: the caller completes at once
+	// instead of waiting for a slow idemsvc while the lease runs down.
+	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {
@@ -169,6 +179,8 @@ func (c *Client) heartbeat(ctx context.Context, lost context.CancelCauseFunc, ke
 			switch {
 			case err == nil:
 				expires = sent.Add(lease)
+			case ctx.Err() != nil:
+				return // stopped, or the caller's context ended
 			case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrNotFound):
 				lost(fmt.Errorf("%w: %w", ErrLeaseLost, err))
 				return
@@ -183,6 +195,7 @@ func (c *Client) heartbeat(ctx context.Context, lost context.CancelCauseFunc, ke
 		if !once {
 			once = true
 			close(done)
+			cancel()
 			<-stopped
 		}
 	}

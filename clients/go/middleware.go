@@ -43,10 +43,14 @@ const ReplayedHeader = "Idempotent-Replayed"
 // Idempotency-Key header runs the handler at most once per key: a
 // duplicate gets the stored response byte for byte, with
 // "Idempotent-Replayed: true". The fingerprint is a SHA-256 of the method,
-// path and body, so reusing a key for another request gets 422; a
+// path, query and body, so reusing a key for another request gets 422; a
 // duplicate of a request still running gets 409 with Retry-After. A 5xx
 // from the handler fails the attempt retryably, so a retry runs it again.
 // When idemsvc cannot be reached the middleware fails closed with 503.
+//
+// Keys live in the namespace of the client's tenant: when end users choose
+// them, give each user a namespace of its own, for instance a handler in
+// front that prefixes the header with the authenticated user's id.
 func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handler {
 	if opts.KeyHeader == "" {
 		opts.KeyHeader = "Idempotency-Key"
@@ -113,12 +117,14 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 	}
 }
 
-// fingerprint is a SHA-256 of the method, path and body.
+// fingerprint is a SHA-256 of the method, path, query and body.
 func fingerprint(r *http.Request, body []byte) string {
 	h := sha256.New()
 	h.Write([]byte(r.Method))
 	h.Write([]byte{0})
 	h.Write([]byte(r.URL.Path))
+	h.Write([]byte{'?'})
+	h.Write([]byte(r.URL.RawQuery))
 	h.Write([]byte{0})
 	h.Write(body)
 	return "sha256:" + hex.EncodeToString(h.Sum(nil))

@@ -229,6 +229,7 @@ func TestMiddlewareFingerprintMismatch(t *testing.T) {
 		{http.MethodPost, "/orders", `{"qty":2}`},
 		{http.MethodPost, "/refunds", `{"qty":1}`},
 		{http.MethodPatch, "/orders", `{"qty":1}`},
+		{http.MethodPost, "/orders?express=1", `{"qty":1}`},
 	} {
 		a := send(t, r.method, url+r.path, "order-1", []byte(r.body))
 		if a.status != http.StatusUnprocessableEntity || problemKind(a) != "fingerprint-mismatch" {

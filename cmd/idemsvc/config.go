@@ -6,9 +6,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strconv"
+	"sort"
 	"strings"
 	"time"
+
+	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // config is idemsvc's configuration: each setting is an environment
@@ -27,67 +30,78 @@ type config struct {
 	tenantsFile         string
 	insecureNoAuth      bool
 	logLevel            slog.Level
+	limits              statemachine.Limits
+	maxRequestBytes     int64
+	maxWait             time.Duration
+	// unknownVars are IDEMSVC_* variables that name no setting: typos,
+	// most likely, reported at start.
+	unknownVars []string
 }
 
-// parseConfig reads env (KEY=value entries, as os.Environ gives them) and
-// then args.
+// otherVars are IDEMSVC_* variables that belong to idemsvc's clients and
+// tests, not to the service.
+var otherVars = []string{"IDEMSVC_URL", "IDEMSVC_API_KEY", "IDEMSVC_TEST_"}
+
+// parseConfig reads args and then, for every flag args did not set, env
+// (KEY=value entries, as os.Environ gives them). Flags keep their built-in
+// defaults, so usage never prints a value from the environment, such as a
+// password.
 func parseConfig(args, env []string) (config, error) {
-	vars := make(map[string]string)
-	for _, kv := range env {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "IDEMSVC_") {
-			vars[k] = v
-		}
-	}
+	d := statemachine.DefaultLimits()
 	fs := flag.NewFlagSet("idemsvc", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var problems []error
-	str := func(name, def, usage string) *string {
-		v := def
-		if e, ok := vars[envName(name)]; ok {
-			v = e
-		}
-		return fs.String(name, v, usage+" ("+envName(name)+")")
-	}
-	integer := func(name string, def int, usage string) *int {
-		v := def
-		if e, ok := vars[envName(name)]; ok {
-			n, err := strconv.Atoi(e)
-			if err != nil {
-				problems = append(problems, fmt.Errorf("%s: %q is not an integer", envName(name), e))
-			}
-			v = n
-		}
-		return fs.Int(name, v, usage+" ("+envName(name)+")")
-	}
-	boolean := func(name string, usage string) *bool {
-		v := false
-		if e, ok := vars[envName(name)]; ok {
-			b, err := strconv.ParseBool(e)
-			if err != nil {
-				problems = append(problems, fmt.Errorf("%s: %q is not a boolean", envName(name), e))
-			}
-			v = b
-		}
-		return fs.Bool(name, v, usage+" ("+envName(name)+")")
-	}
-	listen := str("listen", ":8080", "address to serve on")
-	redisURL := str("redis-url", "", "one Redis node: redis://[user:pass@]host:port[/db], rediss:// for TLS")
-	cluster := str("redis-cluster-addrs", "", "comma-separated seed nodes of a Redis Cluster")
-	sentinels := str("redis-sentinel-addrs", "", "comma-separated Sentinel addresses")
-	master := str("redis-sentinel-master", "", "the master name Sentinel manages")
-	password := str("redis-password", "", "password for Cluster or Sentinel-managed Redis")
-	waitReplicas := integer("redis-wait-replicas", 0, "replicas that must confirm each transition")
-	waitTimeout := integer("redis-wait-timeout-ms", 1000, "how long to wait for them before answering 503")
-	timeout := integer("redis-timeout-ms", 1000, "how long one store operation may take before answering 503")
-	tenants := str("tenants-file", "", "the tenants file (YAML)")
-	insecure := boolean("insecure-no-auth", "serve Redis without tenants: every call acts as tenant default")
-	level := str("log-level", "info", "debug, info, warn or error; requests are logged at info")
+	listen := fs.String("listen", ":8080", "address to serve on")
+	redisURL := fs.String("redis-url", "", "one Redis node: redis://[user:pass@]host:port[/db], rediss:// for TLS")
+	cluster := fs.String("redis-cluster-addrs", "", "comma-separated seed nodes of a Redis Cluster")
+	sentinels := fs.String("redis-sentinel-addrs", "", "comma-separated Sentinel addresses")
+	master := fs.String("redis-sentinel-master", "", "the master name Sentinel manages")
+	password := fs.String("redis-password", "", "password for Cluster or Sentinel-managed Redis")
+	waitReplicas := fs.Int("redis-wait-replicas", 0, "replicas that must confirm each transition")
+	waitTimeout := fs.Int("redis-wait-timeout-ms", 1000, "how long to wait for them before answering 503")
+	timeout := fs.Int("redis-timeout-ms", 1000, "how long one store operation may take before answering 503")
+	tenants := fs.String("tenants-file", "", "the tenants file (YAML)")
+	insecure := fs.Bool("insecure-no-auth", false, "serve Redis without tenants: every call acts as tenant default")
+	level := fs.String("log-level", "info", "debug, info, warn or error; requests are logged at info")
+	maxKey := fs.Int("max-key-bytes", d.MaxKeyBytes, "longest key")
+	maxRequest := fs.Int64("max-request-bytes", handlers.DefaultMaxBodyBytes, "largest request body")
+	maxResponse := fs.Int("max-response-bytes", d.MaxResponseBytes, "largest stored response: body after decoding, plus headers")
+	maxLease := fs.Int64("max-lease-ms", d.MaxLease.Milliseconds(), "longest lease")
+	defaultLease := fs.Int64("default-lease-ms", d.DefaultLease.Milliseconds(), "lease of a begin without lease_ms")
+	maxRetention := fs.Int64("max-retention-s", int64(d.MaxRetention/time.Second), "longest retention")
+	defaultRetention := fs.Int64("default-retention-s", int64(d.DefaultRetention/time.Second), "retention of a record when no call gave retention_s")
+	maxWait := fs.Int64("max-wait-ms", handlers.DefaultMaxWait.Milliseconds(), "longest wait_ms")
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + envName(f.Name) + ")" })
+
 	if err := fs.Parse(args); err != nil {
 		return config{}, fmt.Errorf("%w\n%s", err, usage(fs))
 	}
 	if fs.NArg() > 0 {
 		return config{}, fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), usage(fs))
 	}
+	var problems []error
+	setByFlag := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { setByFlag[f.Name] = true })
+	known := make(map[string]string) // variable -> flag
+	fs.VisitAll(func(f *flag.Flag) { known[envName(f.Name)] = f.Name })
+	var unknown []string
+	for _, kv := range env {
+		name, value, ok := strings.Cut(kv, "=")
+		if !ok || !strings.HasPrefix(name, "IDEMSVC_") {
+			continue
+		}
+		flagName, isKnown := known[name]
+		switch {
+		case !isKnown && !isOtherVar(name):
+			unknown = append(unknown, name)
+		case isKnown && !setByFlag[flagName]:
+			if err := fs.Set(flagName, value); err != nil {
+				// The value is not quoted: it may be a secret.
+				problems = append(problems, fmt.Errorf("%s: not a valid value for --%s", name, flagName))
+			}
+		}
+	}
+	sort.Strings(unknown)
+
 	c := config{
 		listen:              *listen,
 		redisURL:            *redisURL,
@@ -100,10 +114,27 @@ func parseConfig(args, env []string) (config, error) {
 		redisTimeout:        time.Duration(*timeout) * time.Millisecond,
 		tenantsFile:         *tenants,
 		insecureNoAuth:      *insecure,
+		maxRequestBytes:     *maxRequest,
+		maxWait:             time.Duration(*maxWait) * time.Millisecond,
+		unknownVars:         unknown,
 	}
+	c.limits = d
+	c.limits.MaxKeyBytes = *maxKey
+	c.limits.MaxResponseBytes = *maxResponse
+	c.limits.MaxLease = time.Duration(*maxLease) * time.Millisecond
+	c.limits.DefaultLease = time.Duration(*defaultLease) * time.Millisecond
+	c.limits.MaxRetention = time.Duration(*maxRetention) * time.Second
+	c.limits.DefaultRetention = time.Duration(*defaultRetention) * time.Second
 	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
 		problems = append(problems, fmt.Errorf("log-level: %q is not debug, info, warn or error", *level))
 	}
+	problems = append(problems, c.check()...)
+	return c, errors.Join(problems...)
+}
+
+// check reports settings that cannot work together.
+func (c *config) check() []error {
+	var problems []error
 	backends := 0
 	for _, set := range []bool{c.redisURL != "", len(c.redisClusterAddrs) > 0, len(c.redisSentinelAddrs) > 0} {
 		if set {
@@ -122,12 +153,34 @@ func parseConfig(args, env []string) (config, error) {
 	if c.redisWaitTimeout <= 0 || c.redisTimeout <= 0 {
 		problems = append(problems, errors.New("redis-wait-timeout-ms and redis-timeout-ms must be positive"))
 	}
-	return c, errors.Join(problems...)
+	l := &c.limits
+	switch {
+	case l.MaxKeyBytes < 1 || l.MaxKeyBytes > 1<<16-1:
+		problems = append(problems, errors.New("max-key-bytes must be 1 to 65535"))
+	case c.maxRequestBytes < 1024 || l.MaxResponseBytes < 1:
+		problems = append(problems, errors.New("max-request-bytes must be at least 1024 and max-response-bytes positive"))
+	case l.MaxLease < l.MinLease || l.DefaultLease < l.MinLease || l.DefaultLease > l.MaxLease:
+		problems = append(problems, fmt.Errorf("leases: need %d <= default-lease-ms <= max-lease-ms", l.MinLease.Milliseconds()))
+	case l.MaxRetention < l.MinRetention || l.DefaultRetention < l.MinRetention || l.DefaultRetention > l.MaxRetention:
+		problems = append(problems, errors.New("retention: need 1 <= default-retention-s <= max-retention-s"))
+	case c.maxWait <= 0:
+		problems = append(problems, errors.New("max-wait-ms must be positive"))
+	}
+	return problems
 }
 
 // usesRedis reports whether a Redis store is configured.
 func (c *config) usesRedis() bool {
 	return c.redisURL != "" || len(c.redisClusterAddrs) > 0 || len(c.redisSentinelAddrs) > 0
+}
+
+func isOtherVar(name string) bool {
+	for _, other := range otherVars {
+		if name == other || strings.HasSuffix(other, "_") && strings.HasPrefix(name, other) {
+			return true
+		}
+	}
+	return false
 }
 
 // envName is the environment variable of a flag: redis-url is IDEMSVC_REDIS_URL.

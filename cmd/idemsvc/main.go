@@ -39,12 +39,12 @@ func main() {
 	}
 }
 
-// Server timeouts. A begin may wait up to handlers.DefaultMaxWait, so
-// writes get that and the store's time on top.
+// Server timeouts. A begin may wait up to max-wait-ms, so writes get that
+// and writeMargin on top.
 const (
 	readHeaderTimeout = 5 * time.Second
 	readTimeout       = 30 * time.Second
-	writeTimeout      = handlers.DefaultMaxWait + 15*time.Second
+	writeMargin       = 15 * time.Second
 	idleTimeout       = 2 * time.Minute
 	shutdownTimeout   = 30 * time.Second
 	// logFlushInterval is how long a log line may wait in the buffer.
@@ -75,7 +75,11 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	}
 	defer closeStore()
 
-	svc := handlers.New(handlers.Config{Store: store, Keyring: keyring, Logger: log})
+	for _, name := range cfg.unknownVars {
+		log.Warn("ignoring an environment variable that names no setting", "variable", name)
+	}
+	svc := handlers.New(handlers.Config{Store: store, Keyring: keyring, Logger: log,
+		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait})
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -84,7 +88,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		Handler:           svc,
 		ReadHeaderTimeout: readHeaderTimeout,
 		ReadTimeout:       readTimeout,
-		WriteTimeout:      writeTimeout,
+		WriteTimeout:      cfg.maxWait + writeMargin,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    64 << 10,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
@@ -111,7 +115,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 
 // openStore opens the configured store and says what it chose.
 func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slog.Logger) (statemachine.Store, func(), error) {
-	limits := statemachine.DefaultLimits()
+	limits := cfg.limits
 	if !cfg.usesRedis() {
 		log.Warn("NO REDIS CONFIGURED: serving from the in-memory store. Records live in this process only and are lost when it exits, and other instances do not see them. For development only; set IDEMSVC_REDIS_URL, IDEMSVC_REDIS_CLUSTER_ADDRS or IDEMSVC_REDIS_SENTINEL_ADDRS in production.")
 		if keyring == nil {
@@ -129,6 +133,7 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 	if err != nil {
 		return nil, nil, err
 	}
+	redis.SetLogger(redisLogger{log})
 	store := statemachine.NewRedisStore(client, statemachine.RedisOptions{
 		Limits:       limits,
 		Timeout:      cfg.redisTimeout,
@@ -172,4 +177,12 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			ContextTimeoutEnabled: true,
 		}), "sentinel", nil
 	}
+}
+
+// redisLogger puts go-redis's own messages (failed dials, say) into the
+// JSON log.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.WarnContext(ctx, "redis: "+fmt.Sprintf(format, v...))
 }

@@ -48,14 +48,35 @@ func TestConfig(t *testing.T) {
 		t.Error("usesRedis = false")
 	}
 
+	c, err = parseConfig(nil, []string{"IDEMSVC_MAX_KEY_BYTES=64", "IDEMSVC_DEFAULT_LEASE_MS=5000", "IDEMSVC_REDIS_ULR=redis://x:1", "IDEMSVC_API_KEY=k"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.limits.MaxKeyBytes != 64 || c.limits.DefaultLease != 5*time.Second || c.maxRequestBytes != 2<<20 {
+		t.Errorf("limits = %+v, max request %d", c.limits, c.maxRequestBytes)
+	}
+	if strings.Join(c.unknownVars, ",") != "IDEMSVC_REDIS_ULR" {
+		t.Errorf("unknown variables = %q, want the misspelt one only", c.unknownVars)
+	}
+
+	// Neither an error nor the usage shows a value from the environment.
+	secretEnv := []string{"IDEMSVC_REDIS_PASSWORD=hunter2", "IDEMSVC_REDIS_URL=redis://:hunter2@h:1", "IDEMSVC_REDIS_WAIT_REPLICAS=hunter2"}
+	for _, args := range [][]string{{"--bogus"}, {"-h"}, nil} {
+		if _, err := parseConfig(args, secretEnv); err == nil || strings.Contains(err.Error(), "hunter2") {
+			t.Errorf("parseConfig(%q) = %v; want an error without the secret", args, err)
+		}
+	}
+
 	for name, tt := range map[string]struct{ args, env []string }{
-		"not a number":      {env: []string{"IDEMSVC_REDIS_WAIT_REPLICAS=two"}},
-		"two backends":      {args: []string{"--redis-url", "redis://x:1", "--redis-cluster-addrs", "y:1"}},
-		"sentinel alone":    {env: []string{"IDEMSVC_REDIS_SENTINEL_ADDRS=s:26379"}},
-		"unknown flag":      {args: []string{"--redis"}},
-		"bad log level":     {args: []string{"--log-level", "loud"}},
-		"negative replicas": {args: []string{"--redis-wait-replicas", "-1"}},
-		"argument":          {args: []string{"serve"}},
+		"not a number":               {env: []string{"IDEMSVC_REDIS_WAIT_REPLICAS=two"}},
+		"two backends":               {args: []string{"--redis-url", "redis://x:1", "--redis-cluster-addrs", "y:1"}},
+		"sentinel alone":             {env: []string{"IDEMSVC_REDIS_SENTINEL_ADDRS=s:26379"}},
+		"unknown flag":               {args: []string{"--redis"}},
+		"bad log level":              {args: []string{"--log-level", "loud"}},
+		"negative replicas":          {args: []string{"--redis-wait-replicas", "-1"}},
+		"argument":                   {args: []string{"serve"}},
+		"default lease over the max": {env: []string{"IDEMSVC_DEFAULT_LEASE_MS=7200000"}},
+		"key bytes":                  {args: []string{"--max-key-bytes", "0"}},
 	} {
 		if _, err := parseConfig(tt.args, tt.env); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -139,7 +139,8 @@ type BeginAcquired struct {
 	LeaseExpiresAt Timestamp `json:"lease_expires_at"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -259,7 +260,8 @@ type CompleteRequest struct {
 	Key Key `json:"key"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -298,7 +300,8 @@ type ExtendRequest struct {
 	LeaseMs *LeaseMs `json:"lease_ms,omitempty"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -326,7 +329,8 @@ type FailRequest struct {
 	Key Key `json:"key"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -435,7 +439,8 @@ type Lease struct {
 	LeaseExpiresAt Timestamp `json:"lease_expires_at"`
 
 	// LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-	// `extend` must present the current attempt's token.
+	// `extend` must present the current attempt's token: 32 hex
+	// characters; anything else gets 400.
 	//
 	//
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
@@ -448,7 +453,8 @@ type Lease struct {
 type LeaseMs = int64
 
 // LeaseToken The opaque token of one attempt's lease. `complete`, `fail` and
-// `extend` must present the current attempt's token.
+// `extend` must present the current attempt's token: 32 hex
+// characters; anything else gets 400.
 //
 // Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
 type LeaseToken = string
@@ -2567,130 +2573,131 @@ func (sh *strictHandler) GetStatus(w http.ResponseWriter, r *http.Request, param
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H2NcttG0uCrdGG/KosJSIEUJdtUbV0p+eyLv82Pz1bKd1+QM0bAUJwVOMNghpIZW1X3DveG9yRX3TMD",
-	"DEiQoiw52dvbrdqURc5vd0//d/NjlKv5QkkujY4mH6MZZwWv6J9vuKlWZ1PDK/yr4DqvxMIIJaNJ9Jbn",
-	"ShYaGH4NNzORz4BBhTNgzlagl3nOeQEHb15+C8+HwwQKXrJVX9t5vUEUR/wDmy9KHk2O4qjivy1FxYto",
-	"YqoljyOdz/ic4b5zIcV8OY8mSRyZ1YJHk0hIwy95Fd3extG7d+/OlmbGpRE5M3zzpOczDqwZIZQEWpyD",
-	"UbDUvHWS6BvOKl5Fuw7kDqFNJeRldIuHWLCKzblxcHsl83JZ8DdcL5TU/L8tebXaPJcbBWbGQRtV8QKy",
-	"yk3JQE2BwVRIoWe8gIrnqirwpAKn/kYrxpFkcwsOWum9nx2Fpy34lC1LE02mrNS8BuGFUiVnkkD4N77a",
-	"ckaEnSj4fKEMl/kKrviqDS5VFbzqP50escN8xqpLvuWIV3y1E6b/VvFpNIn+ctgQ46H9Vh/+ja/omOdc",
-	"Mml2nNTQAEQryw1MVXUKSpYrYBJYMRcSj0/EiYcC5scrM+NVKs2MSRBGg7qRcDBOjuwXN0Lz3gD+3YJR",
-	"4+qm2UtN6a+z168INqlsQWfBVnN6V91AsWtE+8LB3t8SnEc10dtLIS95taiEND8IPWcmn+HHuZKGS4P/",
-	"ZItF6Yj/cFGpi5LPv/67RsB9bI6LIDVMlHiyGSdg3TCNT6SAG2HwfRdiOuUVlwZJ0++JFzDMLHU0GY9G",
-	"cWSEodsHx4K5P1dNgDNjFnpyeIjkpa/zQcGv/dH0YbB6v556uy+gXttlLKQ2yeSCXwr5REMW7JK5q2mY",
-	"VmpOOLVv7omGA3esVGZd58p6EwjhVXGC2FRVLYAh7XNtkERu4+ilqi5EUXD5YEQJ7anPkrYynvo9jaaR",
-	"Wug0CtGUHAVoqo+yJ27q8Y+FkK3nn3F6qoW/iccEZPUhst4Az/FKvq7UZcW1/jyAMmP4fGGiyTBugOs+",
-	"hCHMVFloOk/JmeawlEaUMEpGJ/3hsD8ang9HkySZHCWD4ejoP6M4omHv+YeFqLh+z0w0iXaMbvDyvMHL",
-	"KwkLf6f9MCNkv57xGLg5k8QBIWdlySsHBAaluPZwULIm/QY3wTGyOJXEOnAUzucVPjwH2AyYLCBbh1XW",
-	"G0BGukeflI8slZfimlv4O/3BYcDMmHFHcfMtC15XYvq1FtMFCjf6MNB3CBqvpOGVZOUD3yiKFbcS8KpS",
-	"Fag8X1YoBxvUHydJiPpw+N7Yd6d9HNTDUvIPC54bXrhThxi2W2W9U0KKvaoGVnEo1eUlL2J6yBU3y0ry",
-	"wj3Ra1aK4o3lgw+E6RVfTWC+1AYuOAxRKI+Oj+FiZbhGmXwttLgoOZy9/fbVqyiOpoKXRa2GNM+tBXM6",
-	"nufTewOdZvX9rMdiiW49EBrcFi3wtzZFAYS6Ii8LUEvUSVKJekwp5sLoGBhKXy3kJXj9yw6OUTFayiuJ",
-	"Co//BC5UsaJ3lUqhCYv/8fanHwcoLXlZZMSQ7VNU0ymXBa5r976ZcWIHFcdjK8kHqfxRmRmOyGdMXvLC",
-	"Sb/v8cV+rx5MBQ1DNuqKS3AHxo/pgUkDjtU80dvYLJ0FSrU3ymnDPk14LGzve4cYnFREhuuNg1Qyx6dv",
-	"WMiGm3MiQ+1GxI/KvFRLWTwQD1I5bcmJbaFh/aWNG4j/qFC84677AVwq07fjHwnelkDXD+3EmJUjBUK6",
-	"4CU3vDiFGqb1UZza8Rbttp8lu2aiZBcWKg+kZzIFoRCFVYWkvuEVCAlGzHlLXgQqHB0DlsE59oMs7dUP",
-	"5z0WRdtb5GpZ2ntcIEtj+cwBtvN2oaK9cTKkYVwYdRFSFFVV64szds3BMHw9fDrluTkFgawzlZpNycy3",
-	"fgnrq2ipFrU+UWspGm3DTN1IUjwOyFjo4W5OT6FXmsEBwgTJI4YpE2XvMfWOc6W+J1v64dTk7UQk+OHx",
-	"09Gzk7GVkjGoa27JnuQESs1hMn52/PQkfLfDgMrOlYLS2fj7UJdRqm/HP7ZUJBmFMgavMIIfxDc1Z6wv",
-	"bJQjwgMaTbhPZcFzhSIrhkW51OAw0KsXG+JiAROt7xDw0FS2mejPki3NTFXid/5QRsrAynpvEQldy+wW",
-	"Nx02WGntvh9iluGUxzbihK7VDVXBTaXkZQDPcOuMnIDBk3n37l1/3Ze3692su/7oZD9LvVwsVGV48QMv",
-	"BDsngDzCQwpIzyue4UK0QPhyjkMc1WeCOR4KCE37Yque3KfJfZr1pd4UMtRs/WJZC4Vd5yGBWJ+J0Hnm",
-	"bepOj6yzreVyfsGrCQxrKTwVlTbA8t+WQgty15Iv9IqvYvgahmhz8mterVIp+U04bgBvTSVyU65AyLzi",
-	"jIhwwSs7VytYahQlwNCKnXKZ02O2apff3dq6T6wXEBkIu+Rrbr1hHE1VNSejXkhzMo7ixkk93HRSx9E3",
-	"KETOcu/87IJHy8Z2ysgTbTVDfCaLSi14ZYT1+LEGtLtQ7zFwG5Pls4+ftct1cYdbUsy5Nmy+aCYTSO+a",
-	"R4r3OY0kh2aODLgLPGcSvFLmvA5TtFw4q0rBq5qSbph2SgAuNIg2Xd3N6/wYcYnY+iViHiu/xhuO/dBh",
-	"/YufGzsj0qOgfecO8IV3azZRF3/nuamJ4w1flGyLW9sFB9TS5GrO1yID7hgDyLxCUrxnJsOXvKi45tKk",
-	"kgyzzJ6fvmnGZqeQof7iZpE/hqz9DA68PZdKHLGsOFyioqUk71lbj5QsPz8bhOELoQlF84VZgb2qO4YJ",
-	"3r67mLSm4iMQeQiCe5Gt9bN0Qt/d/YmGOdeaXXJiFXhOZlSlAzrzdBNHNUTvdYj9n2gd6LljONkFhY9D",
-	"tR/ArnkvHXW9NVas7vkQ6mPtIPPa+cOKgrg2K18HWHdBqjYhhLGGTe4AhbhEAeZCMV6eLdiqVKyIgRmY",
-	"K21gdHxiVd8BnEHJ0BQg5d55KLcEN+CSGw3j0Wg9tqNnbHR8Mnk+fXZSJM+Gz56N86fFyTHKAvbhey4v",
-	"zSyajI5POsjjvrx4rvfipT+Q15csly4wWQnTz2dK49st4IAPLgcUtHW+pqK3BVoOThcr6/fBHTy4A2ew",
-	"9fbp0CnLLpmQ65Cr+G/9ZPjdf/73o32AVXFU24SS7++Ewhs/9C1OdNG1PYNqcXTDhHGgrmOmybrG9J26",
-	"gRJVWqMAJ8RovM5FWQpnSMY28CNrJicaNz4YlUrLueGCT9E4sRYw6inj5PkaoJIuPYN9sHrGUZIkSXxX",
-	"cDx8tkh1nQ9TFasX0ppFrctHhn/AZ70JgQyVRWLyHCfyYgIZDs7gwLqDaYUe5KyqhPMWWitMg9BxKrML",
-	"pvnJOKtHMLgQklUrp4ai6sVkwaoC7EibRzA+GT9zlraX3+6MdlSHEI+jb51Q+Dzec9+3+lmqz+dy8z/o",
-	"bXQQUvu6XWT14oPhsvhjgH4vBvnZePoDgPaSifLzQLZFgzkDPVOV2a67NGw5x9dW8LwUMvQkfL7Y+qOf",
-	"QrXyLtiahdk0kzZIMvwwg4rTKXXj+aVwM/9grLgDZxloEKZ3msqMwJ5ZpVVT9kg1F5KVXkO0cs/OrUid",
-	"12sMfUsGzh9DWSR23nBNcPnY6QjA71Cu1+ZBRn5PvF+2w8AgY4B8tnsaGDWussCOIAiTIQEHzYgJWGzN",
-	"OZN6Lc2Crlz0/mzT4fMM5S9vIrTeQ4jsdzNO4SLTWDc1ND2I7zKfv4D1EAByOwH7VbcYysxss48DlaFG",
-	"deTR0Kk3fMdZaWZbvFc2cEFbzWgcvpSKs0JIVPTyGc+vNt02m+4HdbW346ELKH/jW3wGeSm4NE/0evbe",
-	"5K5geSoPkg+j4f/5X/87+fD0RW8AZ5KSOWdgT4ev++9LbbxHLvuYxZDd4n++wv/8F/fG0zRLpUtMLNYt",
-	"gK6swZYhcEyarf97GEcLxGOFt/ufv6Tph9Gwn6Yfnr749et/65JUJFS6hGFjrfzz+9Q6xcTeXqsuavNK",
-	"VChhnR3SFdNG5NVmIpmDa7ZSOwfYLrTD4jlJ1myeYZJ0eVsDIHS+DbVgvy19uF1NQUnehNgddQQyMHYS",
-	"EOk6lRknvTazMQAvATuj9XaHddo/mo7Y8zwpji+e8vEwf8ZOiuQ5H02fXgzzMTs+jtZJf4O6vUO/y1FK",
-	"2dbj46d1yNoGMWLQvLpGdqjbzv0w/JENUklauxZKwpzPL3ilgS0WnFU2kbYOkl4JWThD3zJdM+PzxxHE",
-	"PurS7QUumWQ+JkB5Bi6VSuZredwPyN3bdOfZ7KH1E23k4UxaDiibFMMM0EuJEfQ+Vdjm0AjjXDCZt2Ky",
-	"dlp8Y910HEpINJHzTjb385tXUHFyZuVOLxUFmn9Ta41vwK1+dctK9OuZXds+iJM18m/zVX53fv4a7ADI",
-	"VdFGJ2Xs1Jzg+Pnzu7mAi71tM4j0cj5n1crzJyRo/Ld7D6dNKgBaTBRvCkDmIlJCFm18daZsNrAzLhS5",
-	"cSJDYSnEmmRzFLIdR5qkMtsZJ0yXSXKU4yz6FzKum5nSHEpG7lAzA80v58iiUNv2WzzRRI6TVKbyk930",
-	"k8fDJ9K78UCfUvmp3+/X/8exG/QPn2CcJPBpLRsNupPRVLUj+QyC3DM4IL7jEtB6YDdvRZJp5yF8CpPx",
-	"OyPRdm6TPUwTj9Ym3pmHbFdpkoFolTF86s4potyEINWOUGGXmHMzU0UfV2JlqW78VY7diWhoobjLCWNX",
-	"3L5eO6+GRGdAFhca+oX2jPLaBZukB1rjqGuNrekWPpOiRjp4YmmygumOz5FQujKMa4Pcot0nC8ddmcJu",
-	"8SDXrV77PsmBni660vtxwdHILbh3UYRbcTOPCT7BcU1xLk2Kyb1zpDwwXQIurUZPriNh99Oa6rF38nhb",
-	"IER3GSg+mYE4btxYeE6Ud6mSgTsy1CafnYyTHT73uiqDFHlffEaUhjzOVEzaVAByy3dpmW6D7Vrm6Pj5",
-	"aE3L7JIu+1mhrmwLzqA2x2uLO4icEiGlcsPrYfWJLpeUt9JbrnAh3wcY3NPKfUvIekMH7ZJNNg3BX2Tz",
-	"BW6m8BcZ5YEH0WdR8hB3ePPgrNlpyyMUhqC7vEOnPjnPjmzV8NQRZgsuClejZnpKwK1L60iVxaFMX7lK",
-	"Hctq1gvp/kpoeCQHU8XZnx+Z/lxv1a4ILJ0ljJiKay7BBQstJkikOwgEpDB4DDezo7ruc7nIJJOkiyDF",
-	"SEXya9bKFoEVN90urwfpu1tised1ELUDVE4hXRNRnZB6NG/5Fsq6h1dwjzOQM/D+Ydnlorj/u+n0fTTl",
-	"lnSW0BkSPM7Wjnd6JddAe1fMZt0Ry6w+Yt8smrWLShXLnBexCyHwgvx09LLpH0b57LdiabU3PoAXZJ8s",
-	"WEV6s1rY/SeobDvOkCupl3Nuc6at1oFsMJVW57a51U2iLPg8WZsmS9VbNumSFiBF1GUKpJJyZruYJK7X",
-	"TWD4TeyDx+SUwE/ecxeGzkCz1Vp46mMaWV/he1Gk0QT/ej8cHaXRbdfTaC13F+G0IuC3rZTUbmx+3Nxw",
-	"TWWhFZydj1zHzLio4JqVS96+18foW5uY2reJqtFGTultB9lZFes9gm8/a7rJjrGU2jrDKBnez7ruOtJ5",
-	"/a7XVQj77pydOdhWIB34f0/Gu9y/rP970n/+vr/F99twgS4XkvWamJgcZUdHR89RUfz5/FurAATOSdRf",
-	"cqGFku0Tb/iNktpvVCuVyD76rl6jfb44+tC/VH334Q+4HZ7XZs7yfFkJs3pLzQnsA6JmBGfLrjBEdubM",
-	"XyKVCdjGBWC9AGwhkF87R8AAXrB8Fpi3CypjV9KXsZ+mcqNG3hu/TK7qwvpZpZaXM8js3xkqto2FnUpr",
-	"YuMCNmkqGTq9aj2x2582G8DBGRT8mpdqMSdt0bu1fGmpkP05n6vKcy1cEEV5ruRUXC6r2ijXwPKcL4xO",
-	"pXUN+M0Ksi41+d/sPTJnb2SDHnEt2w4ChZpv/hDkZdu8aSGnymeRs5zI3DdfsMYUyo2q7DayNvmD+5LS",
-	"JCHn0lSsFL/zohWu0by6FjlHKOMNEMruI7ioWH7F8a6IxIultmGnRo5YT+2Nsncn5w4AWBXj4IqvegB9",
-	"Sx3grYoCACZQLWVbJMX4pwRvThwMBgMqh0Edgf6wK4f/q1eubRBcuVDw40/ntIEwp06+hd0vPG/asaC1",
-	"AeizPRY88CH6ntdodiwd5GlNQKs5R8jy0pbOVEtJbjBhoBKXMwNS3cDBOHneQ8i+RLVbctxPEnMhALcF",
-	"e7WUGvfw+XU4flGynOQoI9s+xldYgELqDxLIUFNtAHngQE90b29XrnrOQ0lZjam0iqT1QDHTPEizmUzs",
-	"y6iDdgd1UlEqOZrPeMOvvvpWyWv7sR589RW4JBUr3OpmFLCUKPayw+uhNQL/4+1PP6byYNPT1DsNEg9J",
-	"77DOFO8PsjKRyiQcMxkex15bCep+/JdHnd5DW0xDPkRVNblmEllE4Hn07CoZwAs0t2wh85ZQil6/TyuE",
-	"EoPm1tjNXJgms91mWG8AJJrqtVH6pHK37IGDbJvAyXoEe8LitFJz69El9D7RkJcqvzqFYmnJz+7q5HdT",
-	"7CYqWEpBOYrex4m3q8MRMVnmPsUs6w3gJ6dbNo4/gqCLBVEhnlRWz0kl7qnmwhhOPhArHpzrUklgEPhD",
-	"HQqOO32iVj61/Kdu/Dh0wzpS/Z5czUil5766TVuvTGFvKjQUKl+SKxyZoYtVxj5pVRaprO8NF7i2ji11",
-	"afE71z2CZpDpqE/xwXrLm8RnLZ9SS9L+HVk1iU53h1COXVclzZ0OaavOtFPcfaca+271pIlY4HL2IaIA",
-	"8NLR1W3fKFjKiiOnoFvS5AGc7SH+L1Y+PGFJxqsBqTxwb895/a2q+fqnt+cNAyTXP/W/gbpZkh9pAdRD",
-	"LPu98BhEUl6FtnzBfeuQfzSAd04d8GeJgeGtLF9hudG1I75p2IOQs84zRMgbbpArEEKIiVKFqdDQqh1F",
-	"WyojvprRB8K7fz3UU+ndUk0atMMHUVVMKGSduVWtFd07pirUVsWpdQRrH0e0ZVJ02EIULQKRtk5xkMoz",
-	"8jV3eaElp/JPTpqR978bhcwu57ywAbCm5MSeqi6+veD+NcbevPFr2LvQMdmFunaVHaXIuTOQnd6E9lQl",
-	"uGHUEWmr7nToZzYhvUDluuaVthrVcJAMEvK5LLhkCxFNoqNBMjiKyHiYkTp9aFN1fsd/X/IuW8WBeJQk",
-	"0LgtCSRak7JWimtO1cV1UIYs69I0whXthZrsXxXWGqRt19o2jZJkR2FiR0GiD59G6mr/8j+XxrSl+m/9",
-	"blTVfmwP1rVqfYHDujlKaLtEk19+jSMXW40m0ffimksXDWWXmjKeao4Q/YpTD+dIMLneipQf7PdeSL2u",
-	"FEoIvkR1/oMB/mGhXJ2gNcBQguE3h4uSCXkKjkb+mgySwRhlmH3mdlvbCkwbVhnt3fCOvN47x28bl+40",
-	"d+OyOUILi9Ff4LsX378Gv4njVfq9UYaVjV5l8zViZLqNEolPzRLBIJV/gfP/8frFtoVytZSkDHZ//7Fe",
-	"9K9pZMs7otgu/dc0GiXDNLqF8agxj7Z1vtskKYfPR6akAO3zGgVbaarirFjt+85dzKCOxQWBuJj4Z90H",
-	"bvNpv7Eb/QO+7K7rfA5OcMLR3RM2OmHsQuYbnyi5C4fXw0MiTNx74XrFrKFxLRy2VsQLB6Nk2IttZmYg",
-	"k1sWUCo780VxbuLnLlRlnIa7LWCdSopYo0VIekUfzkDyGxv+p1TJxpl+sfKdMsOAoM0SsAHmmbJWcNjZ",
-	"iuJm3lT3mUaLchWU0OCG6zpDgevUMfQBnLMrcteg9GfrhbUa9aqsLlf1yddulSuBygLpBWVRJ7f1fX2Y",
-	"yzbxahD/bcn88LBgzAc2mlRMXLtVO9ZoTbaAjBAZ249pW/dvdyuEOADVF+raP4T6OG1rFR0K5QO+Avua",
-	"uw6+ZztAXxAY4643M2a4b6RRDyFjYwBBA0RrgOHLYUR8PgSJa1wop0e6+KhXqOzhEL0r102pT/ouZK5U",
-	"LQPnvEjI+m0ibVOXnmdfRViBhjM1btoY/p7i3RPQPrUDhwIn04c8QIH+SYrdKS7DaBivEF2IP3pMTsX1",
-	"figh4TiBue4Sp4Q11xmUa/ONixjszzlbkckdRZkUVexMPG5KiFwKqovatesUW6VWLougrhhM9ubZrSrY",
-	"23acCh/b7UMkiet96OP+KFdqlnsW+JCauBcZ6uv9D9ulELs83tuBGoYmbRhodwBnLV7jy/qCSMweYZJW",
-	"VGSUDIOMwwAst3X1xTqE1it6OgE0qmPyGxVTQU1HB9SOBuPjk8+BGm1nIRZuuBNwLVCMk1EICnf529v7",
-	"Ui21KNiiboQdyXxrBnLRUh/Adaey5es+yBm4rmq5PNjWsMCnhbWqkXqp9NY0DdmszopdKKK72UHPtfIZ",
-	"JcP7sZ/w3dzFYvbtBtrK998nXzzoneHizDWu6/YW98N13atkC7a78vV2xA5YWQaOjwZXWeNDaestrjq6",
-	"I93oQFVBEn6d4+cRON5PuW11oqRpw7un/bzWNmm8j178MuyWO06e73O610ET1/Fwj03qhmE04Xifq3Q0",
-	"ScLJo9EeV+poN/0H2xU10/7G5sXV0RKvsZdsFWr1SvLA1Ljiq8DI8HS53c54a0s+W/muTputlScuc6va",
-	"twj51CdrBP0mfHEoCLMz/EK6l03MsA5Gm8bqlSt56ZVjVvsP8aH1glgPKsmurJN0+HUHIZy5prw+U7yV",
-	"LXWxNPj5PEiZSmU7Z8qlk4iyrNWLLi3Pl+A/RNG7i7vei1/+Iygne3Pk9QYGj602fr7+1y3RRvfQE7v0",
-	"s33h0ipp3trdrOl/6KPCqoIbpsm1FrSRIiHV7gJJJGUbff6jy5Xx3TPqXq/7CqKmS+8fLof+FFni31lX",
-	"/qWlDGE0BD+y0S1PrG6yXZq8XpKVjZvQ+1m1ayS3SBIwipIOvk5lGJ9tMn4pykvWP6phpUIZDfSbFkr6",
-	"mtcO1mzbdHxJxowG8om1rO/JqffmBO1eI1+aPz5Ezx8GXPFLQcNWP+9sNY2UxOnne0yHkv0vjvf/Ccez",
-	"72a9j9fBjLPKXHBmeluZ3NTV6HazuBfe/XiHeuwrqJyNPuiogVnrKLXetWW9RCaVQdsWOPD7fw3D3gDC",
-	"xbd1c2maHW62c9lDXU/lS9tX1CVGuVh4RU1HkVk3ZnAXN36JYH0AL97mmfriyvNOH1WHMyooQCBM7K/0",
-	"BR2SviijH92p3tYOvUfw+7Wh0eGse0ylOChBs3T8L634XzJim4zAB9elEW8VDfQXiQTvVWlT4L/T5zqM",
-	"eDUNnut4Wp2zBwdBal0ql1IbkVMMk6a4X6Dp7ttlOz27OOwAaGfq+cwksAttf5aLTuB+rlCDUaqLMdtD",
-	"/43qiMIf+/ulG7rNkMP6x/Vu4zvHhr9wd/vrBisbb2vc5csqLykL2b5kd8H/Fx7qn0PXqrrkro1RXeG6",
-	"laibzhWdCSVvgvyCDZpuVWXaRD1yn+sBvGySZ1PpgiUooFb+ZwbbIWUIMmpP2+2Wm2ZLQauWnQWtbQL/",
-	"r9y89XXbX47AO38Z8+EP48vFSF3YqBOOW+OnQaXvA7xno8FxkuzWG7ZEqh/Fu7klmMpbvrqmnDMs5QpL",
-	"NjsA4C728Djs3oDeohXvq9/dV3Hjjd72WQByG9u6o6amvw2lzg7DX5gkm1K3R8q6qGu3HfTuFyjtJH+P",
-	"gHY3hM/AgtvmHmHyVi+FrQ5pW/j+z6c9/ylS/A1nxd0yvJ2K2K6r/OVXFCiUbuvkXfdPIFO5ni9OtGlq",
-	"OEe360lcqWXBF6UiQqPyLcq5UjcSWFEgQVK5SL1YKbThUoOSkE2eJc+SDJaypDaSTZFjk4NKwtvmyx+S",
-	"MHS33fh96Xbnx7AO2Zd9tH6fWZMg3qhjLs0sDjpb4iIuAbduKlfn3LV+ZTtYPcjtvP319v8GAAD//w==",
+	"7H2Nchs3kvCrdM1ulcVkSJHUjy2qUl8pWfuLN3/+bKX83WZ8HmgGJLEaAswAlMTYqrp3uDe8J7nqBjCD",
+	"IYcUZcnJ3t5u1aYsEr/djf7v5ocoU7O5klwaHY0+RFPOcl7SP19zUy7PxoaX+FfOdVaKuRFKRqPoDc+U",
+	"zDUw/BqupyKbAoMSZ8CMLUEvsozzHPZev/gGTgaDPuS8YMuutvM6vSiO+A2bzQsejQ7iqOS/LkTJ82hk",
+	"ygWPI51N+YzhvjMhxWwxi0b9ODLLOY9GkZCGT3gZ3d7G0du3b88WZsqlERkzfP2k51MOrB4hlARanINR",
+	"sNC8cZLoa85KXkbbDuQOoU0p5CS6xUPMWclm3Di4vZRZscj5a67nSmr+/xa8XK6fy40CM+WgjSp5Dmnp",
+	"pqSgxsBgLKTQU55DyTNV5nhSgVN/pRXjSLKZBQet9N7PjsLT5nzMFoWJRmNWaF6B8EKpgjNJIPyOLzec",
+	"EWEncj6bK8NltoRLvmyCS5U5L7tPxwdsP5uycsI3HPGSL7fC9M8lH0ej6E/7NTHu22/1/nd8Scc855JJ",
+	"s+WkhgYgWllmYKzKU1CyWAKTwPKZkHh8Ik48FDA/XpkpLxNppkyCMBrUtYS9w/6B/eJaaN7pwV8sGDWu",
+	"buq91Jj+Onv1kmCTyAZ05mw5o3fVDhS7RrQrHOz9LcF5VBO9vRBywst5KaT5QegZM9kUP86UNFwa/Ceb",
+	"zwtH/PvzUl0UfPbl3zUC7kN9XASpYaLAk005AeuaaXwiOVwLg+87F+MxL7k0SJp+T7yAYWaho9HhcBhH",
+	"Rhi6fXAsmPlzVQQ4NWauR/v7SF76Kuvl/MofTe8Hq3erqbe7AuqVXcZCap1MLvhEyCca0mCX1F1Nw7hU",
+	"M8KpfXNPNOy5YyUybTtX2hlBCK+SE8TGqmwADGmfa4MkchtHL1R5IfKcywcjSmhPfZa0lfHU72k0idRc",
+	"J1GIpv5BgKbqKDviphr/WAjZeP4pp6ea+5t4TEBaHSLt9PAcL+WrUk1KrvWnAZQZw2dzE40GcQ1c9yEM",
+	"YKqKXNN5Cs40h4U0ooBhf3jcHQy6w8H5YDjq90cH/d5gePC3KI5o2Ht+Mxcl1++ZiUbRltE1Xk5qvLyU",
+	"MPd32g0zQnarGY+BmzNJHBAyVhS8dEBgUIgrDwclK9KvcRMcI40TSawDR+F8XuLDc4BNgckc0lVYpZ0e",
+	"pKR7dEn5SBM5EVfcwt/pDw4DZsqMO4qbb1nwqhLTrbSYNlC40fuBvkPQeCkNLyUrHvhGUay4lYCXpSpB",
+	"ZdmiRDlYo/6o3w9RHw7fGfvutI+DelhIfjPnmeG5O3WIYbtV2jklpNiramAlh0JNJjyP6SGX3CxKyXP3",
+	"RK9YIfLXlg8+EKaXfDmC2UIbuOAwQKE8PDqCi6XhGmXyldDiouBw9uably+jOBoLXuSVGlI/twbM6Xie",
+	"T+8MdJrV9bMeiyW69UBocFs0wN/YFAUQ6oq8yEEtUCdJJOoxhZgJo2NgKH21kBPw+pcdHKNitJCXEhUe",
+	"/wlcqHxJ7yqRQhMW//rmpx97KC15kafEkO1TVOMxlzmua/e+nnJiByXHYyvJe4n8UZkpjsimTE547qTf",
+	"9/hiv1cPpoKaIRt1ySW4A+PH9MCkAcdqnuhNbJbOAoXaGeW0YZcmPBa2d71DDE4qIsP1xkEimePT1yxk",
+	"w/U5kaG2I+JHZV6ohcwfiAepnLbkxLbQsPrSDmuI/6hQvOOuuwFcKtO14x8J3pZAVw/txJiVIzlCOucF",
+	"Nzw/hQqm1VGc2vEG7bafJbtiomAXFioPpGcyBSEXuVWFpL7mJQgJRsx4Q14EKhwdAxbBOXaDLO3VDec9",
+	"FkXbW2RqUdh7XCBLY9nUAbb1dqGivXYypGFcGHURUhRVWemLU3bFwTB8PXw85pk5BYGsM5GajcnMt34J",
+	"66toqBaVPlFpKRptw1RdS1I89shY6OBuTk+hV5rCHsIEySOGMRNF5zH1jnOlvidb+uHU5O1EJPjB0dPh",
+	"s+NDKyVjUFfckj3JCZSag/7hs6Onx+G7HQRUdq4UFM7G34W6jFJdO/6xpSLJKJQxeIUh/CC+rjhjdWGj",
+	"HBHu0WjCfSJznikUWTHMi4UGh4FOtdgAFwuYaHWHgIcmsslEf5ZsYaaqFL/xhzJSBlbWe4tI6EpmN7jp",
+	"oMZKY/fdELMIpzy2ESd0pW6oEq5LJScBPMOtU3ICBk/m7du33VVf3rZ3s+r6o5P9LPViPlel4fkPPBfs",
+	"nADyCA8pID2veIYL0QLhyzkKcVSdCWZ4KCA07YqtanKXJndp1ud6U8hQ09WLpQ0Utp2HBGJ1JkLnmbep",
+	"Wz2yzraWi9kFL0cwqKTwWJTaAMt+XQgtyF1LvtBLvozhSxigzcmveLlMpOTX4bgevDGlyEyxBCGzkjMi",
+	"wjkv7VytYKFRlABDK3bMZUaP2apdfndr6z6xXkBkIGzCV9x6gzgaq3JGRr2Q5vgwimsn9WDdSR1HX6MQ",
+	"Ocu887MNHg0b2ykjT7TVDPGZzEs156UR1uPHatBuQ73HwG1Mls8uftY218Udbkkx49qw2byeTCC9ax4p",
+	"3uc0khyaGTLgNvCcSfBKmfM6jNFy4awsBC8rSrpm2ikBuFAvWnd116/zQ8QlYuuXiHmsvIvXHPuhw/oX",
+	"Pzd2RqRHQfPOLeAL71Zvoi7+zjNTEcdrPi/YBre2Cw6ohcnUjK9EBtwxepB6hSR/z0yKL3lecs2lSSQZ",
+	"Zqk9P31Tj01PIUX9xc0ifwxZ+ynseXsukThiUXKYoKKlJO9YW4+ULD8/7YXhC6EJRbO5WYK9qjuGCd6+",
+	"u5i0puIjEHkIgnuRrfWztELf3f2JhhnXmk04sQo8JzOq1AGdebqJowqi9zrE7k+0CvTcMZzsgtzHoZoP",
+	"YNu8F4663hgrVnd8CNWxtpB55fxheU5cmxWvAqy7IFWTEMJYwzp3gFxMUIC5UIyXZ3O2LBTLY2AGZkob",
+	"GB4dW9W3B2dQMDQFSLl3HsoNwQ2YcKPhcDhcje3oKRseHY9Oxs+O8/6zwbNnh9nT/PgIZQG7+Z7LiZlG",
+	"o+HRcQt53JcXz/ROvPQH8vqS5dIGJithutlUaXy7Oezx3qRHQVvna8o7G6Dl4HSxtH4f3MGDO3AGW2+f",
+	"Dp2ybMKEXIVcyX/t9gff/u3/H+wCrJKj2iaUfH8nFF77oW9woouu7RhUi6NrJowDdRUz7a9qTN+qayhQ",
+	"pTUKcEKMxutMFIVwhmRsAz+yYnKiduODUYm0nBsu+BiNE2sBo55y2D9ZAVS/Tc9gN1bPOOj3+/34ruB4",
+	"+GyR6lofpsqXz6U1ixqXjwy/wWe9DoEUlUVi8hwn8nwEKQ5OYc+6g2mFDmSsLIXzFlorTIPQcSLTC6b5",
+	"8WFajWBwISQrl04NRdWLyZyVOdiRNo/g8PjwmbO0vfx2Z7SjWoR4HH3jhMKn8Z77vtVPUn0+lZv/Tm+j",
+	"hZCa120jq+c3hsv89wH6vRjkJ+PpdwDaCyaKTwPZBg3mDPRUlWaz7lKz5QxfW86zQsjQk/DpYuv3fgrl",
+	"0rtgKxZm00yaIEnxwxRKTqfUteeXws38xlhxB84y0CBM5zSRKYE9tUqrpuyRciYkK7yGaOWenVuSOq9X",
+	"GPqGDJzfh7JI7LzmmuDyodURgN+hXK/Mg5T8nni/dIuBQcYA+Wx3NDAqXKWBHUEQJkMC9uoRI7DYmnEm",
+	"9UqaBV057/zRpsOnGcqf30RovIcQ2W+nnMJFprZuKmh6EN9lPn8G6yEA5GYC9qtuMJSZ2WQfBypDherI",
+	"o6FVb/iWs8JMN3ivbOCCtprSOHwpJWe5kKjoZVOeXa67bdbdD+pyZ8dDG1C+4xt8BlkhuDRP9Gr23uiu",
+	"YHki9/o3w8F//cd/9m+ePu/04ExSMucU7Onwdf99oY33yKUf0hjSW/zPF/if/+PeeJKkiXSJifmqBdCW",
+	"NdgwBI5Is/V/D+Jojngs8Xb//kuS3AwH3SS5efr83Zd/bpNUJFTahGFtrfzz+9RaxcTOXqs2avNKVChh",
+	"nR3SFtNG5FVmIpmDK7ZSMwfYLrTF4jnur9g8g36/zdsaAKH1bag5+3Xhw+1qDEryOsTuqCOQgbGTgEjX",
+	"iUw56bWpjQF4Cdgarbc7jOBgCFN+Q1GjkmWGl/oUmFzaeDwvNHc+hn5/9Z0cjIfsJOvnRxdP+eEge8aO",
+	"8/4JH46fXgyyQ3Z0FDUfRr97wrrjs+6Ldx8OhretL8MHA9qcrJSpfXj0tAp32wBIDJqXV8hKdTMwEIZO",
+	"0l4iSePXQkmY8dkFLzWw+Zyz0ibhVgHWSyFz5ySwDNtM+exxhLiP2LR7kAsmmY8nUI6CS8OS2UoO+APy",
+	"/tZdgTbzaPVEazk8o4bzyibUMAP0ymIEvU8ztvk3wjj3TeotoLSZUl9bRi2HEhLN66yVRf78+iWUnBxh",
+	"mdNpRY6m49ha8mtwq17sohTdambbtg/igrXsXH/R356fvwI7ADKVN9FJ2T4VFzk6Obmbg7i43SZjSi9m",
+	"M1YuPW9DgsZ/u/dwWqcRoLVFsaoAZC6aJWTexFdrumcNO+PCmGsnMhTSQqxJNkOO0nKkUSLTrTHGZNHv",
+	"H2Q4i/6FTO96qjSHgpEr1UxB88kM2Rtq6n6LJ5rIcZTIRH60m370ePhIOjse6GMiP3a73er/OHaN/uEj",
+	"MkD4uJLJBu2JbKrckrgGQd4a7BHfcclrHbCbN6LQtPMAPoaJ/K1RbDu3zjymiQcrE+/MYbar1IlEtMoh",
+	"fGzPR6K8hiBNj1Bhl5hxM1V5F1diRaGu/VWO3IloaK64yydjl9y+XjuvgkRrMBcXGviFdowQ2wXrhAla",
+	"46BtjY2pGj4Lo0I6eGKpM4rpjidIKG3ZyZUxb9HuE43jtixjt3iQJ1etfZ/EQk8XbaUBuOBw6BbcuaDC",
+	"rbieAwUf4aiiOJdixeTO+VUemC55l1ajJ9eS7PtxRRXZOfG8KRCiu4wbnwhBHDeurUMnytvU0MCVGWqi",
+	"z44P+1v89VVFBxkBvnCNKA15nCmZtGkE5NJv01DdBps11OHRyXBFQ22TLrtZsK7kC86gMuUraz2IuhIh",
+	"JXLNY2L1iTZ3lrfwG250Id8HGNzRQn5DyHpNB22TTTaFwV9k/QWup//nKeWQB5FrUfAQd3jz4KzpacOb",
+	"FIav2zxLpz6xz45s1P9U0WkLLgp1o2Z6SsCtyvJIlcWhTF+6Kh/LalaL8L4iNDySc6rk7I+Pan+qp2tb",
+	"9JbOEkZbxRWX4AKNFhMk0h0EAlLoPYaL2lFd+7lcVJNJ0kWQYqQi+TVtZJrAkpt2d9mD9N0NcdzzKgDb",
+	"AiqnkK6IqFZIPZqnfQNl3cOjuMMZyJF4/5DuYp7f/920+k3qUk06S+hICR5nY8c7PZoroL0r3rPqxGVW",
+	"H7FvFs3aeanyRcbz2IUfeE4+PnrZ9A+jfOZcvrDaG+/Bc7JP5qwkvVnN7f4jVLYdZ8iU1IsZt/nWVutA",
+	"NphIq3PbvOw6yRZ8jq1NsaXKL5uwSQuQIuqyDBJJ+bZtTBLXaycw/Cb2gWdySuAn77kLYaeg2XIltPUh",
+	"iayf8b3Ik2iEf70fDA+S6LbtaTSWu4twGtHz20Y6azs2P6xvuKKy0ArOzkeuY6ZclHDFigVv3utD9I1N",
+	"au3aJNdoLR/1toXsrIr1HsG3mzVdZ9ZYSm2cYdgf3M+6bjvSefWuV1UI++6cndnbVFwd+I6PD7e5jln3",
+	"t3735H13g9+45gJtLiTrNTExOcoODg5OUFH8+fwbqwAEjk3UXzKhhZLNE6/5jfqV36hSKpF9dF2tR/N8",
+	"cXTTnaiu+/AH3A7Pa7NuebYohVm+ocYG9gFRI4OzRVsIIz1z5i+Ryghs0wOwXgA2F8ivnSOgB89ZNg3M",
+	"2zmVwCvpS+BPE7lWX++NXyaXVVH+tFSLyRRS+3eKim1tYSfSmti4gHOGDpxetZoU7k+b9mDvDHJ+xQs1",
+	"n5G26N1avixVyO6Mz1TpuRYuiKI8U3IsJouyMso1sCzjc6MTaV0DfrOcrEtN/jd7j9TZG2mvQ1zLtpJA",
+	"oeYbRwQ53TbnWsix8hnoLCMy940brDGFcqMs2o2sdf7gvqQUS8i4NCUrxG88b4R6NC+vRMYRyngDhLL7",
+	"CC5Kll1yvCsi8WKhbciqliPWU3ut7N3JuQMAVsXYu+TLDkDXUgd4qyIHgBGUC9kUSTH+KcGbE3u9Xo9K",
+	"aVBHoD/syuH/qpUrGwRXzhX8+NM5bSDMqZNvYecMz5u2LGhtAPpshwX3fHi/4zWaLUsHOV4j0GrGEbLk",
+	"2Rca9yA3mDBQisnUgFTXsHfYP+kgZF+g2i057ieJuRCAm4K9XEiNe/jcPBw/L1hGcpSRbR/jK8xBIfUH",
+	"yWeoqdaA3HOgJ7q3tyuWHeehpIzIRFpF0nqgmKkfpFlPRPYl2EGrhCohKZEczWe84RdffKPklf1Y9774",
+	"AlyCixVuVSMLWEgUe+n+1cAagX9989OPidxb9zR1ToOkRdI7rDPF+4OsTKQSC8dMBkex11aCmiH/5UGr",
+	"99AW4pAPUZV1nppEFhF4HuvYDTxHc8sWQW8IpejV+zRCKDFobo3d1IVpUtuphnV6QKKpWhulTyK3yx7Y",
+	"SzcJnLRDsCcsjks1sx5dQu8TDVmhsstTyBeW/OyuTn7XhXKihIUUlN/ofZx4uyocEZNl7tPT0k4PfnK6",
+	"Ze34Iwi6WBAV8Ull9ZxE4p5qJozh5AOx4sG5LpUEBoE/1KHgqNUnauVTw3/qxh+GblhHqt+Tqxmp9NxX",
+	"xmnrlcntTYWGXGULcoUjM3RxztgnvMo8kdW94QLX1rGlLi1+47pD0AyyJCkYWFneJD4r+ZRYkvbvyKpJ",
+	"dLo7hHLsOjJp7nRIW7GmneLuu9zYd6tHdcQCl7MPEQWAl46u5vtawUKWHDkF3ZIm9+BsB/F/sfThCUsy",
+	"Xg1I5J57e87rb1XNVz+9Oa8ZILn+qXcOVI2W/EgLoA5i2e+FxyCS8iq05QvuW4f8gx68deqAP0sMDG9l",
+	"+QrLjK4c8XWzH4ScdZ4hQl5zg1yBEEJMlKpThYZG3SnaUinx1ZQ+EN7966GeSO+WqlOoHT6IqmJCIWvN",
+	"y2qs6N4xVbA2qlWtI1j7OKItsaLD5iJvEIi0NY69RJ6Rr7nNCy05lY5y0oy8/90oZHYZ57kNgNXlKvZU",
+	"VeHuBfevMfbmjV/D3oWOyS7UlasKKUTGnYHs9Ca0p0rBDaNuSht1p30/sw7pBSrXFS+11agGvX6vTz6X",
+	"OZdsLqJRdNDr9w5seH1K6vS+TfP5Df894W22igPxsN+H2m1JINGalLVCXHGqTK6CMmRZF6YWrmgvVGT/",
+	"MrfWIG270vJp2O9vKWpsKWb04dNIXe5eOuhSoDZUDq7ejSrij+zB2latLrBfNVYJbZdo9Mu7OHKx1WgU",
+	"fS+uuHTRUDbRlC1VcYToHU7dnyHBZHojUn6w33sh9apUKCH4AtX5GwP8Zq5cjaE1wFCC4Tf784IJeQqO",
+	"Rr7q9/q9Q5Rh9pnbbW0bMW1YabR3wzvyeu8cv01cutPcjcv6CA0sRn+Cb59//wr8Jkjy7x3D0u+NMqyw",
+	"xrv/DNluqRaGx9VzxBcXRsoT+Sc4/7dXz7cumqmFJO1wy6APboevkqqmLoli2v2rJNq/GuzbKpIottt/",
+	"lUTD/iCJbuFwWFtSmxrsrVOfQ/0jE11AIbMKWxvJr+QsX+7KElx4oQrbBTG7mFht1W5unQu8thv9AzKB",
+	"tut8Ck5wwsHdE9YabmxD5mufj7kNh54wce+5a0mzgsaVyNlKrTDsDfuDTmwTQAPx3TCWEtmalopz+37u",
+	"XJXGKcObYtuJpOA2Go+kgnThDCS/tpkClJFZ+90vlr4hZxg7tAkFNhY9VdZgDhtoUYjNP2CflDQvlkGl",
+	"Dm64ql7kuE4Vbu/BObskzw4qCmy1flejCpZWVbE+x9utcilQryAVosht/L1nb2ptU5uY4jUm/uuC+eFh",
+	"XZqPgdQZn7h2o0StVrBsnRohMrYf07bu3+5WCHEAKmPUlSsJVXfa1upEFPUHfAX2NbcdfMeug77uMMZd",
+	"r6fMcN+voxpCdkkPgj6L1lbDl8OI+Hy0Ete4UE7ldKFUr3vZwyF6l65pU5dUY0hdRVwKzs/RJ0O5DsqN",
+	"XSaffRVhoRvO1Lhp7SPwFO+egPZZIDgUOFlJ5CwKVFXSAU9xGUbDeInoQvzRY3LasHdZCQlHfZjpNslL",
+	"WHMNSLk2X7vgwu6csxHE3FL7SQHI1vzmulLJZbq6AF+zHLJR0eUSDqrCxP7OPLtRbHvbDGnhY7t9iCRx",
+	"LRZ9igDKlYrlngXupjpERjb9apvFZsXFNuf4ZqCGUUwbMdoe61kJ7fjqwSBos0NEpRFAGfYHQXJiAJbb",
+	"qshjFUKrhUOtABpW4fu1wqygdKQFage9w6PjT4EabWchFm64FXANUBz2hyEo3OVvb+9LtdQJYYO6ETY+",
+	"8x0gyJtL7QZX/c+Wr/t4aODlquRyb1NfBJ9B1ih66iTSG940ZL0ILHZRi/aeCh3XMWjYH9yP/YTv5i4W",
+	"s2vT0UZZwS6p5kGLDheSrnBdddG4H66rligbsN2W2rclzMCKIvCR1LhKa3dLU29xRdgtmUl7qgxy/at0",
+	"QI/Aw92U20bDS5o2uHvazyvdmQ530YtfhE15D/snu5zuVdAr9nCwwyZVXzKacLTLVVp6MeHk4XCHK7V0",
+	"tf6d7YqKaX9tU+iqwIrX2Au2DLV6JXlgalzyZWBkeLrcbGe8sZWljdRYp81WyhOXmVXtG4R86vM6grYW",
+	"vgYVhNkaqSHdy+ZwWF+kzXj1ypWceOWYVa5GfGidICyESrKrHiUdftWXCGeu969PKm8kVl0sDH4+C7Kr",
+	"EtlMr3KZJ6IoKvWiTcvzlf4PUfTu4q734pf/CMrJzhx5tU/CY6uNn67/tUu04T30xDb9bFe4NCqnNzZR",
+	"q9ss+gCyKuGa6Zjs8LpbFQmpZrNJIinbT/QfXa4c3j2jaim7qyCqmwH/7nLoD5El/p21pWpayhBGQ/Bb",
+	"Hu3yxOomm6XJqwVZ2bgJvZ9lsxRzgyQBoyg/4ctEhqHcOjmYAsJk/aMaViiU0UA/naGkL61tYc22G8jn",
+	"ZMxoIB9by/qenHpnTtBsafK5+eND9PxBwBU/FzRskfXWjtZISZx+Jci0KNn/4nj/SziefTer7cL2ppyV",
+	"5oIz09nI5MaunLedxT337sc71GNfbOVs9F5LucxK46rV5jCr1TSJDLrDwJ7f/0sYdHoQLr6paUzdU3G9",
+	"a8wO6noiX9j2pS6HyoXNS+ptisy6NoPbuPELBOsDePEmz9RnV563+qhanFFBrQJhYnelL2jE9FkZ/fBO",
+	"9bZy6D2C368JjRZn3WMqxUG1mqXjf2nF/5IRm2QEPrg2jXijaKC/SCR4r0qTAv9Cn+sw4lX3ka7iaVV6",
+	"H+wFWXiJXEhtREYxTJrifuimvT2YbSjt4rA9oJ2ptTSTwC60/fUvOoH7VUQNRqk2xmwP/R2VHIW/KfhL",
+	"O3TrIfvVb/jdxneODX9I7/bdGis73NQfzFdgTihh2b5kd8H/CQ/1j6FrVU6465ZUFcNuJOq6yUVrQsnr",
+	"IL9gjaYbBZw2p4/c57oHL+o820S6YAkKqKX/NcNmSBmC5NvTZlfnuqdT0NVla+1rk8D/LzdvfIn35yPw",
+	"1h/gfPjD+HwxUhc2aoXjxvhpUBT8AO/ZsHfU72/XGzZEqh/Fu7khmMobvrq68jOs+gqrO1sA4C728Djs",
+	"zoDeoBXvqt/dV3Hjtd72SQByG9sSpbr8vwml1kbGn5kk66q4R8q6qMq8HfTuFyhtJX+PgGbjhE/Agtvm",
+	"HmHyRtuFjQ5pWyP/z6c9/yFS/DVn+d0yvJmK2CzB/OUdChTqpObkXfsvLVNln69jtGlqOEc3S09cVWbO",
+	"54UiQqNKL8q5UtcSWJ4jQVJlSbVYIbThUoOSkI6e9Z/1U1jIgrpV1vWQdQ4qCW+bWr9PwtDddu1nrJsN",
+	"JsOSZV8h0vgZaE2CeK3kuTDTOGigiYu4BNyq/1yVc9f4Me9g9SC38/bd7X8HAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

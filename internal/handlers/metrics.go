@@ -40,7 +40,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Status reads of waited keys; one per waited key per poll interval, however many wait.",
 		}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.waitPolls,
+	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.waitPolls)
+	// Every name starts with idemsvc_: idemsvc_go_goroutines and so on.
+	prometheus.WrapRegistererWithPrefix("idemsvc_", reg).MustRegister(
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

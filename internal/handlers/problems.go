@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
@@ -165,7 +166,7 @@ func detail(kind problemKind, err error) string {
 		return fmt.Sprintf("attempt %d holds the lease until %s", inProgress.Attempt,
 			inProgress.LeaseExpiresAt.UTC().Format("2006-01-02T15:04:05.000Z"))
 	case kind == kindTooLarge:
-		return trimPrefix(err.Error())
+		return afterKind(err.Error(), "too large: ")
 	case kind == kindNotFound && errors.Is(err, statemachine.ErrNotFound):
 		return "no record for this key: it never existed, expired or was deleted"
 	case kind == kindLeaseLost:
@@ -176,11 +177,11 @@ func detail(kind problemKind, err error) string {
 	return err.Error()
 }
 
-// trimPrefix drops the package prefix of a statemachine error message.
-func trimPrefix(msg string) string {
-	const prefix = "statemachine: "
-	if len(msg) > len(prefix) && msg[:len(prefix)] == prefix {
-		return msg[len(prefix):]
+// afterKind is the part of an error message after its kind's name, which
+// the problem's title already says, and after the layers' prefixes.
+func afterKind(msg, kind string) string {
+	if i := strings.Index(msg, kind); i >= 0 {
+		return msg[i+len(kind):]
 	}
 	return msg
 }

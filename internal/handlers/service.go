@@ -229,7 +229,7 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		out.Retryable = &rec.Retryable
 		out.Error = optional(rec.Error)
 	}
-	if withResponse {
+	if withResponse && rec.State != statemachine.StateInProgress {
 		resp := fromResponse(rec.Response)
 		out.Response = &resp
 	}

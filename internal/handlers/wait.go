@@ -83,29 +83,38 @@ func (w *waiters) wait(ctx context.Context, tenant, key string, attempt int64, d
 func (w *waiters) poll(k waitKey, wk *waitedKey) {
 	ticker := time.NewTicker(w.interval)
 	defer ticker.Stop()
-	defer func() {
-		w.mu.Lock()
-		if w.keys[k] == wk {
-			delete(w.keys, k)
-		}
-		w.mu.Unlock()
-	}()
 	for {
 		select {
 		case <-ticker.C:
 		case <-w.stop:
 			return
 		}
+		// Whether nobody waits is decided, and the entry removed, under
+		// one lock: a waiter arriving later makes a new entry and poller.
 		w.mu.Lock()
 		idle := wk.count == 0
+		if idle {
+			w.forget(k, wk)
+		}
 		w.mu.Unlock()
 		if idle {
 			return
 		}
 		if w.isOver(k, wk.attempt) {
-			close(wk.over)
+			w.mu.Lock()
+			w.forget(k, wk)
+			w.mu.Unlock()
+			close(wk.over) // waiters that found the entry before see this
 			return
 		}
+	}
+}
+
+// forget removes wk from the map unless a newer attempt replaced it.
+// Called with mu held.
+func (w *waiters) forget(k waitKey, wk *waitedKey) {
+	if w.keys[k] == wk {
+		delete(w.keys, k)
 	}
 }
 
