@@ -190,7 +190,7 @@ func (s *stored) record(tenant string, now int64, withResponse bool) (Record, er
 	if withResponse {
 		resp, err := decodeResponse(s.response)
 		if err != nil {
-			return Record{}, fmt.Errorf("statemachine: record %s/%q: %w", tenant, s.key, err)
+			return Record{}, fmt.Errorf("statemachine: a record of tenant %s: %w", tenant, err) // no client key: errors are logged
 		}
 		r.Response = resp
 	}
