@@ -179,13 +179,24 @@ func TestRedisWithTenants(t *testing.T) {
 	if err := os.WriteFile(tenants, []byte(file), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	backends := map[string][]string{
-		"standalone": {"IDEMSVC_REDIS_URL=redis://" + redistest.SharedServer(t).Addr()},
-		"cluster":    {"IDEMSVC_REDIS_CLUSTER_ADDRS=" + strings.Join(redistest.SharedCluster(t).Addrs(), ",")},
+	backends := map[string]func(t *testing.T) []string{
+		"standalone": func(t *testing.T) []string {
+			return []string{"IDEMSVC_REDIS_URL=redis://" + redistest.SharedServer(t).Addr()}
+		},
+		"cluster": func(t *testing.T) []string {
+			return []string{"IDEMSVC_REDIS_CLUSTER_ADDRS=" + strings.Join(redistest.SharedCluster(t).Addrs(), ",")}
+		},
+		"sentinel": func(t *testing.T) []string {
+			st := redistest.NewSentinel(t)
+			return []string{
+				"IDEMSVC_REDIS_SENTINEL_ADDRS=" + strings.Join(st.Addrs(), ","),
+				"IDEMSVC_REDIS_SENTINEL_MASTER=" + st.MasterName(),
+			}
+		},
 	}
 	for name, env := range backends {
 		t.Run(name, func(t *testing.T) {
-			in := start(t, []string{"--tenants-file", tenants}, env)
+			in := start(t, []string{"--tenants-file", tenants}, env(t))
 			key := fmt.Sprintf(`{"key":"cmd-%s-%d"}`, name, time.Now().UnixNano())
 			if code, body := post(t, in.url+"/v1/begin", "s3cret-key", key); code != http.StatusCreated {
 				t.Fatalf("begin = %d %v", code, body)
@@ -203,6 +214,9 @@ func TestRedisWithTenants(t *testing.T) {
 			}
 			if logs := in.logs.String(); strings.Contains(logs, "s3cret-key") || !strings.Contains(logs, "IDEMSVC_REDIS_WAIT_REPLICAS is 0") {
 				t.Errorf("logs leak the key or lack the WAIT warning:\n%s", logs)
+			}
+			if logs := in.logs.String(); !strings.Contains(logs, `"mode":"`+name+`"`) {
+				t.Errorf("logs do not name the Redis mode %s:\n%s", name, logs)
 			}
 		})
 	}

@@ -95,6 +95,16 @@ func (c *containerInstance) stop(ctx context.Context) error {
 	return nil
 }
 
+func (c *containerInstance) kill(ctx context.Context) error {
+	if c.ctr == nil {
+		return nil
+	}
+	return c.withClient(ctx, func(cli *testcontainers.DockerClient) error {
+		_, err := cli.ContainerKill(ctx, c.ctr.GetContainerID(), client.ContainerKillOptions{Signal: "KILL"})
+		return err
+	})
+}
+
 func (c *containerInstance) pause(ctx context.Context) error {
 	return c.withClient(ctx, func(cli *testcontainers.DockerClient) error {
 		_, err := cli.ContainerPause(ctx, c.ctr.GetContainerID(), client.ContainerPauseOptions{})

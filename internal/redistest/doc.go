@@ -1,5 +1,6 @@
-// Package redistest gives tests real Redis servers: standalone servers and
-// Redis Clusters of three masters with one replica each.
+// Package redistest gives tests real Redis servers: standalone servers,
+// Redis Clusters of three masters with one replica each, and Sentinel
+// setups of a master, a replica and three Sentinels.
 //
 // Servers come from the first source that is available:
 //
@@ -7,8 +8,8 @@
 //     (host:port of a standalone server) and IDEMSVC_TEST_REDIS_CLUSTER_ADDRS
 //     (comma-separated seed nodes of a cluster). Each variable applies to its
 //     own kind of server only. Operations that need control over the process
-//     (Stop, Start, Restart, Pause) skip the calling test in this mode, and
-//     NewServer and NewCluster return the external servers rather than
+//     (Stop, Kill, Start, Restart, Pause) skip the calling test in this mode,
+//     and NewServer and NewCluster return the external servers rather than
 //     dedicated ones.
 //  2. redis-server processes started from the binary found on PATH, bound to
 //     free ports on 127.0.0.1, without persistence, in temporary directories.
@@ -19,12 +20,18 @@
 // When none is available the test fails with instructions; it is never
 // skipped silently.
 //
-// NewServer and NewCluster start servers dedicated to one test and stop them
-// when the test ends. SharedServer and SharedCluster start one instance per
-// test binary, lazily on first use, for tests that only read and write: such
-// tests must use unique keys, and the shared instances refuse Stop, Start,
-// Restart and Pause. A package that uses SharedServer or SharedCluster must
-// call Main from its TestMain so the shared instances are stopped:
+// NewSentinel always starts local redis-server processes (the Sentinels
+// with --sentinel and a configuration file each). It fails with
+// instructions when the environment names external servers or when there
+// is no redis-server binary.
+//
+// NewServer, NewCluster and NewSentinel start servers dedicated to one test
+// and stop them when the test ends. SharedServer and SharedCluster start one
+// instance per test binary, lazily on first use, for tests that only read
+// and write: such tests must use unique keys, and the shared instances
+// refuse Stop, Kill, Start, Restart and Pause. A package that uses
+// SharedServer or SharedCluster must call Main from its TestMain so the
+// shared instances are stopped:
 //
 //	func TestMain(m *testing.M) { redistest.Main(m) }
 //

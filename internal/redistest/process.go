@@ -45,6 +45,9 @@ type instance interface {
 	// stop terminates the server gracefully, then forcibly; it is a no-op
 	// when the server is not running.
 	stop(ctx context.Context) error
+	// kill terminates the server at once (SIGKILL), as a crash would; it
+	// is a no-op when the server is not running.
+	kill(ctx context.Context) error
 	pause(ctx context.Context) error
 	resume(ctx context.Context) error
 	// pid is the host process ID, or 0 when unknown.
@@ -84,19 +87,27 @@ func serverArgs(port int, dir, logfile, pidfile, nodesFile string) []string {
 			// Replicas always try to take over, however long their
 			// master was unreachable, so failover tests are predictable.
 			"--cluster-replica-validity-factor", "0",
-			// Replicas sync at once rather than after the default 5 s.
-			"--repl-diskless-sync", "yes",
-			"--repl-diskless-sync-delay", "0",
-			// A replica is listed in CLUSTER SLOTS only once its
-			// replication offset is non-zero; the master's periodic
-			// PING (10 s by default) is what moves it on an idle master.
-			"--repl-ping-replica-period", "1",
-			// Masters exit on SIGTERM without waiting for replicas to
-			// acknowledge the last writes.
-			"--shutdown-on-sigterm", "now",
 		)
+		args = append(args, replicationArgs()...)
 	}
 	return args
+}
+
+// replicationArgs returns the redis-server arguments of servers that have
+// replicas or are one: the nodes of a Cluster or a Sentinel setup.
+func replicationArgs() []string {
+	return []string{
+		// Replicas sync at once rather than after the default 5 s.
+		"--repl-diskless-sync", "yes",
+		"--repl-diskless-sync-delay", "0",
+		// A replica is listed in CLUSTER SLOTS only once its replication
+		// offset is non-zero; the master's periodic PING (10 s by
+		// default) is what moves it on an idle master.
+		"--repl-ping-replica-period", "1",
+		// Masters exit on SIGTERM without waiting for replicas to
+		// acknowledge the last writes.
+		"--shutdown-on-sigterm", "now",
+	}
 }
 
 // processBackend runs redis-server binaries as child processes.
@@ -105,28 +116,39 @@ type processBackend struct {
 }
 
 func (b processBackend) newInstance(port int, cluster bool) (instance, error) {
+	l, err := b.newLocal(port)
+	if err != nil {
+		return nil, err
+	}
+	nodesFile := ""
+	if cluster {
+		nodesFile = filepath.Join(l.dir, "nodes.conf")
+	}
+	l.args = serverArgs(port, l.dir, l.log, l.pidPath, nodesFile)
+	return l, nil
+}
+
+// newLocal prepares a process in a new temporary directory, with its log
+// and pidfile there; the caller sets its arguments.
+func (b processBackend) newLocal(port int) (*localInstance, error) {
 	dir, err := os.MkdirTemp("", "redistest-"+strconv.Itoa(port)+"-")
 	if err != nil {
 		return nil, fmt.Errorf("create server directory: %w", err)
 	}
-	nodesFile := ""
-	if cluster {
-		nodesFile = filepath.Join(dir, "nodes.conf")
-	}
-	l := &localInstance{
+	return &localInstance{
 		bin:     b.bin,
 		dir:     dir,
 		log:     filepath.Join(dir, "redis.log"),
 		pidPath: filepath.Join(dir, "redis.pid"),
-	}
-	l.args = serverArgs(port, dir, l.log, l.pidPath, nodesFile)
-	return l, nil
+	}, nil
 }
 
 // localInstance is a redis-server child process.
 type localInstance struct {
 	bin, dir, log, pidPath string
-	args                   []string
+	// args are the arguments of the next start; they may change while the
+	// server is stopped.
+	args []string
 
 	mu   sync.Mutex
 	cmd  *exec.Cmd
@@ -192,6 +214,18 @@ func (l *localInstance) stop(context.Context) error {
 	case <-done:
 		return nil
 	case <-time.After(stopTimeout):
+	}
+	if err := signal(cmd, syscall.SIGKILL); err != nil {
+		return err
+	}
+	<-done
+	return nil
+}
+
+func (l *localInstance) kill(context.Context) error {
+	cmd, done := l.current()
+	if cmd == nil {
+		return nil
 	}
 	if err := signal(cmd, syscall.SIGKILL); err != nil {
 		return err
@@ -286,14 +320,47 @@ type proc struct {
 	addr  string
 	ports []int
 	inst  instance
+	id    identity
 
 	mu      sync.Mutex
 	running bool
 }
 
+// identity tells the server a proc started apart from another one that
+// took its port: query asks whoever answers on the port, and want is what
+// our server answers.
+type identity struct {
+	what  string // what query asks for, for messages
+	query func(ctx context.Context, rdb *redis.Client) (string, error)
+	want  string
+}
+
+// pidfileIdentity identifies a server by its pidfile, unique per instance.
+func pidfileIdentity(pidfile string) identity {
+	return identity{what: "pidfile", want: pidfile, query: func(ctx context.Context, rdb *redis.Client) (string, error) {
+		cfg, err := rdb.ConfigGet(ctx, "pidfile").Result()
+		if err != nil {
+			return "", fmt.Errorf("config get pidfile: %w", err)
+		}
+		return cfg["pidfile"], nil
+	}}
+}
+
 // spawnProc starts a new server on fresh ports, retrying with other ports if
 // the server does not come up.
 func spawnProc(ctx context.Context, b backend, cluster bool) (*proc, error) {
+	return spawnWith(ctx, cluster, func(port int) (instance, identity, error) {
+		inst, err := b.newInstance(port, cluster)
+		if err != nil {
+			return nil, identity{}, err
+		}
+		return inst, pidfileIdentity(inst.pidfile()), nil
+	})
+}
+
+// spawnWith starts the server that newInst prepares for a fresh port,
+// retrying with other ports if the server does not come up.
+func spawnWith(ctx context.Context, cluster bool, newInst func(port int) (instance, identity, error)) (*proc, error) {
 	var errs []error
 	for range launchAttempts {
 		port, err := reservePort(cluster)
@@ -304,12 +371,12 @@ func spawnProc(ctx context.Context, b backend, cluster bool) (*proc, error) {
 		if cluster {
 			ports = append(ports, port+busOffset)
 		}
-		inst, err := b.newInstance(port, cluster)
+		inst, id, err := newInst(port)
 		if err != nil {
 			releasePorts(ports)
 			return nil, err
 		}
-		p := &proc{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), ports: ports, inst: inst}
+		p := &proc{addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(port)), ports: ports, inst: inst, id: id}
 		err = p.launch(ctx)
 		if err == nil {
 			return p, nil
@@ -327,7 +394,7 @@ func (p *proc) launch(ctx context.Context) error {
 	if err := p.inst.start(ctx); err != nil {
 		return err
 	}
-	if err := waitReady(ctx, p.addr, p.inst.pidfile(), p.inst.exited()); err != nil {
+	if err := waitReady(ctx, p.addr, p.id, p.inst.exited()); err != nil {
 		logs := p.inst.logTail(ctx)
 		stopErr := p.inst.stop(ctx)
 		return errors.Join(fmt.Errorf("redis-server on %s: %w\nlast lines of its log:\n%s", p.addr, err, logs), stopErr)
@@ -359,6 +426,17 @@ func (p *proc) halt(ctx context.Context) error {
 	p.mu.Unlock()
 	if err := p.inst.stop(ctx); err != nil {
 		return fmt.Errorf("stop redis-server on %s: %w", p.addr, err)
+	}
+	return nil
+}
+
+// kill ends the server at once, as a crash would.
+func (p *proc) kill(ctx context.Context) error {
+	p.mu.Lock()
+	p.running = false
+	p.mu.Unlock()
+	if err := p.inst.kill(ctx); err != nil {
+		return fmt.Errorf("kill redis-server on %s: %w", p.addr, err)
 	}
 	return nil
 }
@@ -407,9 +485,9 @@ func (p *proc) pause(tb testing.TB) (resume func()) {
 	return resume
 }
 
-// waitReady polls the server at addr until it answers as the server whose
-// pidfile is given, the server exits, or readyTimeout passes.
-func waitReady(ctx context.Context, addr, pidfile string, exited <-chan struct{}) error {
+// waitReady polls the server at addr until it answers as the server id
+// identifies, the server exits, or readyTimeout passes.
+func waitReady(ctx context.Context, addr string, id identity, exited <-chan struct{}) error {
 	ctx, cancel := context.WithTimeout(ctx, readyTimeout)
 	defer cancel()
 	opts := &redis.Options{
@@ -425,14 +503,14 @@ func waitReady(ctx context.Context, addr, pidfile string, exited <-chan struct{}
 	defer tick.Stop()
 	var last error
 	for {
-		cfg, err := probe(ctx, opts)
+		got, err := probe(ctx, opts, id.query)
 		switch {
 		case err != nil:
 			last = err
-		case cfg["pidfile"] == pidfile:
+		case got == id.want:
 			return nil
 		default:
-			return fmt.Errorf("another server answers on %s (pidfile %q)", addr, cfg["pidfile"])
+			return fmt.Errorf("another server answers on %s (%s %q)", addr, id.what, got)
 		}
 		select {
 		case <-exited:
@@ -444,24 +522,20 @@ func waitReady(ctx context.Context, addr, pidfile string, exited <-chan struct{}
 	}
 }
 
-// probe asks the server for its pidfile. It checks first that the port
+// probe runs query against the server. It checks first that the port
 // accepts connections, since the client logs every failed dial, and uses a
 // fresh client each time, since a client's pool that failed to dial retries
 // only once a second.
-func probe(ctx context.Context, opts *redis.Options) (map[string]string, error) {
+func probe(ctx context.Context, opts *redis.Options, query func(context.Context, *redis.Client) (string, error)) (string, error) {
 	d := net.Dialer{Timeout: opts.DialTimeout}
 	conn, err := d.DialContext(ctx, "tcp", opts.Addr)
 	if err != nil {
-		return nil, err
+		return "", err
 	}
 	_ = conn.Close()
 	rdb := redis.NewClient(opts)
 	defer rdb.Close()
-	cfg, err := rdb.ConfigGet(ctx, "pidfile").Result()
-	if err != nil {
-		return nil, fmt.Errorf("config get pidfile: %w", err)
-	}
-	return cfg, nil
+	return query(ctx, rdb)
 }
 
 var ports struct {

@@ -9,11 +9,14 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Server is one standalone Redis.
+// Server is one standalone Redis, or one Redis of a Sentinel setup.
 type Server struct {
 	addr   string
 	shared bool
 	p      *proc // nil for an external server
+	// prepare, when set, runs before the server starts again: in a
+	// Sentinel setup it makes the server follow the current master.
+	prepare func(ctx context.Context) error
 }
 
 // NewServer returns a standalone server dedicated to the test, stopped
@@ -112,14 +115,16 @@ func (s *Server) Client(tb testing.TB) *redis.Client {
 }
 
 // Restart stops the server and starts it again on the same port. Its data
-// and script cache are lost: the server keeps nothing on disk.
+// and script cache are lost: the server keeps nothing on disk. A server of
+// a Sentinel setup that is not the master comes back as a replica of the
+// master.
 func (s *Server) Restart(tb testing.TB) {
 	tb.Helper()
 	s.control(tb, "Restart")
 	if err := s.p.halt(context.Background()); err != nil {
 		tb.Fatalf("redistest: restart: %v", err)
 	}
-	if err := s.p.restart(context.Background()); err != nil {
+	if err := s.relaunch(context.Background()); err != nil {
 		tb.Fatalf("redistest: restart: %v", err)
 	}
 }
@@ -136,16 +141,39 @@ func (s *Server) Stop(tb testing.TB) {
 	}
 }
 
-// Start starts a stopped server again on the same port, empty.
+// Kill ends the server's process at once (SIGKILL), as a crash would.
+func (s *Server) Kill(tb testing.TB) {
+	tb.Helper()
+	s.control(tb, "Kill")
+	if !s.p.isRunning() {
+		tb.Fatalf("redistest: Kill: redis-server on %s is not running", s.addr)
+	}
+	if err := s.p.kill(context.Background()); err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+}
+
+// Start starts a stopped (or killed) server again on the same port, empty.
+// A server of a Sentinel setup comes back as a replica of the master the
+// Sentinels report, unless that is the server itself, and syncs from it.
 func (s *Server) Start(tb testing.TB) {
 	tb.Helper()
 	s.control(tb, "Start")
 	if s.p.isRunning() {
 		tb.Fatalf("redistest: Start: redis-server on %s is already running", s.addr)
 	}
-	if err := s.p.restart(context.Background()); err != nil {
+	if err := s.relaunch(context.Background()); err != nil {
 		tb.Fatalf("redistest: start: %v", err)
 	}
+}
+
+func (s *Server) relaunch(ctx context.Context) error {
+	if s.prepare != nil {
+		if err := s.prepare(ctx); err != nil {
+			return fmt.Errorf("redis-server on %s: %w", s.addr, err)
+		}
+	}
+	return s.p.restart(ctx)
 }
 
 // Pause suspends the server's process (SIGSTOP, or a container pause), so
