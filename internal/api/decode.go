@@ -17,6 +17,12 @@ type FieldError struct {
 	Reason string
 }
 
+// ErrBadRequest is what every *FieldError matches with errors.Is.
+var ErrBadRequest = errors.New("bad request")
+
+// Is makes errors.Is(err, ErrBadRequest) hold.
+func (e *FieldError) Is(target error) bool { return target == ErrBadRequest }
+
 func (e *FieldError) Error() string {
 	if e.Field == "" {
 		return "request body: " + e.Reason

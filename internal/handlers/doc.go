@@ -9,7 +9,7 @@
 // checks the contract's limits. Every error, whatever layer found it, is
 // answered by writeProblem from one table of error kinds.
 //
-// A begin with wait_ms waits in a Waiters hub: the waiters of one key share
-// one poll of the key's status, so the store sees one read per waited key
-// per poll interval, however many callers wait.
+// A begin with wait_ms waits until its key's attempt is over. All waiters
+// of one key share one poll of the key's status, so the store sees one read
+// per waited key per poll interval, however many callers wait.
 package handlers

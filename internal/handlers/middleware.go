@@ -198,12 +198,12 @@ func (s *Service) readBody(next http.Handler) http.Handler {
 			if errors.As(err, &tooLarge) {
 				writeProblem(w, r, bodyTooLarge(s.maxBodyBytes))
 			} else {
-				writeProblem(w, r, badField("", "the request body could not be read: %v", err))
+				writeProblem(w, r, badField("", "could not be read: %v", err))
 			}
 			return
 		}
 		if !json.Valid(body) {
-			writeProblem(w, r, badField("", "the request body is not valid JSON"))
+			writeProblem(w, r, badField("", "is not valid JSON"))
 			return
 		}
 		r.Body = &bodyReader{Reader: bytes.NewReader(body)}
@@ -250,7 +250,7 @@ func requestError(w http.ResponseWriter, r *http.Request, err error) {
 	var many *api.TooManyValuesForParamError
 	switch {
 	case errors.As(err, &field):
-		writeProblem(w, r, &fieldError{field: field.Field, reason: field.Reason})
+		writeProblem(w, r, field)
 	case errors.As(err, &required):
 		writeProblem(w, r, badField(required.ParamName, "is required"))
 	case errors.As(err, &format):

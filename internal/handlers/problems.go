@@ -49,7 +49,7 @@ var errorKinds = []struct {
 	kind problemKind
 }{
 	{statemachine.ErrInvalid, kindInvalid},
-	{errBadRequest, kindInvalid},
+	{api.ErrBadRequest, kindInvalid},
 	{errUnauthorized, kindUnauthorized},
 	{errForbidden, kindForbidden},
 	{statemachine.ErrNotFound, kindNotFound},
@@ -66,7 +66,6 @@ var errorKinds = []struct {
 
 // Errors of the HTTP layer; each has its row in errorKinds.
 var (
-	errBadRequest   = errors.New("bad request")
 	errUnauthorized = errors.New("a valid API key is required")
 	errForbidden    = errors.New("forbidden")
 	errNoRoute      = errors.New("no such path")
@@ -75,23 +74,10 @@ var (
 	errTooLargeBody = errors.New("too large")
 )
 
-// fieldError is errBadRequest naming the request field at fault.
-type fieldError struct {
-	field  string
-	reason string
-}
-
-func (e *fieldError) Error() string {
-	if e.field == "" {
-		return e.reason
-	}
-	return e.field + ": " + e.reason
-}
-
-func (e *fieldError) Is(target error) bool { return target == errBadRequest }
-
+// badField is a bad request naming the request field at fault, as the
+// strict decoder reports one.
 func badField(field, format string, args ...any) error {
-	return &fieldError{field: field, reason: fmt.Sprintf(format, args...)}
+	return &api.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
 // kindOf finds err's problem kind; anything unknown is internal.
@@ -118,12 +104,12 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 		Detail: detail(kind, err),
 	}
 	h := w.Header()
-	var field *fieldError
+	var field *api.FieldError
 	var invalid *statemachine.InvalidError
 	var inProgress *statemachine.InProgressError
 	switch {
-	case errors.As(err, &field) && field.field != "":
-		p.Field = &field.field
+	case errors.As(err, &field) && field.Field != "":
+		p.Field = &field.Field
 	case errors.As(err, &invalid):
 		p.Field = &invalid.Field
 	case errors.As(err, &inProgress):
@@ -150,7 +136,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 // detail explains err without internals: a 500 or 503 says what happened,
 // not which connection failed how.
 func detail(kind problemKind, err error) string {
-	var field *fieldError
+	var field *api.FieldError
 	var invalid *statemachine.InvalidError
 	var inProgress *statemachine.InProgressError
 	switch {
