@@ -20,10 +20,14 @@ func NewMilliTime(t time.Time) MilliTime {
 
 // MarshalJSON writes the time as a JSON string in the API's layout.
 func (t MilliTime) MarshalJSON() ([]byte, error) {
-	b := make([]byte, 0, len(milliLayout)+2)
+	return t.AppendJSON(make([]byte, 0, len(milliLayout)+2)), nil
+}
+
+// AppendJSON appends the time to b as MarshalJSON writes it.
+func (t MilliTime) AppendJSON(b []byte) []byte {
 	b = append(b, '"')
 	b = t.UTC().AppendFormat(b, milliLayout)
-	return append(b, '"'), nil
+	return append(b, '"')
 }
 
 // UnmarshalJSON reads an RFC 3339 JSON string.

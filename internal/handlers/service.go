@@ -74,7 +74,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 func (s *Service) beginResult(ctx context.Context, t string, res statemachine.BeginResult) api.BeginResponseObject {
 	if res.Acquired {
 		setOutcome(ctx, t, "acquired")
-		return api.Begin201JSONResponse{
+		return api.BeginAcquiredResponse{
 			Status:         api.BeginAcquiredStatusAcquired,
 			Key:            res.Record.Key,
 			Attempt:        res.Lease.Attempt,
@@ -123,7 +123,7 @@ func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (
 		return nil, fmt.Errorf("complete: %w", err)
 	}
 	setOutcome(ctx, t, "completed")
-	return api.Complete200JSONResponse(finishResult(&rec)), nil
+	return finishResult(&rec), nil
 }
 
 // Fail ends the attempt with a failure, terminal or retryable.
@@ -153,11 +153,11 @@ func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.Fail
 	} else {
 		setOutcome(ctx, t, "failed")
 	}
-	return api.Fail200JSONResponse(finishResult(&rec)), nil
+	return finishResult(&rec), nil
 }
 
-func finishResult(rec *statemachine.Record) api.FinishResult {
-	out := api.FinishResult{
+func finishResult(rec *statemachine.Record) api.FinishedResponse {
+	out := api.FinishedResponse{
 		Key:       rec.Key,
 		Attempt:   rec.Attempt,
 		ExpiresAt: api.NewMilliTime(rec.ExpiresAt),

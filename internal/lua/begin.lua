@@ -15,18 +15,20 @@
 --   MISMATCH    the fingerprint differs (no record in the reply)
 local now = now_ms()
 local raw = redis.call('GET', KEYS[1])
-local old = raw and decode(raw)
-if old then
-  if ARGV[3] ~= '' and old.fingerprint ~= '' and old.fingerprint ~= ARGV[3] then
+local state, attempt, created, lease, token, owner, fingerprint, retryable, _
+if raw then
+  state, _, retryable, attempt, created, _, lease, _, _, token, _, owner,
+    fingerprint = decode(raw)
+  if ARGV[3] ~= '' and fingerprint ~= '' and fingerprint ~= ARGV[3] then
     return {MISMATCH, now}
   end
-  if old.state == IN_PROGRESS then
-    if old.token == ARGV[1] then return {OK, now, raw} end -- go-redis re-sent this call
-    if old.lease > now then
-      if ARGV[2] ~= '' and old.owner == ARGV[2] then return {OK, now, raw} end
+  if state == IN_PROGRESS then
+    if token == ARGV[1] then return {OK, now, raw} end -- go-redis re-sent this call
+    if lease > now then
+      if ARGV[2] ~= '' and owner == ARGV[2] then return {OK, now, raw} end
       return {BUSY, now, raw}
     end
-  elseif old.retryable == 0 then
+  elseif retryable == 0 then
     return {DONE, now, raw}
   end
 end
@@ -34,19 +36,18 @@ end
 -- Acquire: a new key, a released key, or an expired lease taken over. An
 -- in-progress record outlives its lease by the retention, so that a takeover
 -- still finds it and counts the attempt on.
-local lease = now + tonumber(ARGV[4])
-local retention = tonumber(ARGV[5])
-local r = {
-  state = IN_PROGRESS, recovered = 0, retryable = 0, attempt = 1,
-  created = now, updated = now, lease = lease,
-  expires = lease + retention * 1000, retention = retention,
-  token = ARGV[1], call = NO_CALL, owner = ARGV[2], fingerprint = ARGV[3],
-  key = ARGV[6], error = '',
-}
-if old then
-  r.attempt, r.created = old.attempt + 1, old.created
-  if old.state == IN_PROGRESS then r.recovered = 1 end
-  if r.fingerprint == '' then r.fingerprint = old.fingerprint end
+local lease_ms, retention = tonumber(ARGV[4]), tonumber(ARGV[5])
+local recovered = 0
+if raw then
+  attempt = attempt + 1
+  if state == IN_PROGRESS then recovered = 1 end
+  if ARGV[3] ~= '' then fingerprint = ARGV[3] end
+else
+  attempt, created, fingerprint = 1, now, ARGV[3]
 end
-local h = save(r, '')
-return {OK, now, h}
+lease = now + lease_ms
+local expires = lease + retention * 1000
+local head = pack(IN_PROGRESS, recovered, 0, attempt, created, now, lease,
+  expires, retention, ARGV[1], NO_CALL, ARGV[2], fingerprint, ARGV[6], '')
+store(head, '', expires)
+return {OK, now, head}

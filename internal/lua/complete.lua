@@ -12,11 +12,17 @@
 local now = now_ms()
 local raw = redis.call('GET', KEYS[1])
 if not raw then return {NOT_FOUND, now} end
-local r = decode(raw)
-if r.token ~= ARGV[1] then return {LEASE_LOST, now} end
-if r.state == COMPLETED then return {OK, now, head(r)} end -- a retried call
-if r.state ~= IN_PROGRESS then return {LEASE_LOST, now} end
+local state, recovered, retryable, attempt, created, updated, lease, expires,
+  retention, token, call, owner, fingerprint, key, err, response_at = decode(raw)
+if token ~= ARGV[1] then return {LEASE_LOST, now} end
+if state == COMPLETED then -- a retried call
+  return {OK, now, string.sub(raw, 1, response_at - 1)}
+end
+if state ~= IN_PROGRESS then return {LEASE_LOST, now} end
 
-if ARGV[3] ~= '' then r.retention = tonumber(ARGV[3]) end
-r.state, r.updated, r.expires = COMPLETED, now, now + r.retention * 1000
-return {OK, now, save(r, ARGV[2])}
+if ARGV[3] ~= '' then retention = tonumber(ARGV[3]) end
+expires = now + retention * 1000
+local head = pack(COMPLETED, recovered, retryable, attempt, created, now,
+  lease, expires, retention, token, call, owner, fingerprint, key, err)
+store(head, ARGV[2], expires)
+return {OK, now, head}

@@ -13,10 +13,14 @@
 local now = now_ms()
 local raw = redis.call('GET', KEYS[1])
 if not raw then return {NOT_FOUND, now} end
-local r = decode(raw)
-if r.token ~= ARGV[1] or r.state ~= IN_PROGRESS then return {LEASE_LOST, now} end
-if r.call == ARGV[2] then return {OK, now, head(r)} end -- go-redis re-sent this call
+local state, recovered, retryable, attempt, created, _, _, _, retention,
+  token, call, owner, fingerprint, key, err = decode(raw)
+if token ~= ARGV[1] or state ~= IN_PROGRESS then return {LEASE_LOST, now} end
+if call == ARGV[2] then return {OK, now, raw} end -- re-sent (in progress: raw is the head)
 
-r.call, r.updated, r.lease = ARGV[2], now, now + tonumber(ARGV[3])
-r.expires = r.lease + r.retention * 1000
-return {OK, now, save(r, '')}
+local lease = now + tonumber(ARGV[3])
+local expires = lease + retention * 1000
+local head = pack(IN_PROGRESS, recovered, retryable, attempt, created, now,
+  lease, expires, retention, token, ARGV[2], owner, fingerprint, key, err)
+store(head, '', expires)
+return {OK, now, head}

@@ -15,12 +15,17 @@
 local now = now_ms()
 local raw = redis.call('GET', KEYS[1])
 if not raw then return {NOT_FOUND, now} end
-local r = decode(raw)
-if r.token ~= ARGV[1] then return {LEASE_LOST, now} end
-if r.state == FAILED then return {OK, now, head(r)} end -- a retried call
-if r.state ~= IN_PROGRESS then return {LEASE_LOST, now} end
+local state, recovered, _, attempt, created, _, lease, _, retention, token,
+  call, owner, fingerprint, key, _, response_at = decode(raw)
+if token ~= ARGV[1] then return {LEASE_LOST, now} end
+if state == FAILED then -- a retried call
+  return {OK, now, string.sub(raw, 1, response_at - 1)}
+end
+if state ~= IN_PROGRESS then return {LEASE_LOST, now} end
 
-if ARGV[5] ~= '' then r.retention = tonumber(ARGV[5]) end
-r.state, r.retryable, r.error = FAILED, tonumber(ARGV[2]), ARGV[3]
-r.updated, r.expires = now, now + r.retention * 1000
-return {OK, now, save(r, ARGV[4])}
+if ARGV[5] ~= '' then retention = tonumber(ARGV[5]) end
+local expires = now + retention * 1000
+local head = pack(FAILED, recovered, tonumber(ARGV[2]), attempt, created, now,
+  lease, expires, retention, token, call, owner, fingerprint, key, ARGV[3])
+store(head, ARGV[4], expires)
+return {OK, now, head}

@@ -16,37 +16,39 @@ local IN_PROGRESS, COMPLETED, FAILED = 1, 2, 3
 -- Reply codes: the first element of every reply (statemachine/redis.go).
 local OK, BUSY, DONE, MISMATCH, LEASE_LOST, NOT_FOUND = 0, 1, 2, 3, 4, 5
 local LAYOUT = '>BBBBI4i8i8i8i8I4c16c8I2c0I2c0I2c0I4c0'
-local NO_CALL = string.rep('\0', 8)
+local NO_CALL = '\0\0\0\0\0\0\0\0'
 
 -- now_ms is Redis's clock in milliseconds: the one clock every replica shares.
 local function now_ms()
   local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local us = tonumber(t[2])
+  return tonumber(t[1]) * 1000 + (us - us % 1000) / 1000
 end
 
--- decode returns the record's fields (the response is left in raw).
-local function decode(raw)
-  local r = {}
-  local version
-  version, r.state, r.recovered, r.retryable, r.attempt, r.created, r.updated,
-    r.lease, r.expires, r.retention, r.token, r.call, r.owner, r.fingerprint,
-    r.key, r.error = struct.unpack(LAYOUT, raw)
+-- decode returns the record's fields in LAYOUT's order, the version checked
+-- and left out, then where the response starts in raw:
+--   state, recovered, retryable, attempt, created, updated, lease, expires,
+--   retention, token, call, owner, fingerprint, key, err, response_at
+-- Scripts keep them in locals: a table per call would cost more than the
+-- rest of the script's Lua.
+local function fields(version, ...)
   if version ~= 1 then error('idemsvc: unknown record version ' .. version) end
-  return r
+  return ...
+end
+local function decode(raw) return fields(struct.unpack(LAYOUT, raw)) end
+
+-- pack encodes the fields, in decode's order, into a record head: all but
+-- the response.
+local function pack(state, recovered, retryable, attempt, created, updated,
+    lease, expires, retention, token, call, owner, fingerprint, key, err)
+  return struct.pack(LAYOUT, 1, state, recovered, retryable, attempt,
+    created, updated, lease, expires, retention, token, call,
+    #owner, owner, #fingerprint, fingerprint, #key, key, #err, err)
 end
 
--- head encodes every field but the response.
-local function head(r)
-  return struct.pack(LAYOUT, 1, r.state, r.recovered, r.retryable, r.attempt,
-    r.created, r.updated, r.lease, r.expires, r.retention, r.token, r.call,
-    #r.owner, r.owner, #r.fingerprint, r.fingerprint, #r.key, r.key,
-    #r.error, r.error)
+-- store writes head .. response, to expire at expires_ms (Redis expiry is
+-- the retention). The expiry goes as an integer string: a bare Lua number
+-- would be formatted as a float first.
+local function store(head, response, expires_ms)
+  redis.call('SET', KEYS[1], head .. response, 'PXAT', string.format('%d', expires_ms))
 end
-
--- save stores head .. response until r.expires (Redis expiry is the retention).
-local function save(r, response)
-  local h = head(r)
-  redis.call('SET', KEYS[1], h .. response, 'PXAT', r.expires)
-  return h
-end
-
