@@ -37,8 +37,8 @@ func (e *FieldError) Error() string {
 // UnmarshalJSON decodes a begin request strictly.
 func (r *BeginRequest) UnmarshalJSON(b []byte) error {
 	*r = BeginRequest{}
-	return decodeObject(b, func(name string) any {
-		switch name {
+	return decodeObject(b, func(name []byte) any {
+		switch string(name) {
 		case "key":
 			return &r.Key
 		case "fingerprint":
@@ -61,8 +61,8 @@ func (r *BeginRequest) UnmarshalJSON(b []byte) error {
 // UnmarshalJSON decodes a complete request strictly.
 func (r *CompleteRequest) UnmarshalJSON(b []byte) error {
 	*r = CompleteRequest{}
-	return decodeObject(b, func(name string) any {
-		switch name {
+	return decodeObject(b, func(name []byte) any {
+		switch string(name) {
 		case "key":
 			return &r.Key
 		case "lease_token":
@@ -81,8 +81,8 @@ func (r *CompleteRequest) UnmarshalJSON(b []byte) error {
 // UnmarshalJSON decodes a fail request strictly.
 func (r *FailRequest) UnmarshalJSON(b []byte) error {
 	*r = FailRequest{}
-	return decodeObject(b, func(name string) any {
-		switch name {
+	return decodeObject(b, func(name []byte) any {
+		switch string(name) {
 		case "key":
 			return &r.Key
 		case "lease_token":
@@ -103,8 +103,8 @@ func (r *FailRequest) UnmarshalJSON(b []byte) error {
 // UnmarshalJSON decodes an extend request strictly.
 func (r *ExtendRequest) UnmarshalJSON(b []byte) error {
 	*r = ExtendRequest{}
-	return decodeObject(b, func(name string) any {
-		switch name {
+	return decodeObject(b, func(name []byte) any {
+		switch string(name) {
 		case "key":
 			return &r.Key
 		case "lease_token":
@@ -121,8 +121,8 @@ func (r *ExtendRequest) UnmarshalJSON(b []byte) error {
 // UnmarshalJSON decodes a response to store strictly.
 func (r *StoredResponse) UnmarshalJSON(b []byte) error {
 	*r = StoredResponse{}
-	return decodeObject(b, func(name string) any {
-		switch name {
+	return decodeObject(b, func(name []byte) any {
+		switch string(name) {
 		case "status_code":
 			return &r.StatusCode
 		case "headers":
@@ -148,12 +148,12 @@ var (
 // destinations field returns for their names (nil for an unknown name). It
 // finds the members in one pass over b and hands each value to
 // encoding/json, which checks it.
-func decodeObject(b []byte, field func(name string) any) error {
+func decodeObject(b []byte, field func(name []byte) any) error {
 	i := skipSpace(b, 0)
 	if i == len(b) || b[i] != '{' {
 		return errNotObject
 	}
-	var seen [maxFields]string
+	var seen [maxFields]any // the destinations filled so far
 	n := 0
 	i = skipSpace(b, i+1)
 	if i < len(b) && b[i] == '}' {
@@ -164,11 +164,13 @@ func decodeObject(b []byte, field func(name string) any) error {
 		if !ok {
 			return errSyntax
 		}
-		var name string
-		if raw := b[i+1 : nameEnd-1]; bytes.IndexByte(raw, '\\') < 0 {
-			name = string(raw)
-		} else if err := json.Unmarshal(b[i:nameEnd], &name); err != nil {
-			return errSyntax
+		name := b[i+1 : nameEnd-1]
+		if bytes.IndexByte(name, '\\') >= 0 {
+			var unquoted string
+			if err := json.Unmarshal(b[i:nameEnd], &unquoted); err != nil {
+				return errSyntax
+			}
+			name = []byte(unquoted)
 		}
 		i = skipSpace(b, nameEnd)
 		if i == len(b) || b[i] != ':' {
@@ -181,17 +183,19 @@ func decodeObject(b []byte, field func(name string) any) error {
 		}
 		dst := field(name)
 		if dst == nil {
-			return &FieldError{Field: name, Reason: "is not a known field"}
+			return &FieldError{Field: string(name), Reason: "is not a known field"}
 		}
 		for _, s := range seen[:n] {
-			if s == name {
-				return &FieldError{Field: name, Reason: "appears more than once"}
+			if s == dst {
+				return &FieldError{Field: string(name), Reason: "appears more than once"}
 			}
 		}
-		seen[n] = name // n < maxFields: every name is known and distinct
+		seen[n] = dst // n < maxFields: every name is known and distinct
 		n++
-		if err := json.Unmarshal(b[i:valueEnd], dst); err != nil {
-			return fieldError(name, err)
+		if !decodePlain(b[i:valueEnd], dst) {
+			if err := json.Unmarshal(b[i:valueEnd], dst); err != nil {
+				return fieldError(string(name), err)
+			}
 		}
 		i = skipSpace(b, valueEnd)
 		switch {
@@ -203,6 +207,134 @@ func decodeObject(b []byte, field func(name string) any) error {
 			return errSyntax
 		}
 	}
+}
+
+// decodePlain decodes the commonest values without reflection, as
+// encoding/json would: a string of printable ASCII without escapes into a
+// string or a pointer to one, an object of such strings into a map, and an
+// integer of up to 18 digits, written plainly, into an *int or *int64. It
+// reports false for anything else, which encoding/json then decodes.
+func decodePlain(v []byte, dst any) bool {
+	switch d := dst.(type) {
+	case *string:
+		s, ok := plainString(v)
+		if ok {
+			*d = s
+		}
+		return ok
+	case **string:
+		s, ok := plainString(v)
+		if ok {
+			*d = &s
+		}
+		return ok
+	case **BodyEncoding:
+		s, ok := plainString(v)
+		if ok {
+			e := BodyEncoding(s)
+			*d = &e
+		}
+		return ok
+	case *map[string]string:
+		m, ok := plainStringMap(v)
+		if ok {
+			*d = m
+		}
+		return ok
+	case **int64:
+		n, ok := plainInt(v)
+		if ok {
+			*d = &n
+		}
+		return ok
+	case **int:
+		n, ok := plainInt(v)
+		if i := int(n); ok && int64(i) == n {
+			*d = &i
+			return true
+		}
+		return false
+	}
+	return false
+}
+
+// plainString returns the content of a JSON string made only of printable
+// ASCII other than the backslash.
+func plainString(v []byte) (string, bool) {
+	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
+		return "", false
+	}
+	inner := v[1 : len(v)-1]
+	for _, c := range inner {
+		if c < 0x20 || c > 0x7e || c == '\\' || c == '"' {
+			return "", false
+		}
+	}
+	return string(inner), true
+}
+
+// plainStringMap decodes a JSON object whose names and values are all
+// plain strings (see plainString); a repeated name keeps its last value.
+func plainStringMap(v []byte) (map[string]string, bool) {
+	if len(v) == 0 || v[0] != '{' {
+		return nil, false
+	}
+	m := make(map[string]string)
+	i := skipSpace(v, 1)
+	if i < len(v) && v[i] == '}' {
+		return m, i+1 == len(v)
+	}
+	for {
+		nameEnd, ok := skipString(v, i)
+		if !ok {
+			return nil, false
+		}
+		name, ok := plainString(v[i:nameEnd])
+		if i = skipSpace(v, nameEnd); !ok || i == len(v) || v[i] != ':' {
+			return nil, false
+		}
+		i = skipSpace(v, i+1)
+		valueEnd, ok := skipString(v, i)
+		if !ok {
+			return nil, false
+		}
+		value, ok := plainString(v[i:valueEnd])
+		if !ok {
+			return nil, false
+		}
+		m[name] = value
+		switch i = skipSpace(v, valueEnd); {
+		case i < len(v) && v[i] == ',':
+			i = skipSpace(v, i+1)
+		case i+1 == len(v) && v[i] == '}':
+			return m, true
+		default:
+			return nil, false
+		}
+	}
+}
+
+// plainInt parses a JSON integer of 1 to 18 digits, with an optional minus
+// and no leading zero.
+func plainInt(v []byte) (int64, bool) {
+	digits := v
+	if len(digits) > 0 && digits[0] == '-' {
+		digits = digits[1:]
+	}
+	if len(digits) == 0 || len(digits) > 18 || (digits[0] == '0' && len(digits) > 1) {
+		return 0, false
+	}
+	var n int64
+	for _, c := range digits {
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int64(c-'0')
+	}
+	if len(digits) < len(v) {
+		n = -n
+	}
+	return n, true
 }
 
 // end checks that nothing but space follows the object.

@@ -146,3 +146,39 @@ func jsonFields(t reflect.Type) map[string]bool {
 	}
 	return names
 }
+
+// decodePlain, where it decodes a value, decodes it as encoding/json does.
+func FuzzDecodePlain(f *testing.F) {
+	for _, seed := range []string{
+		`"order-1"`, `"a\"b"`, `"\u00e9"`, `"é"`, `"tab	"`, `""`, `"`, `x"`,
+		`0`, `-0`, `01`, `-`, `7`, `-42`, `30000`, `999999999999999999`, `9999999999999999999`,
+		`1e3`, `1.0`, `null`, `true`, ` 1`,
+		`{}`, `{ }`, `{"a":"b"}`, `{ "a" : "b" , "c":"d" }`, `{"a":"b","a":"c"}`, `{"a":"b",}`,
+		`{"a":1}`, `{"a":"\n"}`, `{"a":"b"}x`, `{"a"}`, `{"a":"b"`,
+	} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		checkPlain[string](t, data)
+		checkPlain[*string](t, data)
+		checkPlain[*int64](t, data)
+		checkPlain[*int](t, data)
+		checkPlain[*BodyEncoding](t, data)
+		checkPlain[map[string]string](t, data)
+	})
+}
+
+func checkPlain[T any](t *testing.T, data []byte) {
+	var fast, slow T
+	if !decodePlain(data, &fast) {
+		return
+	}
+	if err := json.Unmarshal(data, &slow); err != nil {
+		t.Fatalf("%T: %q: decodePlain took what encoding/json refuses: %v", fast, data, err)
+	}
+	if !reflect.DeepEqual(fast, slow) {
+		got, _ := json.Marshal(fast)
+		want, _ := json.Marshal(slow)
+		t.Fatalf("%T: %q: decodePlain gave %s, encoding/json %s", fast, data, got, want)
+	}
+}
