@@ -214,6 +214,9 @@ func decodeObject(b []byte, field func(name []byte) any) error {
 // string or a pointer to one, an object of such strings into a map, and an
 // integer of up to 18 digits, written plainly, into an *int or *int64. It
 // reports false for anything else, which encoding/json then decodes.
+// Unlike encoding/json it never merges into what dst holds: it sets a new
+// map or pointer, which is the same only because decodeObject hands it
+// zeroed destinations, each at most once.
 func decodePlain(v []byte, dst any) bool {
 	switch d := dst.(type) {
 	case *string:
