@@ -146,8 +146,8 @@ var (
 
 // decodeObject decodes the JSON object in b, member by member, into the
 // destinations field returns for their names (nil for an unknown name). It
-// finds the members in one pass over b and hands each value to
-// encoding/json, which checks it.
+// finds the members in one pass over b and hands each value to decodePlain
+// or, for anything beyond its plain cases, to encoding/json, which checks it.
 func decodeObject(b []byte, field func(name []byte) any) error {
 	i := skipSpace(b, 0)
 	if i == len(b) || b[i] != '{' {
@@ -212,7 +212,7 @@ func decodeObject(b []byte, field func(name []byte) any) error {
 // decodePlain decodes the commonest values without reflection, as
 // encoding/json would: a string of printable ASCII without escapes into a
 // string or a pointer to one, an object of such strings into a map, and an
-// integer of up to 18 digits, written plainly, into an *int or *int64. It
+// integer of up to 18 digits, written plainly, into an *int or *int64 field. It
 // reports false for anything else, which encoding/json then decodes.
 // Unlike encoding/json it never merges into what dst holds: it sets a new
 // map or pointer, which is the same only because decodeObject hands it
