@@ -43,7 +43,7 @@ func toResponse(r *api.StoredResponse) (statemachine.Response, error) {
 	switch encoding {
 	case api.BodyEncodingText:
 		if r.Body != nil {
-			out.Body = []byte(*r.Body)
+			out.Body = *r.Body
 		}
 	case api.BodyEncodingBase64:
 		out.Base64 = true
@@ -52,7 +52,7 @@ func toResponse(r *api.StoredResponse) (statemachine.Response, error) {
 			if err != nil {
 				return out, badField("response.body", "is not valid base64")
 			}
-			out.Body = b
+			out.Body = string(b)
 		}
 	default:
 		return out, badField("response.body_encoding", `must be "text" or "base64"`)
@@ -73,9 +73,9 @@ func fromResponse(r statemachine.Response) api.StoredResponse {
 		encoding := api.BodyEncodingText
 		if r.Base64 {
 			encoding = api.BodyEncodingBase64
-			body = base64.StdEncoding.EncodeToString(r.Body)
+			body = base64.StdEncoding.EncodeToString([]byte(r.Body))
 		} else {
-			body = string(r.Body)
+			body = r.Body
 		}
 		out.Body = &body
 		out.BodyEncoding = &encoding

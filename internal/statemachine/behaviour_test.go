@@ -1,8 +1,8 @@
 package statemachine_test
 
 import (
-	"bytes"
 	"errors"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -224,10 +224,11 @@ func TestInProgressOutlivesShortRetention(t *testing.T) {
 }
 
 func TestBinaryBodyReplaysByteForByte(t *testing.T) {
-	body := make([]byte, 64<<10)
-	for i := range body {
-		body[i] = byte(i * 7)
+	var b strings.Builder
+	for i := range 64 << 10 {
+		b.WriteByte(byte(i * 7))
 	}
+	body := b.String()
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) sm.Store) {
 		s := newSubject(t, open(t))
 		s.mustBegin(sm.BeginRequest{})
@@ -237,10 +238,10 @@ func TestBinaryBodyReplaysByteForByte(t *testing.T) {
 			t.Fatal(err)
 		}
 		got := s.mustBegin(sm.BeginRequest{}).Record.Response
-		if !bytes.Equal(got.Body, body) || !got.Base64 || got.StatusCode != 200 || len(got.Headers) != 3 ||
+		if got.Body != body || !got.Base64 || got.StatusCode != 200 || len(got.Headers) != 3 ||
 			got.Headers["X-Bin"] != "\x00\xff" || got.Headers["Content-Type"] != "application/octet-stream" {
 			t.Errorf("replay differs: status %d, base64 %v, headers %q, body equal %v",
-				got.StatusCode, got.Base64, got.Headers, bytes.Equal(got.Body, body))
+				got.StatusCode, got.Base64, got.Headers, got.Body == body)
 		}
 	})
 }
@@ -287,15 +288,14 @@ func TestAwkwardKeys(t *testing.T) {
 			if err != nil || !res.Acquired {
 				t.Fatalf("begin %q: got %+v, %v", key, res, err)
 			}
-			body := []byte{byte(i)}
-			if _, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: res.Lease.Token, Response: sm.Response{Body: body}}); err != nil {
+			if _, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: res.Lease.Token, Response: sm.Response{Body: strconv.Itoa(i)}}); err != nil {
 				t.Fatalf("complete %q: %v", key, err)
 			}
 		}
 		for i, key := range keys {
 			rec, err := store.Status(ctx, tenant, key, true)
-			if err != nil || rec.Key != key || !bytes.Equal(rec.Response.Body, []byte{byte(i)}) {
-				t.Errorf("status %q: got key %q body %v, %v", key, rec.Key, rec.Response.Body, err)
+			if err != nil || rec.Key != key || rec.Response.Body != strconv.Itoa(i) {
+				t.Errorf("status %q: got key %q body %q, %v", key, rec.Key, rec.Response.Body, err)
 			}
 		}
 	})
@@ -317,7 +317,7 @@ func TestTenantsAreSeparate(t *testing.T) {
 		if _, err := store.Complete(ctx, b, sm.CompleteRequest{Key: key, Token: la.Lease.Token}); !errors.Is(err, sm.ErrLeaseLost) {
 			t.Errorf("tenant b with tenant a's token: got %v, want lease lost", err)
 		}
-		if _, err := store.Complete(ctx, a, sm.CompleteRequest{Key: key, Token: la.Lease.Token, Response: sm.Response{Body: []byte("a")}}); err != nil {
+		if _, err := store.Complete(ctx, a, sm.CompleteRequest{Key: key, Token: la.Lease.Token, Response: sm.Response{Body: "a"}}); err != nil {
 			t.Fatal(err)
 		}
 		if err := store.Delete(ctx, b, key); err != nil {
@@ -368,7 +368,7 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 			}, "response.status_code", sm.ErrInvalid},
 			{"response too large", func() error {
 				_, err := s.store.Complete(ctx, s.tenant, sm.CompleteRequest{Key: s.key, Token: tok,
-					Response: sm.Response{Body: make([]byte, 1<<20-10), Headers: map[string]string{"X-Pad": long(11)}}})
+					Response: sm.Response{Body: strings.Repeat("x", 1<<20-10), Headers: map[string]string{"X-Pad": long(11)}}})
 				return err
 			}, "", sm.ErrTooLarge},
 			{"error message too long", func() error {
@@ -395,7 +395,7 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 			t.Errorf("record changed: before %+v, after %+v", before, after)
 		}
 		// The response limit is inclusive, and the error message is not part of it.
-		exact := sm.Response{Body: make([]byte, 1<<20-5), Headers: map[string]string{"X-Pad": ""}}
+		exact := sm.Response{Body: strings.Repeat("x", 1<<20-5), Headers: map[string]string{"X-Pad": ""}}
 		if _, err := s.store.Fail(ctx, s.tenant, sm.FailRequest{Key: s.key, Token: tok, Error: long(1024), Response: exact}); err != nil {
 			t.Errorf("a response of exactly 1 MiB: %v", err)
 		}

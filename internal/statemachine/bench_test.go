@@ -85,7 +85,7 @@ func BenchmarkBeginCompletedKey(b *testing.B) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	resp := sm.Response{StatusCode: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: make([]byte, 1024)}
+	resp := sm.Response{StatusCode: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: strings.Repeat("x", 1024)}
 	if _, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: res.Lease.Token, Response: resp}); err != nil {
 		b.Fatal(err)
 	}
@@ -117,7 +117,7 @@ func BenchmarkComplete(b *testing.B) {
 		})
 	}
 	wg.Wait()
-	resp := sm.Response{StatusCode: 201, Body: []byte(`{"id":"ch_1","amount":1200}`)}
+	resp := sm.Response{StatusCode: 201, Body: `{"id":"ch_1","amount":1200}`}
 	runParallel(b, client, func(i int64) error {
 		_, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: "order-" + strconv.FormatInt(i, 10), Token: tokens[i], Response: resp})
 		return err

@@ -1,11 +1,11 @@
 package statemachine
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -108,22 +108,30 @@ func encodeResponse(r *Response) string {
 	for name, value := range r.Headers {
 		size += 8 + len(name) + len(value)
 	}
-	b := make([]byte, 0, size)
+	var b strings.Builder
+	b.Grow(size)
 	var flags byte
 	if r.Base64 {
 		flags = 1
 	}
-	b = append(b, flags)
-	b = binary.BigEndian.AppendUint16(b, uint16(r.StatusCode))
-	b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers)))
+	b.WriteByte(flags)
+	writeBigEndian(&b, uint64(r.StatusCode), 2)
+	writeBigEndian(&b, uint64(len(r.Headers)), 4)
 	for _, name := range slices.Sorted(maps.Keys(r.Headers)) {
-		b = binary.BigEndian.AppendUint32(b, uint32(len(name)))
-		b = append(b, name...)
-		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers[name])))
-		b = append(b, r.Headers[name]...)
+		writeBigEndian(&b, uint64(len(name)), 4)
+		b.WriteString(name)
+		writeBigEndian(&b, uint64(len(r.Headers[name])), 4)
+		b.WriteString(r.Headers[name])
 	}
-	b = append(b, r.Body...)
-	return string(b)
+	b.WriteString(r.Body)
+	return b.String()
+}
+
+// writeBigEndian writes the n low bytes of v, most significant first.
+func writeBigEndian(b *strings.Builder, v uint64, n int) {
+	for i := n - 1; i >= 0; i-- {
+		b.WriteByte(byte(v >> (8 * i)))
+	}
 }
 
 func decodeResponse(s string) (Response, error) {
@@ -153,7 +161,7 @@ func decodeResponse(s string) (Response, error) {
 		r.Headers[name] = value
 		rest = after
 	}
-	r.Body = []byte(rest)
+	r.Body = rest
 	return r, nil
 }
 

@@ -95,14 +95,14 @@ func (s *subject) mustBegin(req sm.BeginRequest) sm.BeginResult {
 func (s *subject) complete(body string) (sm.Record, error) {
 	return s.store.Complete(ctx, s.tenant, sm.CompleteRequest{
 		Key: s.key, Token: s.lease.Token,
-		Response: sm.Response{StatusCode: 201, Headers: map[string]string{"Content-Type": "text/plain"}, Body: []byte(body)},
+		Response: sm.Response{StatusCode: 201, Headers: map[string]string{"Content-Type": "text/plain"}, Body: body},
 	})
 }
 
 func (s *subject) fail(retryable bool) (sm.Record, error) {
 	return s.store.Fail(ctx, s.tenant, sm.FailRequest{
 		Key: s.key, Token: s.lease.Token, Retryable: retryable, Error: "card declined",
-		Response: sm.Response{StatusCode: 402, Body: []byte(`{"error":"declined"}`)},
+		Response: sm.Response{StatusCode: 402, Body: `{"error":"declined"}`},
 	})
 }
 

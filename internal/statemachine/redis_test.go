@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -313,10 +314,7 @@ func TestMemoryUsageOfACompletedRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	body := make([]byte, 200)
-	for i := range body {
-		body[i] = 'a' + byte(i%26)
-	}
+	body := strings.Repeat("abcdefghijklmnopqrstuvwxyz", 8)[:200]
 	_, err = store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: res.Lease.Token, Response: sm.Response{
 		StatusCode: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: body,
 	}})
