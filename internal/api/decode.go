@@ -6,6 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
 )
 
 // FieldError reports a request body that does not fit the API: an unknown,
@@ -210,8 +213,8 @@ func decodeObject(b []byte, field func(name []byte) any) error {
 }
 
 // decodePlain decodes the commonest values without reflection, as
-// encoding/json would: a string of printable ASCII without escapes into a
-// string or a pointer to one, an object of such strings into a map, and an
+// encoding/json would: a string (see plainString) into a string or a
+// pointer to one, an object of such strings into a map, and an
 // integer of up to 18 digits, written plainly, into an *int or *int64 field. It
 // reports false for anything else, which encoding/json then decodes.
 // Unlike encoding/json it never merges into what dst holds: it sets a new
@@ -261,19 +264,92 @@ func decodePlain(v []byte, dst any) bool {
 	return false
 }
 
-// plainString returns the content of a JSON string made only of printable
-// ASCII other than the backslash.
+// plainString decodes a JSON string of valid UTF-8 whose escapes are the
+// short ones (\n, \", ...) or \u escapes outside the surrogate range. It
+// reports false for anything else (a surrogate pair, invalid UTF-8, which
+// encoding/json replaces, or not a string at all).
 func plainString(v []byte) (string, bool) {
 	if len(v) < 2 || v[0] != '"' || v[len(v)-1] != '"' {
 		return "", false
 	}
 	inner := v[1 : len(v)-1]
-	for _, c := range inner {
-		if c < 0x20 || c > 0x7e || c == '\\' || c == '"' {
+	i := 0
+	for i < len(inner) && inner[i] >= 0x20 && inner[i] < utf8.RuneSelf && inner[i] != '\\' && inner[i] != '"' {
+		i++
+	}
+	if i == len(inner) {
+		return string(inner), true
+	}
+	var s strings.Builder
+	s.Grow(len(inner))
+	s.Write(inner[:i])
+	for i < len(inner) {
+		switch c := inner[i]; {
+		case c == '\\' && i+1 < len(inner):
+			e, n := unescape(inner[i+1:])
+			if n == 0 {
+				return "", false
+			}
+			s.WriteRune(e)
+			i += 1 + n
+		case c < 0x20 || c == '"' || c == '\\':
 			return "", false
+		case c < utf8.RuneSelf:
+			s.WriteByte(c)
+			i++
+		default:
+			r, size := utf8.DecodeRune(inner[i:])
+			if r == utf8.RuneError && size == 1 {
+				return "", false
+			}
+			s.Write(inner[i : i+size])
+			i += size
 		}
 	}
-	return string(inner), true
+	return s.String(), true
+}
+
+// unescape decodes the escape at the start of b, which follows a
+// backslash: the character and the bytes it took, or 0 bytes when it is
+// not one plainString decodes.
+func unescape(b []byte) (rune, int) {
+	switch b[0] {
+	case '"', '\\', '/':
+		return rune(b[0]), 1
+	case 'b':
+		return '\b', 1
+	case 'f':
+		return '\f', 1
+	case 'n':
+		return '\n', 1
+	case 'r':
+		return '\r', 1
+	case 't':
+		return '\t', 1
+	case 'u':
+		if len(b) < 5 {
+			return 0, 0
+		}
+		var r rune
+		for _, c := range b[1:5] {
+			switch {
+			case '0' <= c && c <= '9':
+				c -= '0'
+			case 'a' <= c && c <= 'f':
+				c -= 'a' - 10
+			case 'A' <= c && c <= 'F':
+				c -= 'A' - 10
+			default:
+				return 0, 0
+			}
+			r = r<<4 | rune(c)
+		}
+		if utf16.IsSurrogate(r) {
+			return 0, 0
+		}
+		return r, 5
+	}
+	return 0, 0
 }
 
 // plainStringMap decodes a JSON object whose names and values are all

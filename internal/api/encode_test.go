@@ -1,6 +1,7 @@
 package api
 
 import (
+	"encoding/json"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -65,4 +66,56 @@ func TestFinishedResponseWritesLikeGenerated(t *testing.T) {
 			}
 		}
 	}
+}
+
+// The hand-written 200 to begin writes what the generated response writes,
+// for completed and failed replays and every shape of stored response.
+func TestBeginReplayResponseWritesLikeGenerated(t *testing.T) {
+	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
+	text, base64 := BodyEncodingText, BodyEncodingBase64
+	status, zero := 201, 0
+	body, empty, binary := `{"id":"ch_1","note":"<b>\u2028 & \\ \t"}`, "", "AAECAwT/"
+	reason := "card declined: \"insufficient funds\"\n"
+	responses := []StoredResponse{
+		{},
+		{StatusCode: &status},
+		{StatusCode: &zero, Headers: map[string]string{}},
+		{Body: &body, BodyEncoding: &text},
+		{Body: &empty, BodyEncoding: &text, Headers: map[string]string{"X-Empty": ""}},
+		{Body: &binary, BodyEncoding: &base64, StatusCode: &status,
+			Headers: map[string]string{"Content-Type": "application/json", "X-Trace": "a\x00b", "Location": "/charges/ch_1", "x-lower": "<>&"}},
+		{Headers: map[string]string{"\xff\u00e9": "\u2029"}},
+	}
+	for _, key := range encodeKeys {
+		for _, resp := range responses {
+			for _, r := range []BeginReplay{
+				{Attempt: 1, Key: key, Status: FinishedStateCompleted, CompletedAt: &at, Response: resp},
+				{Attempt: 4, Key: key, Status: FinishedStateFailed, FailedAt: &at, Error: &reason, Response: resp},
+				{Attempt: 2, Key: key, Status: FinishedStateFailed, FailedAt: &at, Error: &empty, Response: resp},
+			} {
+				got := visit(t, func(w *httptest.ResponseRecorder) error { return BeginReplayResponse(r).VisitBeginResponse(w) })
+				want := visit(t, func(w *httptest.ResponseRecorder) error { return Begin200JSONResponse(r).VisitBeginResponse(w) })
+				if got != want {
+					t.Errorf("key %q, %s:\n got %+v\nwant %+v", key, r.Status, got, want)
+				}
+			}
+		}
+	}
+}
+
+// appendString escapes every string as encoding/json does.
+func FuzzAppendString(f *testing.F) {
+	for _, s := range []string{"", "plain", `"\`, "\b\f\n\r\t\x00\x1f\x7f", "<a&b>", "\u00e9\u2028\u2029\U0001F600",
+		"\xff", "\xed\xa0\x80", "a\xc3", "\xe2\x80"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		want, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := appendString([]byte("x"), s); string(got) != "x"+string(want) {
+			t.Errorf("appendString(%q) = %s, want %s", s, got[1:], want)
+		}
+	})
 }

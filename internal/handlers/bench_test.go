@@ -94,6 +94,45 @@ func BenchmarkServeCycle(b *testing.B) {
 	})
 }
 
+// BenchmarkServeReplay is the handler's own cost of a begin on a completed
+// key, which replays a stored JSON response of 1 KiB: in process, on the
+// memory store, no network.
+func BenchmarkServeReplay(b *testing.B) {
+	store := statemachine.NewMemoryStore(statemachine.DefaultLimits())
+	svc := benchService(b, store)
+	key := fmt.Sprintf("replay-%d", benchRun.Add(1))
+	res, err := store.Begin(b.Context(), "bench", statemachine.BeginRequest{Key: key})
+	if err != nil {
+		b.Fatal(err)
+	}
+	stored := `{"id":"ch_1","note":"` + strings.Repeat("x", 1000) + `"}`
+	if _, err := store.Complete(b.Context(), "bench", statemachine.CompleteRequest{Key: key, Token: res.Lease.Token, Response: statemachine.Response{
+		StatusCode: 201, Headers: map[string]string{"Content-Type": "application/json"}, Body: stored,
+	}}); err != nil {
+		b.Fatal(err)
+	}
+	replay := func() *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/v1/begin", strings.NewReader(`{"key":"`+key+`"}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Authorization", "Bearer bench-key")
+		w := httptest.NewRecorder()
+		svc.ServeHTTP(w, req)
+		return w
+	}
+	first := replay()
+	if want, _ := json.Marshal(stored); first.Code != http.StatusOK || !bytes.Contains(first.Body.Bytes(), want) {
+		b.Fatalf("replay: %d %s", first.Code, first.Body)
+	}
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if w := replay(); w.Code != http.StatusOK || w.Body.Len() != first.Body.Len() {
+				b.Fatalf("replay: %d %s", w.Code, w.Body)
+			}
+		}
+	})
+}
+
 // BenchmarkHTTPBeginRedis is a begin on a new key over loopback HTTP to a
 // standalone Redis, 64 callers in parallel.
 func BenchmarkHTTPBeginRedis(b *testing.B) {

@@ -84,7 +84,7 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 		}
 	}
 	rec := &res.Record
-	out := api.Begin200JSONResponse{
+	out := api.BeginReplayResponse{
 		Key:      rec.Key,
 		Attempt:  rec.Attempt,
 		Response: fromResponse(rec.Response),
