@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	mrand "math/rand/v2"
-	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -26,6 +25,12 @@ const hotLease = time.Hour
 // deadline for all its requests rather than a timer for each.
 const requestGrace = 30 * time.Second
 
+// The service's endpoints that the load calls.
+const (
+	beginPath    = "/v1/begin"
+	completePath = "/v1/complete"
+)
+
 // warmUpTimeout bounds the warm-up.
 const warmUpTimeout = time.Minute
 
@@ -38,12 +43,9 @@ var storedBody = strings.Repeat("x", 1024)
 
 // bench is one run's shared, read-only setup, plus the acquisition tally.
 type bench struct {
-	cfg         config
-	client      *http.Client
-	header      http.Header // the same for every request, never changed
-	beginURL    string
-	completeURL string
-	prefix      string // of every key of this run
+	cfg    config
+	target *target
+	prefix string // of every key of this run
 
 	replayBodies [][]byte       // begin bodies of the replay keys
 	replayAcq    []atomic.Int32 // acquisitions of each replay key
@@ -59,26 +61,10 @@ type bench struct {
 func newBench(cfg config) *bench {
 	var id [6]byte
 	rand.Read(id[:])
-	base := strings.TrimSuffix(cfg.url.String(), "/")
 	b := &bench{
-		cfg: cfg,
-		client: &http.Client{
-			Transport: &http.Transport{
-				Proxy:               nil, // straight to the service, whatever HTTP_PROXY says
-				DialContext:         (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
-				MaxIdleConns:        cfg.concurrency,
-				MaxIdleConnsPerHost: cfg.concurrency,
-				IdleConnTimeout:     90 * time.Second,
-				DisableCompression:  true,
-			},
-		},
-		header:      http.Header{"Content-Type": {"application/json"}},
-		beginURL:    base + "/v1/begin",
-		completeURL: base + "/v1/complete",
-		prefix:      "idembench-" + hex.EncodeToString(id[:]) + "-",
-	}
-	if cfg.apiKey != "" {
-		b.header.Set("Authorization", "Bearer "+cfg.apiKey)
+		cfg:    cfg,
+		target: newTarget(cfg.url, cfg.apiKey, beginPath, completePath),
+		prefix: "idembench-" + hex.EncodeToString(id[:]) + "-",
 	}
 	b.hotKey = b.prefix + "hot"
 	b.hotBody = []byte(`{"key":"` + b.hotKey + `"}`)
@@ -93,7 +79,8 @@ func (b *bench) warmUp(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, warmUpTimeout)
 	defer cancel()
 	w := newWorker(b, -1)
-	status, reply, err := w.post(ctx, b.beginURL, []byte(`{"key":"`+b.prefix+`preflight"}`))
+	defer w.conn.close()
+	status, reply, err := w.post(ctx, beginPath, []byte(`{"key":"`+b.prefix+`preflight"}`))
 	if err != nil {
 		return fmt.Errorf("first begin: %w", err)
 	}
@@ -104,7 +91,7 @@ func (b *bench) warmUp(ctx context.Context) error {
 		return fmt.Errorf("first begin: want 201, got %d: %s", status, snippet(reply))
 	}
 	if b.cfg.mix.has(opHot) {
-		status, reply, err := w.post(ctx, b.beginURL, b.hotOwnerBody)
+		status, reply, err := w.post(ctx, beginPath, b.hotOwnerBody)
 		if err != nil {
 			return fmt.Errorf("warm-up: begin of the hot key: %w", err)
 		}
@@ -134,6 +121,7 @@ func (b *bench) completeReplayKeys(ctx context.Context) error {
 	for g := range errs {
 		wg.Go(func() {
 			w := newWorker(b, -1)
+			defer w.conn.close()
 			for i := int(next.Add(1) - 1); i < n && ctx.Err() == nil; i = int(next.Add(1) - 1) {
 				if err := w.completeReplayKey(ctx, i); err != nil {
 					errs[g] = err
@@ -155,7 +143,7 @@ func (w *worker) completeReplayKey(ctx context.Context, i int) error {
 	b := w.b
 	key := b.replayKey(i)
 	b.replayBodies[i] = []byte(`{"key":"` + key + `"}`)
-	status, reply, err := w.post(ctx, b.beginURL, b.replayBodies[i])
+	status, reply, err := w.post(ctx, beginPath, b.replayBodies[i])
 	if err == nil && status != http.StatusCreated {
 		err = fmt.Errorf("want 201, got %d: %s", status, snippet(reply))
 	}
@@ -167,7 +155,7 @@ func (w *worker) completeReplayKey(ctx context.Context, i int) error {
 		return fmt.Errorf("warm-up: begin of replay key %d: %w", i, err)
 	}
 	b.replayAcq[i].Store(1)
-	status, reply, err = w.post(ctx, b.completeURL, completeBody([]byte(key), token, storedBody))
+	status, reply, err = w.post(ctx, completePath, completeBody([]byte(key), token, storedBody))
 	if err == nil && status != http.StatusOK {
 		err = fmt.Errorf("want 200, got %d: %s", status, snippet(reply))
 	}
@@ -190,7 +178,10 @@ func (b *bench) load(ctx context.Context) *report {
 	for i := range workers {
 		w := newWorker(b, i)
 		workers[i] = w
-		wg.Go(func() { w.loop(ctx, deadline) })
+		wg.Go(func() {
+			defer w.conn.close()
+			w.loop(ctx, deadline)
+		})
 	}
 	wg.Wait()
 	return b.report(workers, time.Since(start))
@@ -234,6 +225,7 @@ type worker struct {
 	b     *bench
 	id    int
 	seq   int
+	conn  conn
 	reply bytes.Buffer
 	rows  [numRows]rowStats
 	errs  map[errKey]*errCount
@@ -241,7 +233,7 @@ type worker struct {
 }
 
 func newWorker(b *bench, id int) *worker {
-	return &worker{b: b, id: id, errs: make(map[errKey]*errCount)}
+	return &worker{b: b, id: id, conn: conn{target: b.target}, errs: make(map[errKey]*errCount)}
 }
 
 func (w *worker) loop(ctx context.Context, deadline time.Time) {
@@ -267,7 +259,7 @@ func (w *worker) loop(ctx context.Context, deadline time.Time) {
 
 func (w *worker) begin(ctx context.Context) {
 	body, _ := w.newKey('n')
-	if status, reply, ok := w.call(ctx, rowBegin, w.b.beginURL, body); ok && status != http.StatusCreated {
+	if status, reply, ok := w.call(ctx, rowBegin, beginPath, body); ok && status != http.StatusCreated {
 		w.unexpected(rowBegin, status, reply)
 	}
 }
@@ -275,7 +267,7 @@ func (w *worker) begin(ctx context.Context) {
 func (w *worker) cycle(ctx context.Context) {
 	start := time.Now()
 	body, key := w.newKey('c')
-	status, reply, ok := w.call(ctx, rowCycleBegin, w.b.beginURL, body)
+	status, reply, ok := w.call(ctx, rowCycleBegin, beginPath, body)
 	if !ok {
 		return
 	}
@@ -288,7 +280,7 @@ func (w *worker) cycle(ctx context.Context) {
 		w.fail(rowCycleBegin, status, err.Error())
 		return
 	}
-	status, reply, ok = w.call(ctx, rowComplete, w.b.completeURL, completeBody(key, token, `{\"order\":\"created\"}`))
+	status, reply, ok = w.call(ctx, rowComplete, completePath, completeBody(key, token, `{\"order\":\"created\"}`))
 	if !ok {
 		return
 	}
@@ -301,7 +293,7 @@ func (w *worker) cycle(ctx context.Context) {
 
 func (w *worker) replay(ctx context.Context) {
 	i := mrand.IntN(len(w.b.replayBodies))
-	status, reply, ok := w.call(ctx, rowReplay, w.b.beginURL, w.b.replayBodies[i])
+	status, reply, ok := w.call(ctx, rowReplay, beginPath, w.b.replayBodies[i])
 	switch {
 	case !ok:
 	case status == http.StatusOK:
@@ -325,7 +317,7 @@ func (w *worker) hot(ctx context.Context) {
 	if holder {
 		body = w.b.hotOwnerBody
 	}
-	status, reply, ok := w.call(ctx, rowHot, w.b.beginURL, body)
+	status, reply, ok := w.call(ctx, rowHot, beginPath, body)
 	switch {
 	case !ok:
 	case status == http.StatusCreated && holder:
@@ -389,31 +381,21 @@ func leaseToken(reply []byte) (string, error) {
 	return v.LeaseToken, nil
 }
 
-// post sends one request and reads the whole reply, which stays valid until
-// the next post of this worker.
-func (w *worker) post(ctx context.Context, url string, body []byte) (status int, reply []byte, err error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
+// post sends one request on the worker's connection and reads the whole
+// reply, which stays valid until the next post of this worker.
+func (w *worker) post(ctx context.Context, path string, body []byte) (status int, reply []byte, err error) {
+	status, err = w.conn.post(ctx, path, body, &w.reply)
 	if err != nil {
 		return 0, nil, err
 	}
-	req.Header = w.b.header
-	resp, err := w.b.client.Do(req)
-	if err != nil {
-		return 0, nil, err
-	}
-	defer resp.Body.Close()
-	w.reply.Reset()
-	if _, err := w.reply.ReadFrom(resp.Body); err != nil {
-		return 0, nil, fmt.Errorf("reading the reply of %s: %w", url, err)
-	}
-	return resp.StatusCode, w.reply.Bytes(), nil
+	return status, w.reply.Bytes(), nil
 }
 
 // call is post with its latency and status recorded in row r. ok is false
 // when no reply came; a failure is recorded unless the run was interrupted.
-func (w *worker) call(ctx context.Context, r row, url string, body []byte) (status int, reply []byte, ok bool) {
+func (w *worker) call(ctx context.Context, r row, path string, body []byte) (status int, reply []byte, ok bool) {
 	start := time.Now()
-	status, reply, err := w.post(ctx, url, body)
+	status, reply, err := w.post(ctx, path, body)
 	d := time.Since(start)
 	if err != nil {
 		if context.Cause(ctx) != context.Canceled { // not stopped by an interrupt

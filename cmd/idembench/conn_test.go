@@ -1,0 +1,146 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// echo answers a well-formed POST with 202 and "<path> <Authorization> <body>".
+func echo(w http.ResponseWriter, r *http.Request) {
+	body, _ := io.ReadAll(r.Body)
+	if r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/json" || r.ContentLength != int64(len(body)) {
+		http.Error(w, "bad request", http.StatusBadRequest)
+		return
+	}
+	w.WriteHeader(http.StatusAccepted)
+	io.WriteString(w, r.URL.Path+" "+r.Header.Get("Authorization")+" "+string(body))
+}
+
+// server serves h and counts the connections it accepted.
+func server(t *testing.T, h http.HandlerFunc, tlsToo bool) (*httptest.Server, *atomic.Int32) {
+	srv := httptest.NewUnstartedServer(h)
+	var conns atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	if tlsToo {
+		srv.StartTLS()
+	} else {
+		srv.Start()
+	}
+	t.Cleanup(srv.Close)
+	return srv, &conns
+}
+
+func newConn(t *testing.T, srv *httptest.Server, base string) *conn {
+	u, err := url.Parse(srv.URL + base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	target := newTarget(u, "k3y", beginPath, completePath)
+	if target.tlsConfig != nil {
+		target.tlsConfig.RootCAs = srv.Client().Transport.(*http.Transport).TLSClientConfig.RootCAs
+	}
+	c := &conn{target: target}
+	t.Cleanup(c.close)
+	return c
+}
+
+func mustPost(t *testing.T, c *conn, path, body string, wantStatus int, wantReply string) {
+	t.Helper()
+	var reply bytes.Buffer
+	status, err := c.post(t.Context(), path, []byte(body), &reply)
+	if err != nil || status != wantStatus || reply.String() != wantReply {
+		t.Fatalf("post %s: got %d %q, %v; want %d %q", path, status, reply.String(), err, wantStatus, wantReply)
+	}
+}
+
+// Requests go over one kept-alive connection, to paths under the URL's
+// own path, over TLS for https.
+func TestConnKeepsAlive(t *testing.T) {
+	for _, tlsToo := range []bool{false, true} {
+		srv, conns := server(t, echo, tlsToo)
+		c := newConn(t, srv, "/base/")
+		for i := range 3 {
+			body := strings.Repeat("b", i*5000) // 0, and more than one buffer
+			mustPost(t, c, beginPath, body, 202, "/base/v1/begin Bearer k3y "+body)
+			mustPost(t, c, completePath, `{}`, 202, "/base/v1/complete Bearer k3y {}")
+		}
+		if n := conns.Load(); n != 1 {
+			t.Errorf("tls %v: %d connections, want 1", tlsToo, n)
+		}
+	}
+}
+
+// Replies of every framing are read whole: chunked, and ended by closing
+// the connection, after which the next request dials again.
+func TestConnReadsEveryFraming(t *testing.T) {
+	srv, conns := server(t, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == completePath {
+			w.Header().Set("Transfer-Encoding", "identity") // to the close
+		}
+		io.WriteString(w, "chunk one,")
+		w.(http.Flusher).Flush() // no Content-Length
+		io.WriteString(w, "chunk two")
+	}, false)
+	c := newConn(t, srv, "")
+	for range 2 {
+		mustPost(t, c, beginPath, `{}`, 200, "chunk one,chunk two")
+		mustPost(t, c, completePath, `{}`, 200, "chunk one,chunk two")
+	}
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2 (one per reply ended by a close)", n)
+	}
+}
+
+// A connection the service drops fails its request, which is not sent
+// again; the next request works on a new connection.
+func TestConnFailsAndRedials(t *testing.T) {
+	var calls atomic.Int32
+	srv, conns := server(t, func(w http.ResponseWriter, r *http.Request) {
+		if calls.Add(1) == 2 {
+			panic(http.ErrAbortHandler) // drops the connection
+		}
+		echo(w, r)
+	}, false)
+	c := newConn(t, srv, "")
+	mustPost(t, c, beginPath, "1", 202, "/v1/begin Bearer k3y 1")
+	if status, err := c.post(t.Context(), beginPath, []byte("2"), new(bytes.Buffer)); err == nil {
+		t.Fatalf("post on a dropped connection: got %d, want an error", status)
+	}
+	mustPost(t, c, beginPath, "3", 202, "/v1/begin Bearer k3y 3")
+	if n, m := calls.Load(), conns.Load(); n != 3 || m != 2 {
+		t.Errorf("%d calls on %d connections, want 3 on 2", n, m)
+	}
+}
+
+// The end of the context interrupts a request that waits for its reply.
+func TestConnStopsWithContext(t *testing.T) {
+	release := make(chan struct{})
+	srv, _ := server(t, func(w http.ResponseWriter, r *http.Request) { <-release }, false)
+	defer close(release)
+	c := newConn(t, srv, "")
+	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := c.post(ctx, beginPath, []byte("{}"), new(bytes.Buffer))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Errorf("got %v, want %v", err, context.DeadlineExceeded)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Errorf("the request ended %v after its context", d)
+	}
+}
+
