@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"net"
 	"net/http"
@@ -73,6 +74,19 @@ func (c *conn) post(ctx context.Context, path string, body []byte, reply *bytes.
 	if err := ctx.Err(); err != nil {
 		return 0, context.Cause(ctx)
 	}
+	status, err := c.send(ctx, path, body, reply)
+	if err != nil {
+		c.close()
+		if ctx.Err() != nil {
+			return 0, context.Cause(ctx)
+		}
+		return 0, fmt.Errorf("POST %s: %w", path, err)
+	}
+	return status, nil
+}
+
+// send makes the connection ready for ctx and exchanges one request.
+func (c *conn) send(ctx context.Context, path string, body []byte, reply *bytes.Buffer) (int, error) {
 	if c.nc != nil && c.ctx != ctx {
 		// Stop watching the other context; if it already ended, it may have
 		// interrupted the connection: drop it.
@@ -91,18 +105,11 @@ func (c *conn) post(ctx context.Context, path string, body []byte, reply *bytes.
 		nc := c.nc
 		c.ctx, c.stop = ctx, context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
 	}
-	status, err := c.exchange(path, body, reply)
-	if err != nil {
-		c.close()
-		if ctx.Err() != nil {
-			return 0, context.Cause(ctx)
-		}
-		return 0, fmt.Errorf("POST %s: %w", path, err)
-	}
-	return status, nil
+	return c.exchange(path, body, reply)
 }
 
-// exchange writes one request and reads its reply.
+// exchange writes one request and reads its reply, past any interim (1xx)
+// replies.
 func (c *conn) exchange(path string, body []byte, reply *bytes.Buffer) (int, error) {
 	c.bw.Write(c.target.heads[path])
 	c.bw.Write(strconv.AppendInt(c.bw.AvailableBuffer(), int64(len(body)), 10))
@@ -112,6 +119,12 @@ func (c *conn) exchange(path string, body []byte, reply *bytes.Buffer) (int, err
 		return 0, err
 	}
 	resp, err := http.ReadResponse(c.br, nil)
+	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 {
+		if resp.StatusCode == http.StatusSwitchingProtocols {
+			return 0, errors.New("the service switched protocols")
+		}
+		resp, err = http.ReadResponse(c.br, nil)
+	}
 	if err != nil {
 		return 0, err
 	}

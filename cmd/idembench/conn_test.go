@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -15,7 +16,7 @@ import (
 	"time"
 )
 
-// echo answers a well-formed POST with 202 and "<path> <Authorization> <body>".
+// echo answers a well-formed POST with 202 and "<host><path> <Authorization> <body>".
 func echo(w http.ResponseWriter, r *http.Request) {
 	body, _ := io.ReadAll(r.Body)
 	if r.Method != http.MethodPost || r.Header.Get("Content-Type") != "application/json" || r.ContentLength != int64(len(body)) {
@@ -23,7 +24,7 @@ func echo(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.WriteHeader(http.StatusAccepted)
-	io.WriteString(w, r.URL.Path+" "+r.Header.Get("Authorization")+" "+string(body))
+	io.WriteString(w, r.Host+r.URL.Path+" "+r.Header.Get("Authorization")+" "+string(body))
 }
 
 // server serves h and counts the connections it accepted.
@@ -42,6 +43,11 @@ func server(t *testing.T, h http.HandlerFunc, tlsToo bool) (*httptest.Server, *a
 	}
 	t.Cleanup(srv.Close)
 	return srv, &conns
+}
+
+// host is the Host a request to srv carries.
+func host(srv *httptest.Server) string {
+	return strings.TrimPrefix(strings.TrimPrefix(srv.URL, "http://"), "https://")
 }
 
 func newConn(t *testing.T, srv *httptest.Server, base string) *conn {
@@ -75,8 +81,8 @@ func TestConnKeepsAlive(t *testing.T) {
 		c := newConn(t, srv, "/base/")
 		for i := range 3 {
 			body := strings.Repeat("b", i*5000) // 0, and more than one buffer
-			mustPost(t, c, beginPath, body, 202, "/base/v1/begin Bearer k3y "+body)
-			mustPost(t, c, completePath, `{}`, 202, "/base/v1/complete Bearer k3y {}")
+			mustPost(t, c, beginPath, body, 202, host(srv)+"/base/v1/begin Bearer k3y "+body)
+			mustPost(t, c, completePath, `{}`, 202, host(srv)+"/base/v1/complete Bearer k3y {}")
 		}
 		if n := conns.Load(); n != 1 {
 			t.Errorf("tls %v: %d connections, want 1", tlsToo, n)
@@ -116,11 +122,11 @@ func TestConnFailsAndRedials(t *testing.T) {
 		echo(w, r)
 	}, false)
 	c := newConn(t, srv, "")
-	mustPost(t, c, beginPath, "1", 202, "/v1/begin Bearer k3y 1")
+	mustPost(t, c, beginPath, "1", 202, host(srv)+"/v1/begin Bearer k3y 1")
 	if status, err := c.post(t.Context(), beginPath, []byte("2"), new(bytes.Buffer)); err == nil {
 		t.Fatalf("post on a dropped connection: got %d, want an error", status)
 	}
-	mustPost(t, c, beginPath, "3", 202, "/v1/begin Bearer k3y 3")
+	mustPost(t, c, beginPath, "3", 202, host(srv)+"/v1/begin Bearer k3y 3")
 	if n, m := calls.Load(), conns.Load(); n != 3 || m != 2 {
 		t.Errorf("%d calls on %d connections, want 3 on 2", n, m)
 	}
@@ -129,7 +135,12 @@ func TestConnFailsAndRedials(t *testing.T) {
 // The end of the context interrupts a request that waits for its reply.
 func TestConnStopsWithContext(t *testing.T) {
 	release := make(chan struct{})
-	srv, _ := server(t, func(w http.ResponseWriter, r *http.Request) { <-release }, false)
+	srv, _ := server(t, func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-release:
+		case <-time.After(10 * time.Second): // the test fails rather than hangs
+		}
+	}, false)
 	defer close(release)
 	c := newConn(t, srv, "")
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
@@ -144,3 +155,63 @@ func TestConnStopsWithContext(t *testing.T) {
 	}
 }
 
+// A connection used under one context, which then ends, serves the next
+// context on a new connection, and the end of the first does not disturb
+// requests under the second.
+func TestConnMovesToAnotherContext(t *testing.T) {
+	srv, conns := server(t, echo, false)
+	c := newConn(t, srv, "")
+	first, cancelFirst := context.WithCancel(t.Context())
+	second, cancelSecond := context.WithCancel(t.Context())
+	defer cancelSecond()
+	var reply bytes.Buffer
+	post := func(ctx context.Context, body string) {
+		t.Helper()
+		if status, err := c.post(ctx, beginPath, []byte(body), &reply); err != nil || status != 202 {
+			t.Fatalf("post %s: got %d, %v", body, status, err)
+		}
+	}
+	post(first, "a")
+	cancelFirst()
+	post(second, "b")
+	post(second, "c")
+	post(t.Context(), "d") // the second context, still running, lets go of the connection
+	cancelSecond()
+	post(t.Context(), "e")
+	if n := conns.Load(); n != 2 {
+		t.Errorf("%d connections, want 2: one dropped when its context ended", n)
+	}
+}
+
+// Interim replies (1xx) are skipped: each request gets its own final reply.
+func TestConnSkipsInterimReplies(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		nc, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer nc.Close()
+		rd := bufio.NewReader(nc)
+		for _, reply := range []string{
+			"HTTP/1.1 103 Early Hints\r\nLink: </a>\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 5\r\n\r\nfirst",
+			"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 6\r\n\r\nsecond",
+		} {
+			req, err := http.ReadRequest(rd)
+			if err != nil {
+				return
+			}
+			io.Copy(io.Discard, req.Body)
+			io.WriteString(nc, reply)
+		}
+	}()
+	u, _ := url.Parse("http://" + ln.Addr().String())
+	c := &conn{target: newTarget(u, "", beginPath)}
+	defer c.close()
+	mustPost(t, c, beginPath, "{}", 201, "first")
+	mustPost(t, c, beginPath, "{}", 200, "second")
+}

@@ -124,8 +124,11 @@ func parseFlags(args []string) (config, error) {
 		*apiKey = os.Getenv("IDEMSVC_API_KEY") // not a flag default, which -h would print
 	}
 	u, err := url.Parse(*rawURL)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-		return config{}, fmt.Errorf("--url %q: want http://host:port or https://host:port", *rawURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return config{}, fmt.Errorf("--url %q: want http://host:port or https://host:port, with a path or not", *rawURL)
+	}
+	if strings.ContainsFunc(*apiKey, func(r rune) bool { return r < 0x20 || r == 0x7f }) {
+		return config{}, errors.New("--api-key: the key has a control character, which no HTTP header can carry")
 	}
 	m, err := parseMix(*rawMix)
 	if err != nil {

@@ -101,6 +101,9 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"--mix", "begin=0"},
 		{"--concurrency", "0"},
 		{"--url", "127.0.0.1:8080"},
+		{"--url", "http://127.0.0.1:8080/?tenant=a"},
+		{"--url", "http://user:pass@127.0.0.1:8080"},
+		{"--api-key", "k3y\r\nX-Injected: 1"},
 		{"--mix", "hot", "--duration", "2h"},
 	} {
 		if err := run(context.Background(), args, new(bytes.Buffer)); err == nil {

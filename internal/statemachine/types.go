@@ -45,7 +45,7 @@ func ParseState(name string) (State, error) {
 type Response struct {
 	StatusCode int // 100–599, or 0 when not given
 	Headers    map[string]string
-	Body       string // any bytes; a string so that replays share it without copying
+	Body       string // any bytes; immutable, so the readers of a record share it
 	// Base64 records that the body was sent base64-encoded, so that replays
 	// encode it the same way.
 	Base64 bool
