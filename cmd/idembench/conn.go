@@ -58,7 +58,7 @@ func newTarget(u *url.URL, apiKey string, paths ...string) *target {
 	base := strings.TrimRight(u.EscapedPath(), "/")
 	for _, path := range paths {
 		head := "POST " + base + path + " HTTP/1.1\r\nHost: " + u.Host +
-			"\r\nUser-Agent: idembench\r\nContent-Type: application/json\r\n"
+			"\r\nContent-Type: application/json\r\n"
 		if apiKey != "" {
 			head += "Authorization: Bearer " + apiKey + "\r\n"
 		}

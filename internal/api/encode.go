@@ -10,11 +10,10 @@ import (
 
 // The most frequent answers are written by hand: an acquired lease (201 to
 // begin), a replayed outcome (200 to begin) and a finished attempt (200 to
-// complete and fail). The generated
-// responses encode by reflection into a buffer that encoding/json then
-// validates and compacts; these write the same bytes, status and
-// Content-Type in one pass, which encode_test.go checks against the
-// generated responses.
+// complete and fail). The generated responses encode by reflection into a
+// buffer that encoding/json then validates and compacts; these write the
+// same bytes, status and Content-Type in one pass, which encode_test.go
+// checks against the generated responses.
 
 // BeginAcquiredResponse is the 201 answer to a begin that acquired the key.
 type BeginAcquiredResponse BeginAcquired
