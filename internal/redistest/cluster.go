@@ -17,9 +17,12 @@ import (
 
 const (
 	// clusterMasters and replicasPerMaster give the shape of the clusters
-	// the harness creates.
+	// the harness creates, unless ClusterOptions say otherwise.
 	clusterMasters    = 3
 	replicasPerMaster = 1
+	// maxReplicasPerMaster bounds ClusterOptions.ReplicasPerMaster, so a
+	// test cannot start dozens of servers by mistake.
+	maxReplicasPerMaster = 3
 	// clusterTimeout bounds the creation of a cluster and WaitHealthy.
 	clusterTimeout = 30 * time.Second
 	// nodeTimeout bounds single commands to one node during setup and
@@ -29,7 +32,17 @@ const (
 	slotCount = 16384
 )
 
-// Cluster is a Redis Cluster of 3 masters with 1 replica each.
+// ClusterOptions shape a cluster dedicated to one test. The zero value
+// gives the default shape: 3 masters with 1 replica each.
+type ClusterOptions struct {
+	// ReplicasPerMaster is the number of replicas of each master (1 when
+	// 0, at most 3). Use 2 or more where a master's failover must leave
+	// the promoted replica a replica of its own, for WAIT 1 say.
+	ReplicasPerMaster int
+}
+
+// Cluster is a Redis Cluster of 3 masters with 1 replica each, or the
+// shape its ClusterOptions gave.
 type Cluster struct {
 	addrs  []string
 	nodes  []*Node
@@ -50,7 +63,18 @@ type Node struct {
 // external cluster instead.
 func NewCluster(tb testing.TB) *Cluster {
 	tb.Helper()
-	c, err := newCluster(context.Background())
+	return NewClusterWith(tb, ClusterOptions{})
+}
+
+// NewClusterWith is NewCluster with the shape opts gives. An external
+// cluster (IDEMSVC_TEST_REDIS_CLUSTER_ADDRS) is returned as it is; a test
+// that needs its shape checks ReplicasOf.
+func NewClusterWith(tb testing.TB, opts ClusterOptions) *Cluster {
+	tb.Helper()
+	if opts.ReplicasPerMaster < 0 || opts.ReplicasPerMaster > maxReplicasPerMaster {
+		tb.Fatalf("redistest: ClusterOptions.ReplicasPerMaster = %d, want 0 to %d", opts.ReplicasPerMaster, maxReplicasPerMaster)
+	}
+	c, err := newCluster(context.Background(), opts)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -71,7 +95,7 @@ func SharedCluster(tb testing.TB) *Cluster {
 	shared.clusterMu.Lock()
 	defer shared.clusterMu.Unlock()
 	if shared.cluster == nil && shared.clusterErr == nil {
-		c, err := newCluster(context.Background())
+		c, err := newCluster(context.Background(), ClusterOptions{})
 		if err != nil {
 			shared.clusterErr = fmt.Errorf("shared cluster: %w", err)
 		} else {
@@ -97,7 +121,8 @@ func (c *Cluster) Client(tb testing.TB) *redis.ClusterClient {
 }
 
 // Nodes returns the cluster's nodes: for a cluster the harness created,
-// the three masters first, then their replicas in the same order.
+// the three masters first, then their replicas in the same order (the
+// first replica of each master, then the second...).
 func (c *Cluster) Nodes() []*Node { return slices.Clone(c.nodes) }
 
 // MasterOf returns the node that currently serves key's hash slot as
@@ -211,6 +236,46 @@ func (n *Node) Pause(tb testing.TB) (resume func()) {
 	return n.p.pause(tb)
 }
 
+// Kill ends the node's process at once (SIGKILL), as a crash would. A
+// master killed is failed over to one of its replicas after the cluster
+// node timeout (1 s).
+func (n *Node) Kill(tb testing.TB) {
+	tb.Helper()
+	n.control(tb, "Kill")
+	if !n.p.isRunning() {
+		tb.Fatalf("redistest: Kill: node %s is not running", n.addr)
+	}
+	if err := n.p.kill(context.Background()); err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+}
+
+// Start starts a killed node again on its port, with its cluster
+// configuration but no data: a master that was failed over meanwhile
+// comes back as a replica of the node that took its slots and syncs from
+// it. Use WaitHealthy before relying on it.
+func (n *Node) Start(tb testing.TB) {
+	tb.Helper()
+	n.control(tb, "Start")
+	if n.p.isRunning() {
+		tb.Fatalf("redistest: Start: node %s is already running", n.addr)
+	}
+	if err := n.p.restart(context.Background()); err != nil {
+		tb.Fatalf("redistest: start node: %v", err)
+	}
+}
+
+// control fails or skips tb unless the node's process may be controlled.
+func (n *Node) control(tb testing.TB, op string) {
+	tb.Helper()
+	if n.c.shared {
+		tb.Fatalf("redistest: %s on a node of the shared cluster would disturb other tests; use NewCluster", op)
+	}
+	if n.p == nil {
+		tb.Skipf("redistest: %s %s", op, skipExternal)
+	}
+}
+
 func (c *Cluster) node(id string) *Node {
 	for _, n := range c.nodes {
 		if n.id == id {
@@ -257,7 +322,7 @@ func (c *Cluster) query(f func(ctx context.Context, rdb *redis.Client) error) er
 
 func (c *Cluster) close(ctx context.Context) error { return c.closeStarted(ctx) }
 
-func newCluster(ctx context.Context) (*Cluster, error) {
+func newCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
 	if seeds := splitAddrs(os.Getenv(EnvClusterAddrs)); len(seeds) > 0 {
 		c, err := discoverCluster(ctx, seeds)
 		if err != nil {
@@ -269,7 +334,11 @@ func newCluster(ctx context.Context) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c, err := createCluster(ctx, b)
+	replicas := opts.ReplicasPerMaster
+	if replicas == 0 {
+		replicas = replicasPerMaster
+	}
+	c, err := createCluster(ctx, b, replicas)
 	if err != nil {
 		return nil, fmt.Errorf("redistest: create cluster: %w", err)
 	}
@@ -278,8 +347,8 @@ func newCluster(ctx context.Context) (*Cluster, error) {
 
 // createCluster starts the nodes, joins them and waits until the cluster
 // is healthy.
-func createCluster(ctx context.Context, b backend) (*Cluster, error) {
-	const size = clusterMasters * (1 + replicasPerMaster)
+func createCluster(ctx context.Context, b backend, replicas int) (*Cluster, error) {
+	size := clusterMasters * (1 + replicas)
 	c := &Cluster{nodes: make([]*Node, size)}
 	var (
 		wg   sync.WaitGroup

@@ -56,7 +56,17 @@ var sentinelPeriods = []any{
 	"info-period", 1000,
 }
 
-// Sentinel is a Redis managed by Sentinel: a master, one replica, and
+// SentinelOptions shape a Sentinel setup. The zero value gives the
+// default shape: a master and one replica.
+type SentinelOptions struct {
+	// Replicas is the number of replicas of the master (1 when 0, at most
+	// 3). Use 2 or more where a failover must leave the promoted replica a
+	// replica of its own, for WAIT 1 say.
+	Replicas int
+}
+
+// Sentinel is a Redis managed by Sentinel: a master, one replica (or as
+// many as its SentinelOptions say), and
 // three Sentinels that monitor them with a quorum of two, all local
 // processes. Its servers are Servers: Stop, Kill and Pause act on them as
 // on standalone ones, and Start and Restart bring a server that is not the
@@ -75,7 +85,19 @@ type Sentinel struct {
 // environment names external servers or when only Docker is available.
 func NewSentinel(tb testing.TB) *Sentinel {
 	tb.Helper()
-	st, err := newSentinel(context.Background())
+	return NewSentinelWith(tb, SentinelOptions{})
+}
+
+// NewSentinelWith is NewSentinel with the shape opts gives.
+func NewSentinelWith(tb testing.TB, opts SentinelOptions) *Sentinel {
+	tb.Helper()
+	if opts.Replicas < 0 || opts.Replicas > maxReplicasPerMaster {
+		tb.Fatalf("redistest: SentinelOptions.Replicas = %d, want 0 to %d", opts.Replicas, maxReplicasPerMaster)
+	}
+	if opts.Replicas == 0 {
+		opts.Replicas = 1
+	}
+	st, err := newSentinel(context.Background(), opts.Replicas)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -142,6 +164,20 @@ func (st *Sentinel) Replica(tb testing.TB) *Server {
 	return nil
 }
 
+// Replicas returns the servers that are not the master the Sentinels
+// currently report.
+func (st *Sentinel) Replicas(tb testing.TB) []*Server {
+	tb.Helper()
+	master := st.Master(tb)
+	var replicas []*Server
+	for _, s := range st.servers {
+		if s != master {
+			replicas = append(replicas, s)
+		}
+	}
+	return replicas
+}
+
 // WaitFailover waits until every Sentinel reports the same new master,
 // other than the one the harness saw last (at the start, or at the last
 // WaitFailover or WaitHealthy), and that server acts as a master. It
@@ -186,7 +222,7 @@ func (st *Sentinel) WaitHealthy(tb testing.TB) {
 	}
 }
 
-func newSentinel(ctx context.Context) (*Sentinel, error) {
+func newSentinel(ctx context.Context, replicas int) (*Sentinel, error) {
 	for _, env := range []string{EnvAddr, EnvClusterAddrs} {
 		if v := os.Getenv(env); v != "" {
 			return nil, fmt.Errorf("redistest: NewSentinel starts its own redis-server processes, "+
@@ -202,25 +238,27 @@ func newSentinel(ctx context.Context) (*Sentinel, error) {
 		return nil, errors.New("redistest: NewSentinel needs the redis-server binary on PATH " +
 			"(install it, e.g. `apt-get install redis-server`): Sentinel setups are not run in containers")
 	}
-	st, err := createSentinel(ctx, pb)
+	st, err := createSentinel(ctx, pb, replicas)
 	if err != nil {
 		return nil, fmt.Errorf("redistest: create Sentinel setup: %w", err)
 	}
 	return st, nil
 }
 
-// createSentinel starts the master and the replica, waits until the
-// replica is in sync, then starts the Sentinels (so that their first look
+// createSentinel starts the master and the replicas, waits until the
+// replicas are in sync, then starts the Sentinels (so that their first look
 // at the master shows the replica) and waits until the setup is healthy.
-func createSentinel(ctx context.Context, b processBackend) (*Sentinel, error) {
+func createSentinel(ctx context.Context, b processBackend, replicas int) (*Sentinel, error) {
 	st := &Sentinel{name: sentinelMasterName}
 	master, err := st.spawnServer(ctx, b, "")
 	if err != nil {
 		return nil, err
 	}
 	st.master = master.addr
-	if _, err := st.spawnServer(ctx, b, master.addr); err != nil {
-		return nil, errors.Join(err, st.close(ctx))
+	for range replicas {
+		if _, err := st.spawnServer(ctx, b, master.addr); err != nil {
+			return nil, errors.Join(err, st.close(ctx))
+		}
 	}
 	wctx, cancel := context.WithTimeout(ctx, sentinelTimeout)
 	defer cancel()

@@ -25,6 +25,11 @@ type RedisOptions struct {
 	WaitReplicas int
 	// WaitTimeout bounds WAIT (default 1s); it adds to Timeout.
 	WaitTimeout time.Duration
+	// AttemptTimeout bounds one try of an operation (default a quarter of
+	// Timeout, at least 100ms; WaitTimeout adds to it): a try that hangs,
+	// on a master that is failing, say, is abandoned and the operation
+	// tried again within Timeout (see redisfailover.go).
+	AttemptTimeout time.Duration
 }
 
 // RedisStore keeps records in Redis: one node, Sentinel or Cluster. Every
@@ -32,33 +37,42 @@ type RedisOptions struct {
 // (two commands in one pipeline with WaitReplicas), plus one to load the
 // script after Redis lost its script cache.
 type RedisStore struct {
-	client       redis.UniversalClient
-	limits       Limits
-	timeout      time.Duration
-	waitReplicas int
-	waitTimeout  time.Duration
+	client         redis.UniversalClient
+	limits         Limits
+	timeout        time.Duration
+	attemptTimeout time.Duration
+	waitReplicas   int
+	waitTimeout    time.Duration
 }
 
 var _ Store = (*RedisStore)(nil)
 
-// NewRedisStore returns a store over client. The client stays the caller's to close.
+// NewRedisStore returns a store over client. The client stays the caller's
+// to close; it should have ContextTimeoutEnabled, and a ClusterClient
+// should be new (see followFailovers).
 func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore {
 	s := &RedisStore{
-		client:       client,
-		limits:       opts.Limits.withDefaults(),
-		timeout:      opts.Timeout,
-		waitReplicas: opts.WaitReplicas,
-		waitTimeout:  opts.WaitTimeout,
+		client:         client,
+		limits:         opts.Limits.withDefaults(),
+		timeout:        opts.Timeout,
+		attemptTimeout: opts.AttemptTimeout,
+		waitReplicas:   opts.WaitReplicas,
+		waitTimeout:    opts.WaitTimeout,
 	}
 	if s.timeout <= 0 {
 		s.timeout = time.Second
+	}
+	if s.attemptTimeout <= 0 {
+		s.attemptTimeout = defaultAttemptTimeout(s.timeout)
 	}
 	if s.waitTimeout <= 0 {
 		s.waitTimeout = time.Second
 	}
 	if s.waitReplicas > 0 {
 		s.timeout += s.waitTimeout
+		s.attemptTimeout += s.waitTimeout
 	}
+	followFailovers(client)
 	return s
 }
 
@@ -181,12 +195,12 @@ func (s *RedisStore) Delete(ctx context.Context, tenant, key string) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	k := RedisKey(tenant, key)
-	var err error
-	if s.waitReplicas == 0 {
-		err = s.client.Del(ctx, k).Err()
-	} else {
-		err = s.pipelineWithWait(ctx, k, func(p redis.Pipeliner) redis.Cmder { return p.Del(ctx, k) })
-	}
+	err := s.retrying(ctx, func(ctx context.Context) error {
+		if s.waitReplicas == 0 {
+			return s.client.Del(ctx, k).Err()
+		}
+		return s.pipelineWithWait(ctx, k, func(p redis.Pipeliner) redis.Cmder { return p.Del(ctx, k) })
+	})
 	if err != nil {
 		return fmt.Errorf("%w: delete: %w", ErrStoreUnavailable, err)
 	}
@@ -218,12 +232,12 @@ func (s *RedisStore) run(ctx context.Context, op string, script *redis.Script, k
 	defer cancel()
 	keys := []string{key}
 	var cmd *redis.Cmd
-	var err error
-	if s.waitReplicas == 0 {
-		cmd = script.Run(ctx, s.client, keys, args...)
-		err = cmd.Err()
-	} else {
-		err = s.pipelineWithWait(ctx, key, func(p redis.Pipeliner) redis.Cmder {
+	err := s.retrying(ctx, func(ctx context.Context) error {
+		if s.waitReplicas == 0 {
+			cmd = script.Run(ctx, s.client, keys, args...)
+			return cmd.Err()
+		}
+		err := s.pipelineWithWait(ctx, key, func(p redis.Pipeliner) redis.Cmder {
 			cmd = script.EvalSha(ctx, p, keys, args...)
 			return cmd
 		})
@@ -233,7 +247,8 @@ func (s *RedisStore) run(ctx context.Context, op string, script *redis.Script, k
 				return cmd
 			})
 		}
-	}
+		return err
+	})
 	if err != nil {
 		return reply{}, fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
 	}
@@ -246,29 +261,18 @@ func (s *RedisStore) run(ctx context.Context, op string, script *redis.Script, k
 
 // pipelineWithWait sends one command and WAIT in one pipeline on the
 // connection of key's master, so that WAIT counts that command's write. In a
-// Cluster it follows the key to its current master: after a redirect, a
-// cluster error or a lost connection it reloads the slot map and sends again
-// while ctx allows; a command sent twice answers as the first run did.
+// Cluster the master is the one the slot map names; retrying reloads the
+// map after a redirect or a failure.
 func (s *RedisStore) pipelineWithWait(ctx context.Context, key string, send func(redis.Pipeliner) redis.Cmder) error {
 	cluster, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return s.sendWithWait(ctx, s.client, send)
 	}
-	for backoff := 10 * time.Millisecond; ; backoff *= 2 {
-		master, err := cluster.MasterForKey(ctx, key)
-		if err == nil {
-			err = s.sendWithWait(ctx, master, send)
-		}
-		if err == nil || !isTopologyChange(err) {
-			return err
-		}
-		cluster.ReloadState(ctx)
-		select {
-		case <-ctx.Done():
-			return err
-		case <-time.After(backoff):
-		}
+	master, err := cluster.MasterForKey(ctx, key)
+	if err != nil {
+		return err
 	}
+	return s.sendWithWait(ctx, master, send)
 }
 
 // errTooFewReplicas is WAIT's answer when fewer replicas than asked confirmed.
@@ -297,24 +301,6 @@ func (s *RedisStore) sendWithWait(ctx context.Context, node redis.Cmdable, send 
 		return fmt.Errorf("WAIT: %w: %d of %d within %s", errTooFewReplicas, n, s.waitReplicas, s.waitTimeout)
 	}
 	return nil
-}
-
-// isTopologyChange reports whether err may pass once the client follows the
-// cluster's new shape: a redirect, a cluster error, or a lost connection.
-func isTopologyChange(err error) bool {
-	if errors.Is(err, errTooFewReplicas) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return false
-	}
-	var reply redis.Error
-	if !errors.As(err, &reply) {
-		return true // the connection failed
-	}
-	for _, prefix := range []string{"MOVED", "ASK", "TRYAGAIN", "CLUSTERDOWN"} {
-		if redis.HasErrorPrefix(err, prefix) {
-			return true
-		}
-	}
-	return false
 }
 
 // decodeReply checks the shape of a script's reply: {code, now_ms[, record]}.
