@@ -255,7 +255,7 @@ func measureFailover(t *testing.T, topology string, f fault, probers []prober, k
 			recovery = fmt.Sprintf("%.2fs", first.Sub(promotedAt).Seconds())
 			outage = fmt.Sprintf("%.2fs", first.Sub(lastBefore).Seconds())
 		}
-		t.Logf("failover: topology=%s fault=%s via=%q promotion=%.2fs recovery=%s outage=%s calls=%d failed=%d",
+		t.Logf("failover: topology=%s fault=%s via=%s promotion=%.2fs recovery=%s outage=%s calls=%d failed=%d",
 			topology, f, p.name, promotedAt.Sub(faultAt).Seconds(), recovery, outage, len(calls[i]), errs)
 		switch {
 		case !ok:
