@@ -1,6 +1,8 @@
 // Package redistest gives tests real Redis servers: standalone servers,
 // Redis Clusters of three masters with one replica each, and Sentinel
-// setups of a master, a replica and three Sentinels.
+// setups of a master, a replica and three Sentinels. NewClusterWith and
+// NewSentinelWith give more replicas, for tests whose failovers must leave
+// the promoted replica a replica of its own.
 //
 // Servers come from the first source that is available:
 //

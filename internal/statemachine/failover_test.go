@@ -25,10 +25,11 @@ import (
 // carries a redirect. Each topology has two replicas per master, so that
 // after a failover the promoted replica still has one to confirm WAIT 1.
 // A master is killed (connections refused), brought back, then paused
-// (connections hang). Probers call begin on fresh keys of the failing
-// master through a store with WAIT 0, one with WAIT 1, and the HTTP service
-// over the first; each logs one "failover:" line per fault, which
-// benchmarks/failover.sh collects.
+// (connections hang) and resumed. Probers call begin on fresh keys of the
+// failing master through a store with WAIT 0, one with WAIT 1, and the
+// HTTP service over a third; each logs one "failover:" line per fault,
+// which benchmarks/failover.sh collects. One setup per topology serves
+// both faults, so the test takes about 15 s.
 
 const (
 	// failoverBound is the contract's bound, from the promotion to the
@@ -61,18 +62,13 @@ func TestFailoverAvailability(t *testing.T) {
 				t.Fatalf("master %s has %d replicas, want 2", victim.Addr(), len(replicas))
 			}
 			keys := keysOn(t, cluster, victim)
-			var restore func()
-			measureFailover(t, "cluster", f, probers, keys, replicaAddrs(replicas...), func() {
-				switch f {
-				case faultKill:
-					victim.Kill(t)
-					restore = func() { victim.Start(t) }
-				case faultPause:
-					restore = victim.Pause(t)
+			measureFailover(t, "cluster", f, probers, keys, replicaAddrs(replicas...), func() (restore func()) {
+				if f == faultPause {
+					return victim.Pause(t)
 				}
-			})
-			restore()
-			cluster.WaitHealthy(t)
+				victim.Kill(t)
+				return func() { victim.Start(t) }
+			}, cluster.WaitHealthy)
 		}
 	})
 	t.Run("sentinel", func(t *testing.T) {
@@ -94,18 +90,13 @@ func TestFailoverAvailability(t *testing.T) {
 			for i, r := range replicas {
 				addrs[i] = r.Addr()
 			}
-			var restore func()
-			measureFailover(t, "sentinel", f, probers, keys, addrs, func() {
-				switch f {
-				case faultKill:
-					victim.Kill(t)
-					restore = func() { victim.Start(t) }
-				case faultPause:
-					restore = victim.Pause(t)
+			measureFailover(t, "sentinel", f, probers, keys, addrs, func() (restore func()) {
+				if f == faultPause {
+					return victim.Pause(t)
 				}
-			})
-			restore()
-			st.WaitHealthy(t)
+				victim.Kill(t)
+				return func() { victim.Start(t) }
+			}, st.WaitHealthy)
 		}
 	})
 }
@@ -170,10 +161,13 @@ type probeCall struct {
 
 // measureFailover runs the probers, lets them succeed, fails the master
 // (inject), waits for a replica at one of candidates to report itself
-// master, and waits until every prober succeeded again. It asserts the
-// contract's bound and that no failure carries a redirect or is anything
-// but store unavailable, and logs the figures.
-func measureFailover(t *testing.T, topology string, f fault, probers []prober, keys func() string, candidates []string, inject func()) {
+// master, and waits until every prober succeeded again; then it restores
+// the failed master and waits until heal says the setup is healthy, the
+// probers still calling. It asserts the contract's bound and that no
+// failure, until then, carries a redirect or is anything but store
+// unavailable, and logs the figures.
+func measureFailover(t *testing.T, topology string, f fault, probers []prober, keys func() string, candidates []string,
+	inject func() (restore func()), heal func(testing.TB)) {
 	t.Helper()
 	calls := make([][]probeCall, len(probers))
 	var mu sync.Mutex
@@ -218,13 +212,14 @@ func measureFailover(t *testing.T, topology string, f fault, probers []prober, k
 	warm := time.Now()
 	waitUntil(t, 10*time.Second, "every prober succeeds before the fault", func() bool { return allSucceededSince(warm) })
 	faultAt := time.Now()
-	inject()
+	restore := inject()
 	promotedAt, promoted := waitPromotion(t, candidates)
 	deadline := promotedAt.Add(recoveryWait)
 	for !allSucceededSince(promotedAt) && time.Now().Before(deadline) {
 		time.Sleep(probeInterval)
 	}
-	time.Sleep(100 * time.Millisecond) // calls right after the recovery count too
+	restore()
+	heal(t)
 	stopProbers()
 
 	for i, p := range probers {
@@ -301,7 +296,7 @@ func keysOn(t *testing.T, cluster *redistest.Cluster, master *redistest.Node) fu
 		t.Fatal(err)
 	}
 	ranges = slices.DeleteFunc(ranges, func(r redis.ClusterSlot) bool { return r.Nodes[0].Addr != master.Addr() })
-	const candidates = 6000
+	const candidates = 15000
 	names := make([]string, candidates)
 	cmds := make([]*redis.IntCmd, candidates)
 	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
