@@ -13,13 +13,18 @@
 #   benchmarks/failover.sh [runs] [go test flags...]
 #
 # Runs without the race detector unless -race is given. The machine's load
-# is printed before and after: the figures stretch with it.
+# is printed before and after: the figures stretch with it. FAILOVER_LOG=file
+# keeps the test's whole output there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-5}
 shift || true
-log=$(mktemp)
-trap 'rm -f "$log"' EXIT
+if [ -n "${FAILOVER_LOG:-}" ]; then
+  log=$FAILOVER_LOG
+else
+  log=$(mktemp)
+  trap 'rm -f "$log"' EXIT
+fi
 echo "load before: $(uptime)"
 go test -count="$runs" -run '^TestFailoverAvailability$' -v "$@" ./internal/statemachine/ >"$log" 2>&1 ||
   echo "(some runs failed the contract's bound; their figures are included)"

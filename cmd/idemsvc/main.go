@@ -152,7 +152,9 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 
 // redisClient builds the go-redis client of the configured mode. Every
 // mode bounds each command by its context, so the store's timeout holds
-// even while Redis hangs.
+// even while Redis hangs, and so do its tries: the store gives up a try on
+// a hung master and tries again once a replica took over (see
+// internal/statemachine/redisfailover.go).
 func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 	switch {
 	case cfg.redisURL != "":
