@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -25,10 +26,10 @@ type RedisOptions struct {
 	WaitReplicas int
 	// WaitTimeout bounds WAIT (default 1s); it adds to Timeout.
 	WaitTimeout time.Duration
-	// AttemptTimeout bounds one try of an operation (default a quarter of
-	// Timeout, at least 100ms; WaitTimeout adds to it): a try that hangs,
-	// on a master that is failing, say, is abandoned and the operation
-	// tried again within Timeout (see redisfailover.go).
+	// AttemptTimeout bounds one try of an operation while Redis fails
+	// over (default a quarter of Timeout, at least 100ms; WaitTimeout adds
+	// to it): a try that hangs on a failing master is abandoned and the
+	// operation tried again within Timeout (see redisfailover.go).
 	AttemptTimeout time.Duration
 }
 
@@ -43,6 +44,9 @@ type RedisStore struct {
 	attemptTimeout time.Duration
 	waitReplicas   int
 	waitTimeout    time.Duration
+	// suspectUntil is when, in Unix nanoseconds, the store stops bounding
+	// tries by attemptTimeout (see retrying).
+	suspectUntil atomic.Int64
 }
 
 var _ Store = (*RedisStore)(nil)

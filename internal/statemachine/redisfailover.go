@@ -19,11 +19,12 @@ import (
 // drops its connections to the old master on +switch-master, but a call
 // stuck on a hung master still waits out the whole timeout.
 //
-// So the store tries an operation more than once within its timeout: each
-// try gets AttemptTimeout (plus WaitTimeout with WAIT), after which a hung
-// master is abandoned; after a try that failed as a failover fails (no
-// connection, a timeout, a redirect, a cluster or replica error) it has a
-// Cluster's slot map reloaded and tries again. Retrying is safe because
+// So the store tries an operation more than once within its timeout: after
+// a try that failed as a failover fails (no connection, a timeout, a
+// redirect, a cluster or replica error) it has a Cluster's slot map
+// reloaded and tries again. Once such a failure was seen, and for
+// suspectWindow after the last one, each try also gets AttemptTimeout
+// (plus WaitTimeout with WAIT), after which a hung master is abandoned. Retrying is safe because
 // every transition is: a script run twice for the same call answers as the
 // first run did and changes nothing. The normal case stays one round trip.
 //
@@ -40,6 +41,10 @@ const (
 	// probeTimeout bounds one node's answer to CLUSTER SLOTS during a
 	// reload of the slot map.
 	probeTimeout = 250 * time.Millisecond
+	// suspectWindow is how long after a call failed as a failover fails
+	// the store bounds each try by AttemptTimeout. Every such failure
+	// starts it again, so it lasts while a failover does.
+	suspectWindow = 10 * time.Second
 	// retryBackoff is the first pause between tries; it doubles up to
 	// maxRetryBackoff.
 	retryBackoff    = 20 * time.Millisecond
@@ -66,22 +71,35 @@ func followFailovers(client redis.UniversalClient) {
 }
 
 // retrying calls try until it succeeds, fails for a reason a retry cannot
-// mend, or ctx ends. Each try gets its own deadline (attemptTimeout); after
-// a try that failed as a failover fails, the slot map of a Cluster is
-// reloaded before the next.
+// mend, or ctx ends. After a try that failed as a failover fails, the slot
+// map of a Cluster is reloaded before the next. While the store is
+// suspicious (a call failed so within suspectWindow), each try also gets a
+// deadline of its own (attemptTimeout), so that a try stuck on a hung
+// master gives way to one that reaches the promoted replica. Otherwise a
+// try may take the whole of ctx: under load, calls wait for a pooled
+// connection in turn, and a try given up would lose its turn.
 func (s *RedisStore) retrying(ctx context.Context, try func(ctx context.Context) error) error {
 	backoff := retryBackoff
 	for {
-		tctx, cancel := context.WithTimeout(ctx, s.attemptTimeout)
+		tctx, cancel := ctx, context.CancelFunc(nil)
+		if time.Now().UnixNano() < s.suspectUntil.Load() {
+			tctx, cancel = context.WithTimeout(ctx, s.attemptTimeout)
+		}
 		err := try(tctx)
 		hung := tctx.Err() != nil
-		cancel()
+		if cancel != nil {
+			cancel()
+		}
 		if err == nil {
 			return nil
 		}
-		// A try that ran out of time may fail with the context's error
-		// rather than the connection's.
-		retry := isFailover(err) || (hung && errors.Is(err, context.DeadlineExceeded))
+		failover := isFailover(err)
+		if failover || (hung && ctx.Err() != nil) {
+			s.suspectUntil.Store(time.Now().Add(suspectWindow).UnixNano())
+		}
+		// A try that ran out of its own time may fail with the context's
+		// error rather than the connection's.
+		retry := failover || (hung && errors.Is(err, context.DeadlineExceeded))
 		if ctx.Err() != nil || !retry {
 			return unredirected(err)
 		}
