@@ -16,17 +16,18 @@ import (
 // killed (connections refused) or hangs (reads time out) answers neither,
 // so calls for its slots kept going to it long after a replica took over.
 // A FailoverClient asks Sentinel for the master on every new connection and
-// drops its connections to the old master on +switch-master, but a call
-// stuck on a hung master still waits out the whole timeout.
+// closes its connections to the old master, in use ones too, on
+// +switch-master; it needs only the retry below.
 //
 // So the store tries an operation more than once within its timeout: after
-// a try that failed as a failover fails (no connection, a timeout, a
-// redirect, a cluster or replica error) it has a Cluster's slot map
-// reloaded and tries again. Once such a failure was seen, and for
-// suspectWindow after the last one, each try also gets AttemptTimeout
-// (plus WaitTimeout with WAIT), after which a hung master is abandoned. Retrying is safe because
-// every transition is: a script run twice for the same call answers as the
-// first run did and changes nothing. The normal case stays one round trip.
+// a try that failed as a failover fails (no connection, a redirect, a
+// cluster or replica error) it has a Cluster's slot map reloaded and tries
+// again. Once such a failure, or a call that ran out of time, was seen, and
+// for suspectWindow after the last one, each try also gets AttemptTimeout
+// (plus WaitTimeout with WAIT), after which a hung master is abandoned.
+// Retrying is safe because every transition is: a script run twice for the
+// same call answers as the first run did and changes nothing. The normal
+// case stays one round trip.
 //
 // The reload is go-redis's own (ReloadState): it runs in the background,
 // one at a time, at most once per 200 ms however many calls ask for it. It
