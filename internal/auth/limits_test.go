@@ -60,7 +60,7 @@ func TestParseLimitsRefuses(t *testing.T) {
 		"zero waiters":        {tenant + "    limits: {waiters: 0}", "waiters must be a whole number from 1"},
 		"huge rate":           {tenant + "    limits: {begins_per_s: 100000000}", "begins_per_s must be a whole number from 1"},
 		"burst without rate":  {tenant + "    limits: {burst: 5}", "burst needs begins_per_s"},
-		"not a number":        {tenant + "    limits: {waiters: many}", "waiters"},
+		"not a number":        {tenant + "    limits: {waiters: many}", "many"},
 		"fraction":            {tenant + "    limits: {begins_per_s: 1.5}", "begins_per_s"},
 		"bad defaults":        {"defaults:\n  limits: {waiters: 0}\n" + tenant, "defaults"},
 		"unknown in defaults": {"defaults:\n  limit: {waiters: 1}\n" + tenant, "limit"},
