@@ -113,16 +113,21 @@ const (
 	DefaultFlushInterval = time.Second
 	DefaultRateBatch     = 64
 	DefaultTimeout       = time.Second
-	// rateBatchTime is how many seconds' worth of a tenant's rate one batch
-	// holds at most: 1% of a second, so that the begins an instance holds
-	// but has not spent are a negligible part of any window.
-	rateBatchTime = 100
+	// rateBatchTime is how many batches a second of a tenant's rate makes
+	// at least: a batch is at most 50 ms worth, so that the begins an
+	// instance holds but has not spent are a negligible part of any window
+	// (with 3 instances, 1.5% of the rate's second, 0.15% of 10 s).
+	rateBatchTime = 20
 	// localTokenTTL is how long an instance may hold a batch before it
 	// spends it: tokens are not saved up across idle time.
 	localTokenTTL = time.Second
 	// waiterMargin keeps a waiter counted a little past its wait, to be
 	// safe, and drops it once that is over if its instance died.
 	waiterMargin = 5 * time.Second
+	// maxQuotaRetryAfter caps the Retry-After of quota-exceeded, which is
+	// when the earliest of the tenant's stored bytes expire: a budget
+	// raised in the tenants file frees the tenant sooner than that.
+	maxQuotaRetryAfter = time.Hour
 	// bucketMs is the width of an expiry bucket of stored bytes: a
 	// record's bytes count until the end of the minute it expires in.
 	bucketMs = 60_000
@@ -291,7 +296,7 @@ func (l *limiter) takeRate(ctx context.Context, tenant string, ts *tenantState, 
 	}
 }
 
-// batchFor is how many begins to take at once: a hundredth of a second's
+// batchFor is how many begins to take at once: a twentieth of a second's
 // worth of the rate, at most the configured batch, at least one.
 func (l *limiter) batchFor(lim auth.Limits) int {
 	return int(max(1, min(int64(l.batch), lim.BeginsPerS/rateBatchTime)))
@@ -307,7 +312,7 @@ func (l *limiter) Refused(tenant string, lim auth.Limits) error {
 	ts := l.tenant(tenant)
 	ts.labels.rejectedBytes.Inc()
 	ts.mu.Lock()
-	wait := time.Until(ts.firstExpiry)
+	wait := min(time.Until(ts.firstExpiry), maxQuotaRetryAfter)
 	ts.mu.Unlock()
 	return &Error{Limit: LimitStoredBytes, RetryAfter: atLeastASecond(wait),
 		Detail: fmt.Sprintf("the tenant's stored responses are over its budget of %d bytes: begins that would run an operation are refused until some expire; stored outcomes are still replayed", lim.StoredBytes)}
