@@ -158,6 +158,7 @@ type tenantState struct {
 	tokens       int
 	tokensExpire time.Time
 	deniedUntil  time.Time // no begin is left before then: refuse without asking
+	scarce       bool      // the last fetch got less than it asked: ask for one
 
 	// stored bytes: the total the backend last gave, and the deltas of this
 	// instance not sent yet.
@@ -240,6 +241,11 @@ func (l *limiter) Begin(ctx context.Context, tenant string, lim auth.Limits) (bo
 // a begin costs the shared limiter a call only once per batch. That can
 // only admit fewer begins than the limit, never more: a batch taken is gone
 // from the shared limit, whether or not this instance spends it all.
+//
+// While the tenant is at its limit, the instance asks for one begin at a
+// time (and, refused, asks no more until the limiter says one is due):
+// redis_rate's AllowAtMost charges the fraction of a begin it cannot grant,
+// so batches asked of a nearly empty limit would waste part of the rate.
 func (l *limiter) takeRate(ctx context.Context, tenant string, ts *tenantState, lim auth.Limits) error {
 	for {
 		ts.mu.Lock()
@@ -269,7 +275,10 @@ func (l *limiter) takeRate(ctx context.Context, tenant string, ts *tenantState, 
 			<-ts.rateLock
 			continue // another fetched a batch meanwhile
 		}
-		n := l.batchFor(lim)
+		n := 1
+		if !ts.scarce {
+			n = l.batchFor(lim)
+		}
 		cctx, cancel := context.WithTimeout(ctx, l.timeout)
 		got, retryAfter, err := l.backend.take(cctx, tenant, lim, n)
 		cancel()
@@ -284,12 +293,14 @@ func (l *limiter) takeRate(ctx context.Context, tenant string, ts *tenantState, 
 			l.log.Warn("quota: begin rate not checked", "tenant", tenant, "error", err.Error())
 			return nil
 		case got == 0:
+			ts.scarce = true
 			ts.deniedUntil = now.Add(retryAfter)
 			ts.mu.Unlock()
 			<-ts.rateLock
 			return rateError(lim, retryAfter)
 		}
 		ts.tokens, ts.tokensExpire = got-1, now.Add(localTokenTTL)
+		ts.scarce = got < n
 		ts.mu.Unlock()
 		<-ts.rateLock
 		return nil
