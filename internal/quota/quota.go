@@ -247,6 +247,9 @@ func (l *limiter) Begin(ctx context.Context, tenant string, lim auth.Limits) (bo
 // redis_rate's AllowAtMost charges the fraction of a begin it cannot grant,
 // so batches asked of a nearly empty limit would waste part of the rate.
 func (l *limiter) takeRate(ctx context.Context, tenant string, ts *tenantState, lim auth.Limits) error {
+	if l.batch == 1 {
+		return l.takeOne(ctx, tenant, lim)
+	}
 	for {
 		ts.mu.Lock()
 		now := time.Now()
@@ -305,6 +308,22 @@ func (l *limiter) takeRate(ctx context.Context, tenant string, ts *tenantState, 
 		<-ts.rateLock
 		return nil
 	}
+}
+
+// takeOne asks the shared limiter for this one begin: RateBatch 1, one
+// call per begin, made concurrently.
+func (l *limiter) takeOne(ctx context.Context, tenant string, lim auth.Limits) error {
+	cctx, cancel := context.WithTimeout(ctx, l.timeout)
+	got, retryAfter, err := l.backend.take(cctx, tenant, lim, 1)
+	cancel()
+	switch {
+	case err != nil:
+		l.log.Warn("quota: begin rate not checked", "tenant", tenant, "error", err.Error())
+		return nil
+	case got == 0:
+		return rateError(lim, retryAfter)
+	}
+	return nil
 }
 
 // batchFor is how many begins to take at once: a twentieth of a second's
