@@ -220,20 +220,39 @@ func (l *limiter) Collect(ch chan<- prometheus.Metric) {
 
 // Begin implements Limiter.
 func (l *limiter) Begin(ctx context.Context, tenant string, lim auth.Limits) (bool, error) {
-	ts := l.tenant(tenant)
-	if lim.BeginsPerS > 0 {
-		if err := l.takeRate(ctx, tenant, ts, lim); err != nil {
-			ts.labels.rejectedRate.Inc()
-			return false, err
-		}
-	}
-	if lim.StoredBytes == 0 {
+	if lim.BeginsPerS == 0 && lim.StoredBytes == 0 {
 		return false, nil
+	}
+	ts := l.tenant(tenant)
+	// The common case, under one lock: a begin of the batch in hand.
+	ts.mu.Lock()
+	if lim.BeginsPerS == 0 || ts.tokens > 0 && time.Now().Before(ts.tokensExpire) {
+		if lim.BeginsPerS > 0 {
+			ts.tokens--
+		}
+		over := ts.overBudget(lim)
+		ts.mu.Unlock()
+		return over, nil
+	}
+	ts.mu.Unlock()
+	if err := l.takeRate(ctx, tenant, ts, lim); err != nil {
+		ts.labels.rejectedRate.Inc()
+		return false, err
 	}
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
+	return ts.overBudget(lim), nil
+}
+
+// overBudget reports whether the tenant is over its stored-bytes budget as
+// far as this instance knows, and marks it for a refresh at the next
+// flush. The caller holds ts.mu.
+func (ts *tenantState) overBudget(lim auth.Limits) bool {
+	if lim.StoredBytes == 0 {
+		return false
+	}
 	ts.active = true
-	return ts.total+ts.pendingSum >= lim.StoredBytes, nil
+	return ts.total+ts.pendingSum >= lim.StoredBytes
 }
 
 // takeRate spends one begin of the tenant's rate. The instance takes the
