@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -87,5 +88,27 @@ func TestQuotaExceeded(t *testing.T) {
 	replay, err := c.Begin(ctx, idem.BeginParams{Key: "done"})
 	if err != nil || replay.Replay == nil {
 		t.Fatalf("replay over budget = %+v, %v", replay, err)
+	}
+}
+
+// Behind the middleware, a begin idemsvc refuses for a limit answers 429
+// with its kind and Retry-After, and the handler does not run.
+func TestMiddlewareOverLimits(t *testing.T) {
+	t.Parallel()
+	url := startLimited(t, "{begins_per_s: 1, burst: 1}")
+	c := newClient(t, url, idem.WithAPIKey("sk-limited"), idem.WithRetryBudget(100*time.Millisecond))
+	var runs atomic.Int32
+	app := serveIdempotent(t, c, idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+	})
+	if a := send(t, http.MethodPost, app+"/orders", "order-1", []byte("{}")); a.status != http.StatusOK {
+		t.Fatalf("first request = %d %s", a.status, a.body)
+	}
+	a := send(t, http.MethodPost, app+"/orders", "order-2", []byte("{}"))
+	if a.status != http.StatusTooManyRequests || a.header.Get("Retry-After") != "1" || problemKind(a) != "rate-limited" {
+		t.Errorf("over the rate = %d %v %s; want 429 rate-limited with Retry-After 1", a.status, a.header, a.body)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once", n)
 	}
 }
