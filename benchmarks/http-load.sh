@@ -157,8 +157,24 @@ columns=(req/s cycles/s p50_ms p90_ms p99_ms max_ms srv_us/req redis_us/req gen_
 fmt_row() { printf '%-23s %9s %9s %7s %7s %7s %7s %10s %12s %10s %10s\n' "$@"; }
 
 for run in $(seq "$runs"); do
-  load "idemsvc-begin-$run" "$idemsvc_port" "$idemsvc_pid" begin
-  load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
+  if [ -z "${LIMITS:-}" ]; then
+    load "idemsvc-begin-$run" "$idemsvc_port" "$idemsvc_pid" begin
+    load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
+  elif [ $((run % 2)) = 1 ]; then
+    # Each load with limits right beside the same load without, in an order
+    # that alternates from run to run, as the machine's other load drifts.
+    load "idemsvc-begin-$run" "$idemsvc_port" "$idemsvc_pid" begin
+    load "limits-begin-$run" "$limits_port" "$limits_pid" begin
+    load "percall-begin-$run" "$percall_port" "$percall_pid" begin
+    load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
+    load "limits-cycle-$run" "$limits_port" "$limits_pid" cycle
+  else
+    load "percall-begin-$run" "$percall_port" "$percall_pid" begin
+    load "limits-begin-$run" "$limits_port" "$limits_pid" begin
+    load "idemsvc-begin-$run" "$idemsvc_port" "$idemsvc_pid" begin
+    load "limits-cycle-$run" "$limits_port" "$limits_pid" cycle
+    load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
+  fi
   load "barechi-begin-$run" "$barechi_port" "$barechi_pid" begin
   b=idemsvc-begin-$run c=idemsvc-cycle-$run bare=barechi-begin-$run
   record idemsvc_begin "$(total "$b" requests/s)" - "$(row "$b" begin)" "$(cat "$results/$b.cpu")"
@@ -168,9 +184,6 @@ for run in $(seq "$runs"); do
   record barechi_begin "$(total "$bare" requests/s)" - "$(row "$bare" begin)" "$(cat "$results/$bare.cpu")"
   lines=5 limit_errors=""
   if [ -n "${LIMITS:-}" ]; then
-    load "limits-begin-$run" "$limits_port" "$limits_pid" begin
-    load "percall-begin-$run" "$percall_port" "$percall_pid" begin
-    load "limits-cycle-$run" "$limits_port" "$limits_pid" cycle
     lb=limits-begin-$run pb=percall-begin-$run lc=limits-cycle-$run
     record limits_begin "$(total "$lb" requests/s)" - "$(row "$lb" begin)" "$(cat "$results/$lb.cpu")"
     record percall_begin "$(total "$pb" requests/s)" - "$(row "$pb" begin)" "$(cat "$results/$pb.cpu")"
@@ -204,15 +217,22 @@ done
 awk -v a="$(column idemsvc_begin 2)" -v b="$(column barechi_begin 2)" \
   'BEGIN { printf "idemsvc begin / barechi begin: %.1f%% of the requests/s\n", 100 * a / b }'
 if [ -n "${LIMITS:-}" ]; then
-  # ratio A B: the median over the runs of A's requests/s over B's, each
-  # run's pair measured side by side.
+  # ratio A B N: the median over the runs of A's figure in column N over
+  # B's, each run's pair measured side by side.
   ratio() {
-    paste <(awk -v l="$1" '$1 == l { print $2 }' "$dir/figures") <(awk -v l="$2" '$1 == l { print $2 }' "$dir/figures") |
+    paste <(awk -v l="$1" -v c="$3" '$1 == l { print $c }' "$dir/figures") \
+      <(awk -v l="$2" -v c="$3" '$1 == l { print $c }' "$dir/figures") |
       awk '{ printf "%.4f\n", $1 / $2 }' | median
   }
-  awk -v r="$(ratio limits_begin idemsvc_begin)" 'BEGIN { printf "begin with limits (batched) / without: %.1f%% of the requests/s\n", 100 * r }'
-  awk -v r="$(ratio percall_begin idemsvc_begin)" 'BEGIN { printf "begin with limits (one Redis call per begin) / without: %.1f%% of the requests/s\n", 100 * r }'
-  awk -v r="$(ratio limits_cycle idemsvc_cycle)" 'BEGIN { printf "cycle with limits / without: %.1f%% of the cycles/s\n", 100 * r }'
+  # The requests/s, and the idemsvc CPU per request, which the machine's
+  # other load disturbs less.
+  for pair in "limits_begin idemsvc_begin begin with limits (batched)" \
+    "percall_begin idemsvc_begin begin with limits (one Redis call per begin)" \
+    "limits_cycle idemsvc_cycle cycle with limits"; do
+    read -r a b what <<<"$pair"
+    awk -v r="$(ratio "$a" "$b" 2)" -v cpu="$(ratio "$a" "$b" 8)" -v redis="$(ratio "$a" "$b" 9)" -v what="$what" \
+      'BEGIN { printf "%s / without: %.1f%% of the requests/s, %.1f%% of the idemsvc CPU and %.1f%% of the Redis CPU per request\n", what, 100 * r, 100 * cpu, 100 * redis }'
+  done
 fi
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "full reports: $results"
