@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -248,56 +249,64 @@ func TestE2ETenantLimits(t *testing.T) {
 // completes every begin it acquires with a body big enough that, without
 // its limits, it would fill Redis.
 type flood struct {
-	rate     int // begins per second the tenant is allowed; it tries twice as many
-	body     int // bytes of each response
-	budget   int // its stored_bytes
-	duration time.Duration
+	rate   int   // begins per second the tenant is allowed; it tries twice as many
+	body   int   // bytes of each response
+	budget int   // its stored_bytes
+	bytes  int64 // what it tries to store in all
 }
 
-// run floods through c until the duration is over and returns the bytes it
-// tried to store (the bodies of 2 × rate × duration begins).
-func (f flood) run(t *testing.T, c *idem.ClientWithResponses) (tried int64, stored int64) {
-	t.Helper()
+// run floods through c until it has tried to store f.bytes (however long
+// that takes on a busy machine; at most 2 minutes) and returns the bytes it
+// tried to store and stored, and how many of its completes failed.
+func (f flood) run(c *idem.ClientWithResponses) (tried, stored, failed int64) {
 	body := strings.Repeat("f", f.body)
+	var triedN, storedN, failedN atomic.Int64
+	begins := int(f.bytes/int64(f.body)) + 1
+	openLoop(2*f.rate, 2*time.Minute, begins, func() {
+		triedN.Add(int64(f.body))
+		r, err := c.BeginWithResponse(bg, idem.BeginRequest{Key: unique("flood")})
+		if err != nil || r.JSON201 == nil {
+			return // refused: 429
+		}
+		cr, err := c.CompleteWithResponse(bg, idem.CompleteRequest{Key: r.JSON201.Key,
+			LeaseToken: r.JSON201.LeaseToken, Response: &idem.StoredResponse{Body: &body}})
+		if err != nil || cr.StatusCode() != http.StatusOK {
+			failedN.Add(1)
+			return
+		}
+		storedN.Add(int64(f.body))
+	})
+	return triedN.Load(), storedN.Load(), failedN.Load()
+}
+
+// openLoop calls op rate times a second for d or n calls, whichever ends
+// first, each call on a goroutine of its own, so that the rate holds
+// however long a call takes (up to 256 in flight), and returns once every
+// call is done.
+func openLoop(rate int, d time.Duration, n int, op func()) {
 	var wg sync.WaitGroup
-	var triedN, storedN atomic.Int64
-	workers := 4
-	interval := time.Duration(workers) * time.Second / time.Duration(2*f.rate)
-	deadline := time.Now().Add(f.duration)
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			tick := time.NewTicker(interval)
-			defer tick.Stop()
-			for time.Now().Before(deadline) {
-				<-tick.C
-				triedN.Add(int64(f.body))
-				r, err := c.BeginWithResponse(bg, idem.BeginRequest{Key: unique("flood")})
-				if err != nil || r.JSON201 == nil {
-					continue // refused: 429
-				}
-				cr, err := c.CompleteWithResponse(bg, idem.CompleteRequest{Key: r.JSON201.Key,
-					LeaseToken: r.JSON201.LeaseToken, Response: &idem.StoredResponse{Body: &body}})
-				if err != nil || cr.StatusCode() != http.StatusOK {
-					t.Errorf("the flood's complete was refused: %v %v", err, cr)
-					return
-				}
-				storedN.Add(int64(f.body))
-			}
-		}()
+	inFlight := make(chan struct{}, 256)
+	tick := time.NewTicker(time.Second / time.Duration(rate))
+	defer tick.Stop()
+	for deadline := time.Now().Add(d); n > 0 && time.Now().Before(deadline); n-- {
+		<-tick.C
+		inFlight <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-inFlight }()
+			op()
+		})
 	}
 	wg.Wait()
-	return triedN.Load(), storedN.Load()
 }
 
 // A tenant flooding at twice its rate with big responses cannot make
 // another tenant's calls fail or its records disappear, on a Redis with
 // maxmemory and noeviction small enough that the flood, unlimited, would
 // fill it.
+//
+// Not parallel: it loads the machine, and needs its pace to be kept.
 func TestE2EFloodingTenantIsolation(t *testing.T) {
-	t.Parallel()
-	f := flood{rate: 40, body: 64 << 10, budget: 2 << 20, duration: 6 * time.Second}
+	f := flood{rate: 20, body: 64 << 10, budget: 1 << 20}
 	for _, tt := range []struct {
 		name string
 		open func(t *testing.T) (redis.UniversalClient, int64) // and the maxmemory of all masters together
@@ -306,13 +315,13 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 		{"redis", func(t *testing.T) (redis.UniversalClient, int64) {
 			srv := redistest.NewServer(t)
 			rdb := srv.Client(t)
-			const maxmemory = 16 << 20
+			const maxmemory = 10 << 20
 			setMaxmemory(t, rdb, maxmemory)
 			return rdb, maxmemory
 		}},
 		{"cluster", func(t *testing.T) (redis.UniversalClient, int64) {
 			c := redistest.NewCluster(t)
-			const perMaster = 8 << 20
+			const perMaster = 6 << 20
 			masters := 0
 			for _, n := range c.Nodes() {
 				setMaxmemory(t, n.Client(t), perMaster)
@@ -330,7 +339,7 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 			})
 			var store statemachine.Store
 			var limiter quota.Limiter
-			var maxmemory int64
+			maxmemory := int64(10 << 20) // for the memory store, only the flood's size
 			if tt.open == nil {
 				store, limiter = statemachine.NewMemoryStore(statemachine.DefaultLimits()), quota.NewMemory(quota.Options{})
 			} else {
@@ -338,6 +347,8 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 				rdb, maxmemory = tt.open(t)
 				store, limiter = statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}), quota.NewRedis(rdb, quota.Options{})
 			}
+			f := f
+			f.bytes = maxmemory * 3 / 2
 			t.Cleanup(limiter.Close)
 			e := start(t, handlers.Config{Store: store, Keyring: keyring, Limiter: limiter})
 			victim := e.as(t, keys["victim"])
@@ -352,10 +363,10 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 			}
 
 			done := make(chan struct{})
-			var tried, storedBytes int64
+			var tried, storedBytes, failed int64
 			go func() {
 				defer close(done)
-				tried, storedBytes = f.run(t, e.client(t, keys["flood"]))
+				tried, storedBytes, failed = f.run(e.client(t, keys["flood"]))
 			}()
 			// The victim works on through the flood: every call succeeds.
 			during := map[string]string{}
@@ -387,7 +398,10 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 					t.Errorf("victim's record %s after the flood: %+v", key, got)
 				}
 			}
-			if maxmemory > 0 && tried <= maxmemory {
+			if failed > 0 {
+				t.Errorf("%d of the flood's completes failed", failed)
+			}
+			if tried <= maxmemory {
 				t.Fatalf("the flood tried %d bytes: not enough to fill %d bytes of Redis without limits", tried, maxmemory)
 			}
 			// What the flood stored: its budget, plus what it stored while
@@ -406,6 +420,35 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 	}
 }
 
+// The premise of TestE2EFloodingTenantIsolation: without limits, the same
+// flood fills the same Redis, and then the other tenant's calls fail.
+func TestE2EFloodWithoutLimitsFillsRedis(t *testing.T) {
+	f := flood{rate: 20, body: 64 << 10}
+	keyring, _, keys := limitedTenants(t, map[string]string{"flood": "", "victim": ""})
+	rdb := redistest.NewServer(t).Client(t)
+	const maxmemory = 10 << 20
+	setMaxmemory(t, rdb, maxmemory)
+	f.bytes = maxmemory * 3 / 2
+	limiter := quota.NewRedis(rdb, quota.Options{})
+	t.Cleanup(limiter.Close)
+	e := start(t, handlers.Config{Store: statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}),
+		Keyring: keyring, Limiter: limiter})
+	tried, stored, failed := f.run(e.client(t, keys["flood"]))
+	t.Logf("unlimited flood: tried %d bytes, stored %d, %d completes failed", tried, stored, failed)
+	if failed == 0 {
+		t.Fatalf("the unlimited flood stored %d bytes in a Redis of %d without a failure", stored, maxmemory)
+	}
+	victim := e.as(t, keys["victim"])
+	body := strings.Repeat("v", 64<<10)
+	r := victim.begin(idem.BeginRequest{Key: unique("victim")})
+	if r.JSON201 != nil {
+		if c := victim.complete(idem.CompleteRequest{Key: r.JSON201.Key, LeaseToken: r.JSON201.LeaseToken,
+			Response: &idem.StoredResponse{Body: &body}}); c.StatusCode() == http.StatusOK {
+			t.Fatalf("the victim's calls still succeed on a full Redis")
+		}
+	}
+}
+
 func setMaxmemory(t *testing.T, rdb *redis.Client, bytes int64) {
 	t.Helper()
 	for _, kv := range [][2]string{{"maxmemory", strconv.FormatInt(bytes, 10)}, {"maxmemory-policy", "noeviction"}} {
@@ -417,9 +460,8 @@ func setMaxmemory(t *testing.T, rdb *redis.Client, bytes int64) {
 
 // Three idemsvc instances sharing one Redis hold a tenant to its rate: at
 // twice its rate for 10 s, no more than 110% of begins_per_s × 10 s + burst
-// are accepted.
+// are accepted. Not parallel: it needs its pace to be kept.
 func TestE2ERateHoldsAcrossInstances(t *testing.T) {
-	t.Parallel()
 	const rate, burst = 100, 20
 	const window = 10 * time.Second
 	keyring, _, keys := limitedTenants(t, map[string]string{
@@ -449,36 +491,22 @@ func TestE2ERateHoldsAcrossInstances(t *testing.T) {
 	}
 	time.Sleep(time.Second) // the burst back
 
-	var accepted, refused, other atomic.Int64
-	var wg sync.WaitGroup
+	var accepted, refused, other, n atomic.Int64
 	start := time.Now()
-	deadline := start.Add(window)
-	const workers = 6 // two per instance
-	interval := workers * time.Second / (2 * rate)
-	for i := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := clients[i%len(clients)]
-			tick := time.NewTicker(interval)
-			defer tick.Stop()
-			for time.Now().Before(deadline) {
-				<-tick.C
-				r, err := c.BeginWithResponse(bg, idem.BeginRequest{Key: "k"})
-				switch {
-				case err != nil:
-					other.Add(1)
-				case r.StatusCode() == http.StatusOK:
-					accepted.Add(1)
-				case r.StatusCode() == http.StatusTooManyRequests:
-					refused.Add(1)
-				default:
-					other.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
+	openLoop(2*rate, window, math.MaxInt, func() {
+		c := clients[n.Add(1)%int64(len(clients))] // round robin over the instances
+		r, err := c.BeginWithResponse(bg, idem.BeginRequest{Key: "k"})
+		switch {
+		case err != nil:
+			other.Add(1)
+		case r.StatusCode() == http.StatusOK:
+			accepted.Add(1)
+		case r.StatusCode() == http.StatusTooManyRequests:
+			refused.Add(1)
+		default:
+			other.Add(1)
+		}
+	})
 	elapsed := time.Since(start)
 	bound := int64(1.1*rate*elapsed.Seconds()) + burst
 	t.Logf("in %v: %d accepted, %d refused, %d other; bound %d", elapsed, accepted.Load(), refused.Load(), other.Load(), bound)
