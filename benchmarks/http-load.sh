@@ -15,6 +15,13 @@
 # the machine's cores went, and the share of the CPU that other processes
 # took meanwhile (high values mean the figures are not to be trusted).
 #
+# LIMITS=1 adds, to each run, the cost of tenant limits on the same build:
+# begin and cycle loads on a second idemsvc whose tenant has limits high
+# enough never to refuse (rate taken from Redis in batches, as shipped),
+# and begin loads on a third built with one Redis call per begin
+# (RateBatch 1, through go build -overlay), each beside the first idemsvc,
+# which has no limits.
+#
 # PROFILE=1 adds, after the runs, one more begin and one more cycle load on
 # an idemsvc built with a net/http/pprof listener (added at build time with
 # go build -overlay; the source is not changed) and saves their CPU
@@ -65,18 +72,34 @@ api_key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
 printf 'tenants:\n  - name: bench\n    api_key_sha256: ["%s"]\n' \
   "$(printf %s "$api_key" | sha256sum | cut -d' ' -f1)" >"$dir/tenants.yaml"
 export IDEMSVC_API_KEY=$api_key
+# The same tenant with limits that never refuse (LIMITS=1).
+{ printf 'defaults:\n  limits: {begins_per_s: 10000000, burst: 10000000, stored_bytes: 1125899906842624, waiters: 10000000}\n'
+  cat "$dir/tenants.yaml"; } >"$dir/tenants-limits.yaml"
 
-# start_idemsvc BINARY: serves on $idemsvc_port; its PID is $idemsvc_pid.
-# Logs are appended, so that load can empty the file while it is open.
+# start_idemsvc BINARY [TENANTS_FILE]: serves on $idemsvc_port; its PID is
+# $idemsvc_pid. Logs are appended, so that load can empty the file while it
+# is open.
 start_idemsvc() {
   idemsvc_port=$(free_port)
   "$1" --listen "127.0.0.1:$idemsvc_port" --redis-url "$redis_url" \
-    --tenants-file "$dir/tenants.yaml" --log-level info 2>>"$dir/idemsvc.log" &
+    --tenants-file "${2:-$dir/tenants.yaml}" --log-level info 2>>"$dir/idemsvc.log" &
   idemsvc_pid=$!
   pids+=("$idemsvc_pid")
   wait_http "http://127.0.0.1:$idemsvc_port/readyz"
 }
 start_idemsvc "$dir/idemsvc"
+if [ -n "${LIMITS:-}" ]; then
+  main_port=$idemsvc_port main_pid=$idemsvc_pid
+  start_idemsvc "$dir/idemsvc" "$dir/tenants-limits.yaml"
+  limits_port=$idemsvc_port limits_pid=$idemsvc_pid
+  sed 's/DefaultRateBatch     = 64/DefaultRateBatch     = 1/' internal/quota/quota.go >"$dir/quota-percall.go"
+  grep -q 'DefaultRateBatch     = 1$' "$dir/quota-percall.go"
+  printf '{"Replace": {"%s": "%s"}}\n' "$PWD/internal/quota/quota.go" "$dir/quota-percall.go" >"$dir/overlay-percall.json"
+  go build -overlay "$dir/overlay-percall.json" -o "$dir/idemsvc-percall" ./cmd/idemsvc
+  start_idemsvc "$dir/idemsvc-percall" "$dir/tenants-limits.yaml"
+  percall_port=$idemsvc_port percall_pid=$idemsvc_pid
+  idemsvc_port=$main_port idemsvc_pid=$main_pid
+fi
 barechi_port=$(free_port)
 "$dir/barechi" --listen "127.0.0.1:$barechi_port" --redis-url "$redis_url" 2>"$dir/barechi.log" &
 barechi_pid=$!
@@ -134,8 +157,24 @@ columns=(req/s cycles/s p50_ms p90_ms p99_ms max_ms srv_us/req redis_us/req gen_
 fmt_row() { printf '%-23s %9s %9s %7s %7s %7s %7s %10s %12s %10s %10s\n' "$@"; }
 
 for run in $(seq "$runs"); do
-  load "idemsvc-begin-$run" "$idemsvc_port" "$idemsvc_pid" begin
-  load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
+  if [ -z "${LIMITS:-}" ]; then
+    load "idemsvc-begin-$run" "$idemsvc_port" "$idemsvc_pid" begin
+    load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
+  elif [ $((run % 2)) = 1 ]; then
+    # Each load with limits right beside the same load without, in an order
+    # that alternates from run to run, as the machine's other load drifts.
+    load "idemsvc-begin-$run" "$idemsvc_port" "$idemsvc_pid" begin
+    load "limits-begin-$run" "$limits_port" "$limits_pid" begin
+    load "percall-begin-$run" "$percall_port" "$percall_pid" begin
+    load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
+    load "limits-cycle-$run" "$limits_port" "$limits_pid" cycle
+  else
+    load "percall-begin-$run" "$percall_port" "$percall_pid" begin
+    load "limits-begin-$run" "$limits_port" "$limits_pid" begin
+    load "idemsvc-begin-$run" "$idemsvc_port" "$idemsvc_pid" begin
+    load "limits-cycle-$run" "$limits_port" "$limits_pid" cycle
+    load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
+  fi
   load "barechi-begin-$run" "$barechi_port" "$barechi_pid" begin
   b=idemsvc-begin-$run c=idemsvc-cycle-$run bare=barechi-begin-$run
   record idemsvc_begin "$(total "$b" requests/s)" - "$(row "$b" begin)" "$(cat "$results/$b.cpu")"
@@ -143,11 +182,19 @@ for run in $(seq "$runs"); do
     record "idemsvc_$op" "$(total "$c" requests/s)" "$(total "$c" cycles/s)" "$(row "$c" "$op")" "$(cat "$results/$c.cpu")"
   done
   record barechi_begin "$(total "$bare" requests/s)" - "$(row "$bare" begin)" "$(cat "$results/$bare.cpu")"
+  lines=5 limit_errors=""
+  if [ -n "${LIMITS:-}" ]; then
+    lb=limits-begin-$run pb=percall-begin-$run lc=limits-cycle-$run
+    record limits_begin "$(total "$lb" requests/s)" - "$(row "$lb" begin)" "$(cat "$results/$lb.cpu")"
+    record percall_begin "$(total "$pb" requests/s)" - "$(row "$pb" begin)" "$(cat "$results/$pb.cpu")"
+    record limits_cycle "$(total "$lc" requests/s)" "$(total "$lc" cycles/s)" "$(row "$lc" cycle)" "$(cat "$results/$lc.cpu")"
+    lines=8 limit_errors=", limits begin $(errors "$lb"), per-call begin $(errors "$pb"), limits cycle $(errors "$lc")"
+  fi
   echo
-  echo "run $run of $runs (errors: idemsvc begin $(errors "$b"), cycle $(errors "$c"), barechi begin $(errors "$bare"))"
+  echo "run $run of $runs (errors: idemsvc begin $(errors "$b"), cycle $(errors "$c"), barechi begin $(errors "$bare")$limit_errors; load $(cut -d' ' -f1-3 /proc/loadavg))"
   fmt_row "" "${columns[@]}"
   # shellcheck disable=SC2086 # the figures are words
-  tail -n 5 "$dir/figures" | while read -r label rest; do fmt_row "$label" $rest; done
+  tail -n "$lines" "$dir/figures" | while read -r label rest; do fmt_row "$label" $rest; done
 done
 
 # median: of the numbers on stdin; "-" when there are none.
@@ -160,13 +207,34 @@ column() { awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$dir/figures" | media
 echo
 echo "medians of $runs runs, ${duration}s each, concurrency $concurrency"
 fmt_row "" "${columns[@]}"
-for label in idemsvc_begin idemsvc_cycle.begin idemsvc_cycle.complete idemsvc_cycle barechi_begin; do
+labels=(idemsvc_begin idemsvc_cycle.begin idemsvc_cycle.complete idemsvc_cycle barechi_begin)
+[ -n "${LIMITS:-}" ] && labels+=(limits_begin percall_begin limits_cycle)
+for label in "${labels[@]}"; do
   cols=()
   for c in $(seq 2 $((${#columns[@]} + 1))); do cols+=("$(column "$label" "$c")"); done
   fmt_row "$label" "${cols[@]}"
 done
 awk -v a="$(column idemsvc_begin 2)" -v b="$(column barechi_begin 2)" \
   'BEGIN { printf "idemsvc begin / barechi begin: %.1f%% of the requests/s\n", 100 * a / b }'
+if [ -n "${LIMITS:-}" ]; then
+  # ratio A B N: the median over the runs of A's figure in column N over
+  # B's, each run's pair measured side by side.
+  ratio() {
+    paste <(awk -v l="$1" -v c="$3" '$1 == l { print $c }' "$dir/figures") \
+      <(awk -v l="$2" -v c="$3" '$1 == l { print $c }' "$dir/figures") |
+      awk '{ printf "%.4f\n", $1 / $2 }' | median
+  }
+  # The requests/s, and the idemsvc CPU per request, which the machine's
+  # other load disturbs less.
+  for pair in "limits_begin idemsvc_begin begin with limits (batched)" \
+    "percall_begin idemsvc_begin begin with limits (one Redis call per begin)" \
+    "limits_cycle idemsvc_cycle cycle with limits"; do
+    read -r a b what <<<"$pair"
+    awk -v r="$(ratio "$a" "$b" 2)" -v cpu="$(ratio "$a" "$b" 8)" -v redis="$(ratio "$a" "$b" 9)" -v what="$what" \
+      'BEGIN { printf "%s / without: %.1f%% of the requests/s, %.1f%% of the idemsvc CPU and %.1f%% of the Redis CPU per request\n", what, 100 * r, 100 * cpu, 100 * redis }'
+  done
+fi
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "full reports: $results"
 
 if [ -n "${PROFILE:-}" ]; then

@@ -94,8 +94,8 @@ func (c *Client) Begin(ctx context.Context, p BeginParams) (BeginResult, error) 
 		out = BeginResult{Lease: r.JSON201, Replay: r.JSON200}
 		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
 			r.ApplicationproblemJSON403, r.ApplicationproblemJSON409, r.ApplicationproblemJSON413,
-			r.ApplicationproblemJSON415, r.ApplicationproblemJSON422, r.ApplicationproblemJSON500,
-			r.ApplicationproblemJSON503), nil
+			r.ApplicationproblemJSON415, r.ApplicationproblemJSON422, r.ApplicationproblemJSON429,
+			r.ApplicationproblemJSON500, r.ApplicationproblemJSON503), nil
 	})
 	return out, err
 }

@@ -509,6 +509,8 @@ type Problem struct {
 	// | `in-progress` | 409 | another caller holds the key (with `attempt`, `lease_expires_at`) |
 	// | `lease-lost` | 409 | the lease token is not the current attempt's |
 	// | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
+	// | `rate-limited` | 429 | begin only: the tenant is over its begin rate or its concurrent waiters (with `Retry-After`) |
+	// | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
 	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time |
 	// | `internal` | 500 | an unexpected error |
 	//
@@ -683,6 +685,10 @@ type StoreUnavailable = Problem
 // TooLarge An RFC 9457 problem detail, served as `application/problem+json`.
 // Extension members appear only with the kinds that state them.
 type TooLarge = Problem
+
+// TooManyRequests An RFC 9457 problem detail, served as `application/problem+json`.
+// Extension members appear only with the kinds that state them.
+type TooManyRequests = Problem
 
 // Unauthorized An RFC 9457 problem detail, served as `application/problem+json`.
 // Extension members appear only with the kinds that state them.
@@ -2014,6 +2020,11 @@ type BeginResponse409Headers struct {
 	RetryAfter int
 }
 
+// BeginResponse429Headers the declared response headers of an HTTP 429 response for Begin
+type BeginResponse429Headers struct {
+	RetryAfter int
+}
+
 // BeginResponse503Headers the declared response headers of an HTTP 503 response for Begin
 type BeginResponse503Headers struct {
 	RetryAfter int
@@ -2040,6 +2051,8 @@ type BeginResponse struct {
 	ApplicationproblemJSON415 *UnsupportedMediaType
 	// ApplicationproblemJSON422 the response for an HTTP 422 `application/problem+json` response
 	ApplicationproblemJSON422 *FingerprintMismatch
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *Internal
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
@@ -2048,6 +2061,8 @@ type BeginResponse struct {
 	Headers401 *BeginResponse401Headers
 	// Headers409 the parsed response headers for an HTTP 409 response
 	Headers409 *BeginResponse409Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *BeginResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *BeginResponse503Headers
 }
@@ -2095,6 +2110,11 @@ func (r BeginResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
 // GetApplicationproblemJSON422 returns the response for an HTTP 422 `application/problem+json` response
 func (r BeginResponse) GetApplicationproblemJSON422() *FingerprintMismatch {
 	return r.ApplicationproblemJSON422
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r BeginResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -3110,6 +3130,13 @@ func ParseBeginResponse(rsp *http.Response) (*BeginResponse, error) {
 		}
 		response.ApplicationproblemJSON422 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Internal
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -3147,6 +3174,16 @@ func ParseBeginResponse(rsp *http.Response) (*BeginResponse, error) {
 			headers.RetryAfter = value
 		}
 		response.Headers409 = &headers
+	case rsp.StatusCode == 429:
+		var headers BeginResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers BeginResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {

@@ -12,10 +12,12 @@ import (
 	"time"
 )
 
-// Client calls idemsvc. Every call is retried on network errors and 503
-// answers, with exponential backoff and jitter, honouring Retry-After,
-// until the retry budget or the context ends; retries are safe because a
-// begin carries an owner and complete and fail carry the lease token.
+// Client calls idemsvc. Every call is retried on network errors, 503
+// answers and 429 answers (a tenant over its limits), with exponential
+// backoff and jitter, honouring Retry-After, until the retry budget or the
+// context ends; retries are safe because a begin carries an owner and
+// complete and fail carry the lease token. A Retry-After beyond the budget
+// is not waited for: the call returns the error at once.
 type Client struct {
 	api         *ClientWithResponses
 	tenant      *string
@@ -109,6 +111,13 @@ var (
 	// ErrUnavailable is a 503, or idemsvc could not be reached, until the
 	// retry budget ran out. The call may or may not have taken effect.
 	ErrUnavailable = errors.New("idem: unavailable")
+	// ErrRateLimited is a begin refused with 429: the tenant is over its
+	// begin rate or its concurrent waiters, until the retry budget ran out.
+	ErrRateLimited = errors.New("idem: rate limited")
+	// ErrQuotaExceeded is a begin refused with 429: the tenant is over its
+	// stored-bytes budget, and the begin would have run the operation.
+	// Keys already finished still replay.
+	ErrQuotaExceeded = errors.New("idem: quota exceeded")
 )
 
 var kinds = map[string]error{
@@ -121,6 +130,8 @@ var kinds = map[string]error{
 	"lease-lost":             ErrLeaseLost,
 	"fingerprint-mismatch":   ErrFingerprintMismatch,
 	"store-unavailable":      ErrUnavailable,
+	"rate-limited":           ErrRateLimited,
+	"quota-exceeded":         ErrQuotaExceeded,
 	"method-not-allowed":     ErrInvalid,
 	"unsupported-media-type": ErrInvalid,
 }
@@ -185,7 +196,7 @@ func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do 
 				wait = e.RetryAfter
 			}
 			err = fmt.Errorf("idem: %s: %w", op, e)
-			if e.StatusCode != http.StatusServiceUnavailable {
+			if e.StatusCode != http.StatusServiceUnavailable && e.StatusCode != http.StatusTooManyRequests {
 				return err
 			}
 		}

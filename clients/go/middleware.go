@@ -141,6 +141,9 @@ func writeBeginError(w http.ResponseWriter, err error) {
 		writeProblem(w, http.StatusConflict, "in-progress", "a request with this idempotency key is in progress", retry)
 	case errors.Is(err, ErrFingerprintMismatch):
 		writeProblem(w, http.StatusUnprocessableEntity, "fingerprint-mismatch", "the idempotency key was used for another request", 0)
+	case errors.As(err, &e) && (errors.Is(err, ErrRateLimited) || errors.Is(err, ErrQuotaExceeded)):
+		// Over this service's limits at idemsvc: the handler did not run.
+		writeProblem(w, http.StatusTooManyRequests, e.Kind(), "this service is over its limits at the idempotency service", max(1, int(e.RetryAfter.Seconds())))
 	case errors.Is(err, ErrInvalid) && errors.As(err, &e):
 		writeProblem(w, http.StatusBadRequest, "invalid-request", "idempotency key: "+e.Problem.Detail, 0)
 	case errors.Is(err, ErrUnauthorized), errors.Is(err, ErrForbidden):

@@ -22,6 +22,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -69,17 +70,18 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 			return err
 		}
 	}
-	store, closeStore, err := openStore(ctx, &cfg, keyring, log)
+	store, limiter, closeStore, err := openStore(ctx, &cfg, keyring, log)
 	if err != nil {
 		return err
 	}
 	defer closeStore()
+	defer limiter.Close() // before the store closes: it flushes the stored bytes
 
 	for _, name := range cfg.unknownVars {
 		log.Warn("ignoring an environment variable that names no setting", "variable", name)
 	}
 	svc := handlers.New(handlers.Config{Store: store, Keyring: keyring, Logger: log,
-		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait})
+		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait, Limiter: limiter})
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
@@ -113,25 +115,26 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	return nil
 }
 
-// openStore opens the configured store and says what it chose.
-func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slog.Logger) (statemachine.Store, func(), error) {
+// openStore opens the configured store, and the tenant limits kept where
+// it keeps its records, and says what it chose.
+func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slog.Logger) (statemachine.Store, quota.Limiter, func(), error) {
 	limits := cfg.limits
 	if !cfg.usesRedis() {
 		log.Warn("NO REDIS CONFIGURED: serving from the in-memory store. Records live in this process only and are lost when it exits, and other instances do not see them. For development only; set IDEMSVC_REDIS_URL, IDEMSVC_REDIS_CLUSTER_ADDRS or IDEMSVC_REDIS_SENTINEL_ADDRS in production.")
 		if keyring == nil {
 			log.Warn("NO AUTHENTICATION: no tenants file, so every call is accepted as tenant " + handlers.DefaultTenant + ".")
 		}
-		return statemachine.NewMemoryStore(limits), func() {}, nil
+		return statemachine.NewMemoryStore(limits), quota.NewMemory(quota.Options{Logger: log}), func() {}, nil
 	}
 	if keyring == nil {
 		if !cfg.insecureNoAuth {
-			return nil, nil, errors.New("refusing to serve Redis without tenants: set IDEMSVC_TENANTS_FILE, or pass --insecure-no-auth to accept every call as tenant " + handlers.DefaultTenant)
+			return nil, nil, nil, errors.New("refusing to serve Redis without tenants: set IDEMSVC_TENANTS_FILE, or pass --insecure-no-auth to accept every call as tenant " + handlers.DefaultTenant)
 		}
 		log.Warn("NO AUTHENTICATION (--insecure-no-auth): every call is accepted as tenant " + handlers.DefaultTenant + ".")
 	}
 	client, desc, err := redisClient(cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	redis.SetLogger(redisLogger{log})
 	store := statemachine.NewRedisStore(client, statemachine.RedisOptions{
@@ -147,7 +150,8 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 	if err := store.Ping(ctx); err != nil {
 		log.Warn("Redis is not reachable yet; answering 503 until it is", "error", err.Error())
 	}
-	return store, func() { _ = client.Close() }, nil
+	limiter := quota.NewRedis(client, quota.Options{Logger: log, Timeout: cfg.redisTimeout})
+	return store, limiter, func() { _ = client.Close() }, nil
 }
 
 // redisClient builds the go-redis client of the configured mode. Every

@@ -514,6 +514,8 @@ type Problem struct {
 	// | `in-progress` | 409 | another caller holds the key (with `attempt`, `lease_expires_at`) |
 	// | `lease-lost` | 409 | the lease token is not the current attempt's |
 	// | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
+	// | `rate-limited` | 429 | begin only: the tenant is over its begin rate or its concurrent waiters (with `Retry-After`) |
+	// | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
 	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time |
 	// | `internal` | 500 | an unexpected error |
 	//
@@ -688,6 +690,10 @@ type StoreUnavailable = Problem
 // TooLarge An RFC 9457 problem detail, served as `application/problem+json`.
 // Extension members appear only with the kinds that state them.
 type TooLarge = Problem
+
+// TooManyRequests An RFC 9457 problem detail, served as `application/problem+json`.
+// Extension members appear only with the kinds that state them.
+type TooManyRequests = Problem
 
 // Unauthorized An RFC 9457 problem detail, served as `application/problem+json`.
 // Extension members appear only with the kinds that state them.
@@ -1209,6 +1215,15 @@ type StoreUnavailableApplicationProblemPlusJSONResponse struct {
 
 type TooLargeApplicationProblemPlusJSONResponse Problem
 
+type TooManyRequestsResponseHeaders struct {
+	RetryAfter int
+}
+type TooManyRequestsApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers TooManyRequestsResponseHeaders
+}
+
 type UnauthorizedResponseHeaders struct {
 	WWWAuthenticate string
 }
@@ -1491,6 +1506,23 @@ func (response Begin422ApplicationProblemPlusJSONResponse) VisitBeginResponse(w 
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(422)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type Begin429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response Begin429ApplicationProblemPlusJSONResponse) VisitBeginResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2573,131 +2605,137 @@ func (sh *strictHandler) GetStatus(w http.ResponseWriter, r *http.Request, param
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H2Nchs3kvCrdM1ulcVkSJHUjy2qUl8pWfuLN3/+bKX83WZ8HmgGJLEaAswAlMTYqrp3uDe8J7nqBjCD",
-	"IYcUZcnJ3t5u1aYsEr/djf7v5ocoU7O5klwaHY0+RFPOcl7SP19zUy7PxoaX+FfOdVaKuRFKRqPoDc+U",
-	"zDUw/BqupyKbAoMSZ8CMLUEvsozzHPZev/gGTgaDPuS8YMuutvM6vSiO+A2bzQsejQ7iqOS/LkTJ82hk",
-	"ygWPI51N+YzhvjMhxWwxi0b9ODLLOY9GkZCGT3gZ3d7G0du3b88WZsqlERkzfP2k51MOrB4hlARanINR",
-	"sNC8cZLoa85KXkbbDuQOoU0p5CS6xUPMWclm3Di4vZRZscj5a67nSmr+/xa8XK6fy40CM+WgjSp5Dmnp",
-	"pqSgxsBgLKTQU55DyTNV5nhSgVN/pRXjSLKZBQet9N7PjsLT5nzMFoWJRmNWaF6B8EKpgjNJIPyOLzec",
-	"EWEncj6bK8NltoRLvmyCS5U5L7tPxwdsP5uycsI3HPGSL7fC9M8lH0ej6E/7NTHu22/1/nd8Scc855JJ",
-	"s+WkhgYgWllmYKzKU1CyWAKTwPKZkHh8Ik48FDA/XpkpLxNppkyCMBrUtYS9w/6B/eJaaN7pwV8sGDWu",
-	"buq91Jj+Onv1kmCTyAZ05mw5o3fVDhS7RrQrHOz9LcF5VBO9vRBywst5KaT5QegZM9kUP86UNFwa/Ceb",
-	"zwtH/PvzUl0UfPbl3zUC7kN9XASpYaLAk005AeuaaXwiOVwLg+87F+MxL7k0SJp+T7yAYWaho9HhcBhH",
-	"Rhi6fXAsmPlzVQQ4NWauR/v7SF76Kuvl/MofTe8Hq3erqbe7AuqVXcZCap1MLvhEyCca0mCX1F1Nw7hU",
-	"M8KpfXNPNOy5YyUybTtX2hlBCK+SE8TGqmwADGmfa4MkchtHL1R5IfKcywcjSmhPfZa0lfHU72k0idRc",
-	"J1GIpv5BgKbqKDviphr/WAjZeP4pp6ea+5t4TEBaHSLt9PAcL+WrUk1KrvWnAZQZw2dzE40GcQ1c9yEM",
-	"YKqKXNN5Cs40h4U0ooBhf3jcHQy6w8H5YDjq90cH/d5gePC3KI5o2Ht+Mxcl1++ZiUbRltE1Xk5qvLyU",
-	"MPd32g0zQnarGY+BmzNJHBAyVhS8dEBgUIgrDwclK9KvcRMcI40TSawDR+F8XuLDc4BNgckc0lVYpZ0e",
-	"pKR7dEn5SBM5EVfcwt/pDw4DZsqMO4qbb1nwqhLTrbSYNlC40fuBvkPQeCkNLyUrHvhGUay4lYCXpSpB",
-	"ZdmiRDlYo/6o3w9RHw7fGfvutI+DelhIfjPnmeG5O3WIYbtV2jklpNiramAlh0JNJjyP6SGX3CxKyXP3",
-	"RK9YIfLXlg8+EKaXfDmC2UIbuOAwQKE8PDqCi6XhGmXyldDiouBw9uably+jOBoLXuSVGlI/twbM6Xie",
-	"T+8MdJrV9bMeiyW69UBocFs0wN/YFAUQ6oq8yEEtUCdJJOoxhZgJo2NgKH21kBPw+pcdHKNitJCXEhUe",
-	"/wlcqHxJ7yqRQhMW//rmpx97KC15kafEkO1TVOMxlzmua/e+nnJiByXHYyvJe4n8UZkpjsimTE547qTf",
-	"9/hiv1cPpoKaIRt1ySW4A+PH9MCkAcdqnuhNbJbOAoXaGeW0YZcmPBa2d71DDE4qIsP1xkEimePT1yxk",
-	"w/U5kaG2I+JHZV6ohcwfiAepnLbkxLbQsPrSDmuI/6hQvOOuuwFcKtO14x8J3pZAVw/txJiVIzlCOucF",
-	"Nzw/hQqm1VGc2vEG7bafJbtiomAXFioPpGcyBSEXuVWFpL7mJQgJRsx4Q14EKhwdAxbBOXaDLO3VDec9",
-	"FkXbW2RqUdh7XCBLY9nUAbb1dqGivXYypGFcGHURUhRVWemLU3bFwTB8PXw85pk5BYGsM5GajcnMt34J",
-	"66toqBaVPlFpKRptw1RdS1I89shY6OBuTk+hV5rCHsIEySOGMRNF5zH1jnOlvidb+uHU5O1EJPjB0dPh",
-	"s+NDKyVjUFfckj3JCZSag/7hs6Onx+G7HQRUdq4UFM7G34W6jFJdO/6xpSLJKJQxeIUh/CC+rjhjdWGj",
-	"HBHu0WjCfSJznikUWTHMi4UGh4FOtdgAFwuYaHWHgIcmsslEf5ZsYaaqFL/xhzJSBlbWe4tI6EpmN7jp",
-	"oMZKY/fdELMIpzy2ESd0pW6oEq5LJScBPMOtU3ICBk/m7du33VVf3rZ3s+r6o5P9LPViPlel4fkPPBfs",
-	"nADyCA8pID2veIYL0QLhyzkKcVSdCWZ4KCA07YqtanKXJndp1ud6U8hQ09WLpQ0Utp2HBGJ1JkLnmbep",
-	"Wz2yzraWi9kFL0cwqKTwWJTaAMt+XQgtyF1LvtBLvozhSxigzcmveLlMpOTX4bgevDGlyEyxBCGzkjMi",
-	"wjkv7VytYKFRlABDK3bMZUaP2apdfndr6z6xXkBkIGzCV9x6gzgaq3JGRr2Q5vgwimsn9WDdSR1HX6MQ",
-	"Ocu887MNHg0b2ykjT7TVDPGZzEs156UR1uPHatBuQ73HwG1Mls8uftY218Udbkkx49qw2byeTCC9ax4p",
-	"3uc0khyaGTLgNvCcSfBKmfM6jNFy4awsBC8rSrpm2ikBuFAvWnd116/zQ8QlYuuXiHmsvIvXHPuhw/oX",
-	"Pzd2RqRHQfPOLeAL71Zvoi7+zjNTEcdrPi/YBre2Cw6ohcnUjK9EBtwxepB6hSR/z0yKL3lecs2lSSQZ",
-	"Zqk9P31Tj01PIUX9xc0ifwxZ+ynseXsukThiUXKYoKKlJO9YW4+ULD8/7YXhC6EJRbO5WYK9qjuGCd6+",
-	"u5i0puIjEHkIgnuRrfWztELf3f2JhhnXmk04sQo8JzOq1AGdebqJowqi9zrE7k+0CvTcMZzsgtzHoZoP",
-	"YNu8F4663hgrVnd8CNWxtpB55fxheU5cmxWvAqy7IFWTEMJYwzp3gFxMUIC5UIyXZ3O2LBTLY2AGZkob",
-	"GB4dW9W3B2dQMDQFSLl3HsoNwQ2YcKPhcDhcje3oKRseHY9Oxs+O8/6zwbNnh9nT/PgIZQG7+Z7LiZlG",
-	"o+HRcQt53JcXz/ROvPQH8vqS5dIGJithutlUaXy7Oezx3qRHQVvna8o7G6Dl4HSxtH4f3MGDO3AGW2+f",
-	"Dp2ybMKEXIVcyX/t9gff/u3/H+wCrJKj2iaUfH8nFF77oW9woouu7RhUi6NrJowDdRUz7a9qTN+qayhQ",
-	"pTUKcEKMxutMFIVwhmRsAz+yYnKiduODUYm0nBsu+BiNE2sBo55y2D9ZAVS/Tc9gN1bPOOj3+/34ruB4",
-	"+GyR6lofpsqXz6U1ixqXjwy/wWe9DoEUlUVi8hwn8nwEKQ5OYc+6g2mFDmSsLIXzFlorTIPQcSLTC6b5",
-	"8WFajWBwISQrl04NRdWLyZyVOdiRNo/g8PjwmbO0vfx2Z7SjWoR4HH3jhMKn8Z77vtVPUn0+lZv/Tm+j",
-	"hZCa120jq+c3hsv89wH6vRjkJ+PpdwDaCyaKTwPZBg3mDPRUlWaz7lKz5QxfW86zQsjQk/DpYuv3fgrl",
-	"0rtgKxZm00yaIEnxwxRKTqfUteeXws38xlhxB84y0CBM5zSRKYE9tUqrpuyRciYkK7yGaOWenVuSOq9X",
-	"GPqGDJzfh7JI7LzmmuDyodURgN+hXK/Mg5T8nni/dIuBQcYA+Wx3NDAqXKWBHUEQJkMC9uoRI7DYmnEm",
-	"9UqaBV057/zRpsOnGcqf30RovIcQ2W+nnMJFprZuKmh6EN9lPn8G6yEA5GYC9qtuMJSZ2WQfBypDherI",
-	"o6FVb/iWs8JMN3ivbOCCtprSOHwpJWe5kKjoZVOeXa67bdbdD+pyZ8dDG1C+4xt8BlkhuDRP9Gr23uiu",
-	"YHki9/o3w8F//cd/9m+ePu/04ExSMucU7Onwdf99oY33yKUf0hjSW/zPF/if/+PeeJKkiXSJifmqBdCW",
-	"NdgwBI5Is/V/D+Jojngs8Xb//kuS3AwH3SS5efr83Zd/bpNUJFTahGFtrfzz+9RaxcTOXqs2avNKVChh",
-	"nR3SFtNG5FVmIpmDK7ZSMwfYLrTF4jnur9g8g36/zdsaAKH1bag5+3Xhw+1qDEryOsTuqCOQgbGTgEjX",
-	"iUw56bWpjQF4Cdgarbc7jOBgCFN+Q1GjkmWGl/oUmFzaeDwvNHc+hn5/9Z0cjIfsJOvnRxdP+eEge8aO",
-	"8/4JH46fXgyyQ3Z0FDUfRr97wrrjs+6Ldx8OhretL8MHA9qcrJSpfXj0tAp32wBIDJqXV8hKdTMwEIZO",
-	"0l4iSePXQkmY8dkFLzWw+Zyz0ibhVgHWSyFz5ySwDNtM+exxhLiP2LR7kAsmmY8nUI6CS8OS2UoO+APy",
-	"/tZdgTbzaPVEazk8o4bzyibUMAP0ymIEvU8ztvk3wjj3TeotoLSZUl9bRi2HEhLN66yVRf78+iWUnBxh",
-	"mdNpRY6m49ha8mtwq17sohTdambbtg/igrXsXH/R356fvwI7ADKVN9FJ2T4VFzk6Obmbg7i43SZjSi9m",
-	"M1YuPW9DgsZ/u/dwWqcRoLVFsaoAZC6aJWTexFdrumcNO+PCmGsnMhTSQqxJNkOO0nKkUSLTrTHGZNHv",
-	"H2Q4i/6FTO96qjSHgpEr1UxB88kM2Rtq6n6LJ5rIcZTIRH60m370ePhIOjse6GMiP3a73er/OHaN/uEj",
-	"MkD4uJLJBu2JbKrckrgGQd4a7BHfcclrHbCbN6LQtPMAPoaJ/K1RbDu3zjymiQcrE+/MYbar1IlEtMoh",
-	"fGzPR6K8hiBNj1Bhl5hxM1V5F1diRaGu/VWO3IloaK64yydjl9y+XjuvgkRrMBcXGviFdowQ2wXrhAla",
-	"46BtjY2pGj4Lo0I6eGKpM4rpjidIKG3ZyZUxb9HuE43jtixjt3iQJ1etfZ/EQk8XbaUBuOBw6BbcuaDC",
-	"rbieAwUf4aiiOJdixeTO+VUemC55l1ajJ9eS7PtxRRXZOfG8KRCiu4wbnwhBHDeurUMnytvU0MCVGWqi",
-	"z44P+1v89VVFBxkBvnCNKA15nCmZtGkE5NJv01DdBps11OHRyXBFQ22TLrtZsK7kC86gMuUraz2IuhIh",
-	"JXLNY2L1iTZ3lrfwG250Id8HGNzRQn5DyHpNB22TTTaFwV9k/QWup//nKeWQB5FrUfAQd3jz4KzpacOb",
-	"FIav2zxLpz6xz45s1P9U0WkLLgp1o2Z6SsCtyvJIlcWhTF+6Kh/LalaL8L4iNDySc6rk7I+Pan+qp2tb",
-	"9JbOEkZbxRWX4AKNFhMk0h0EAlLoPYaL2lFd+7lcVJNJ0kWQYqQi+TVtZJrAkpt2d9mD9N0NcdzzKgDb",
-	"AiqnkK6IqFZIPZqnfQNl3cOjuMMZyJF4/5DuYp7f/920+k3qUk06S+hICR5nY8c7PZoroL0r3rPqxGVW",
-	"H7FvFs3aeanyRcbz2IUfeE4+PnrZ9A+jfOZcvrDaG+/Bc7JP5qwkvVnN7f4jVLYdZ8iU1IsZt/nWVutA",
-	"NphIq3PbvOw6yRZ8jq1NsaXKL5uwSQuQIuqyDBJJ+bZtTBLXaycw/Cb2gWdySuAn77kLYaeg2XIltPUh",
-	"iayf8b3Ik2iEf70fDA+S6LbtaTSWu4twGtHz20Y6azs2P6xvuKKy0ArOzkeuY6ZclHDFigVv3utD9I1N",
-	"au3aJNdoLR/1toXsrIr1HsG3mzVdZ9ZYSm2cYdgf3M+6bjvSefWuV1UI++6cndnbVFwd+I6PD7e5jln3",
-	"t3735H13g9+45gJtLiTrNTExOcoODg5OUFH8+fwbqwAEjk3UXzKhhZLNE6/5jfqV36hSKpF9dF2tR/N8",
-	"cXTTnaiu+/AH3A7Pa7NuebYohVm+ocYG9gFRI4OzRVsIIz1z5i+Ryghs0wOwXgA2F8ivnSOgB89ZNg3M",
-	"2zmVwCvpS+BPE7lWX++NXyaXVVH+tFSLyRRS+3eKim1tYSfSmti4gHOGDpxetZoU7k+b9mDvDHJ+xQs1",
-	"n5G26N1avixVyO6Mz1TpuRYuiKI8U3IsJouyMso1sCzjc6MTaV0DfrOcrEtN/jd7j9TZG2mvQ1zLtpJA",
-	"oeYbRwQ53TbnWsix8hnoLCMy940brDGFcqMs2o2sdf7gvqQUS8i4NCUrxG88b4R6NC+vRMYRyngDhLL7",
-	"CC5Kll1yvCsi8WKhbciqliPWU3ut7N3JuQMAVsXYu+TLDkDXUgd4qyIHgBGUC9kUSTH+KcGbE3u9Xo9K",
-	"aVBHoD/syuH/qpUrGwRXzhX8+NM5bSDMqZNvYecMz5u2LGhtAPpshwX3fHi/4zWaLUsHOV4j0GrGEbLk",
-	"2Rca9yA3mDBQisnUgFTXsHfYP+kgZF+g2i057ieJuRCAm4K9XEiNe/jcPBw/L1hGcpSRbR/jK8xBIfUH",
-	"yWeoqdaA3HOgJ7q3tyuWHeehpIzIRFpF0nqgmKkfpFlPRPYl2EGrhCohKZEczWe84RdffKPklf1Y9774",
-	"AlyCixVuVSMLWEgUe+n+1cAagX9989OPidxb9zR1ToOkRdI7rDPF+4OsTKQSC8dMBkex11aCmiH/5UGr",
-	"99AW4pAPUZV1nppEFhF4HuvYDTxHc8sWQW8IpejV+zRCKDFobo3d1IVpUtuphnV6QKKpWhulTyK3yx7Y",
-	"SzcJnLRDsCcsjks1sx5dQu8TDVmhsstTyBeW/OyuTn7XhXKihIUUlN/ofZx4uyocEZNl7tPT0k4PfnK6",
-	"Ze34Iwi6WBAV8Ull9ZxE4p5qJozh5AOx4sG5LpUEBoE/1KHgqNUnauVTw3/qxh+GblhHqt+Tqxmp9NxX",
-	"xmnrlcntTYWGXGULcoUjM3RxztgnvMo8kdW94QLX1rGlLi1+47pD0AyyJCkYWFneJD4r+ZRYkvbvyKpJ",
-	"dLo7hHLsOjJp7nRIW7GmneLuu9zYd6tHdcQCl7MPEQWAl46u5vtawUKWHDkF3ZIm9+BsB/F/sfThCUsy",
-	"Xg1I5J57e87rb1XNVz+9Oa8ZILn+qXcOVI2W/EgLoA5i2e+FxyCS8iq05QvuW4f8gx68deqAP0sMDG9l",
-	"+QrLjK4c8XWzH4ScdZ4hQl5zg1yBEEJMlKpThYZG3SnaUinx1ZQ+EN7966GeSO+WqlOoHT6IqmJCIWvN",
-	"y2qs6N4xVbA2qlWtI1j7OKItsaLD5iJvEIi0NY69RJ6Rr7nNCy05lY5y0oy8/90oZHYZ57kNgNXlKvZU",
-	"VeHuBfevMfbmjV/D3oWOyS7UlasKKUTGnYHs9Ca0p0rBDaNuSht1p30/sw7pBSrXFS+11agGvX6vTz6X",
-	"OZdsLqJRdNDr9w5seH1K6vS+TfP5Df894W22igPxsN+H2m1JINGalLVCXHGqTK6CMmRZF6YWrmgvVGT/",
-	"MrfWIG270vJp2O9vKWpsKWb04dNIXe5eOuhSoDZUDq7ejSrij+zB2latLrBfNVYJbZdo9Mu7OHKx1WgU",
-	"fS+uuHTRUDbRlC1VcYToHU7dnyHBZHojUn6w33sh9apUKCH4AtX5GwP8Zq5cjaE1wFCC4Tf784IJeQqO",
-	"Rr7q9/q9Q5Rh9pnbbW0bMW1YabR3wzvyeu8cv01cutPcjcv6CA0sRn+Cb59//wr8Jkjy7x3D0u+NMqyw",
-	"xrv/DNluqRaGx9VzxBcXRsoT+Sc4/7dXz7cumqmFJO1wy6APboevkqqmLoli2v2rJNq/GuzbKpIottt/",
-	"lUTD/iCJbuFwWFtSmxrsrVOfQ/0jE11AIbMKWxvJr+QsX+7KElx4oQrbBTG7mFht1W5unQu8thv9AzKB",
-	"tut8Ck5wwsHdE9YabmxD5mufj7kNh54wce+5a0mzgsaVyNlKrTDsDfuDTmwTQAPx3TCWEtmalopz+37u",
-	"XJXGKcObYtuJpOA2Go+kgnThDCS/tpkClJFZ+90vlr4hZxg7tAkFNhY9VdZgDhtoUYjNP2CflDQvlkGl",
-	"Dm64ql7kuE4Vbu/BObskzw4qCmy1flejCpZWVbE+x9utcilQryAVosht/L1nb2ptU5uY4jUm/uuC+eFh",
-	"XZqPgdQZn7h2o0StVrBsnRohMrYf07bu3+5WCHEAKmPUlSsJVXfa1upEFPUHfAX2NbcdfMeug77uMMZd",
-	"r6fMcN+voxpCdkkPgj6L1lbDl8OI+Hy0Ete4UE7ldKFUr3vZwyF6l65pU5dUY0hdRVwKzs/RJ0O5DsqN",
-	"XSaffRVhoRvO1Lhp7SPwFO+egPZZIDgUOFlJ5CwKVFXSAU9xGUbDeInoQvzRY3LasHdZCQlHfZjpNslL",
-	"WHMNSLk2X7vgwu6csxHE3FL7SQHI1vzmulLJZbq6AF+zHLJR0eUSDqrCxP7OPLtRbHvbDGnhY7t9iCRx",
-	"LRZ9igDKlYrlngXupjpERjb9apvFZsXFNuf4ZqCGUUwbMdoe61kJ7fjqwSBos0NEpRFAGfYHQXJiAJbb",
-	"qshjFUKrhUOtABpW4fu1wqygdKQFage9w6PjT4EabWchFm64FXANUBz2hyEo3OVvb+9LtdQJYYO6ETY+",
-	"8x0gyJtL7QZX/c+Wr/t4aODlquRyb1NfBJ9B1ih66iTSG940ZL0ILHZRi/aeCh3XMWjYH9yP/YTv5i4W",
-	"s2vT0UZZwS6p5kGLDheSrnBdddG4H66rligbsN2W2rclzMCKIvCR1LhKa3dLU29xRdgtmUl7qgxy/at0",
-	"QI/Aw92U20bDS5o2uHvazyvdmQ530YtfhE15D/snu5zuVdAr9nCwwyZVXzKacLTLVVp6MeHk4XCHK7V0",
-	"tf6d7YqKaX9tU+iqwIrX2Au2DLV6JXlgalzyZWBkeLrcbGe8sZWljdRYp81WyhOXmVXtG4R86vM6grYW",
-	"vgYVhNkaqSHdy+ZwWF+kzXj1ypWceOWYVa5GfGidICyESrKrHiUdftWXCGeu969PKm8kVl0sDH4+C7Kr",
-	"EtlMr3KZJ6IoKvWiTcvzlf4PUfTu4q734pf/CMrJzhx5tU/CY6uNn67/tUu04T30xDb9bFe4NCqnNzZR",
-	"q9ss+gCyKuGa6Zjs8LpbFQmpZrNJIinbT/QfXa4c3j2jaim7qyCqmwH/7nLoD5El/p21pWpayhBGQ/Bb",
-	"Hu3yxOomm6XJqwVZ2bgJvZ9lsxRzgyQBoyg/4ctEhqHcOjmYAsJk/aMaViiU0UA/naGkL61tYc22G8jn",
-	"ZMxoIB9by/qenHpnTtBsafK5+eND9PxBwBU/FzRskfXWjtZISZx+Jci0KNn/4nj/SziefTer7cL2ppyV",
-	"5oIz09nI5MaunLedxT337sc71GNfbOVs9F5LucxK46rV5jCr1TSJDLrDwJ7f/0sYdHoQLr6paUzdU3G9",
-	"a8wO6noiX9j2pS6HyoXNS+ptisy6NoPbuPELBOsDePEmz9RnV563+qhanFFBrQJhYnelL2jE9FkZ/fBO",
-	"9bZy6D2C368JjRZn3WMqxUG1mqXjf2nF/5IRm2QEPrg2jXijaKC/SCR4r0qTAv9Cn+sw4lX3ka7iaVV6",
-	"H+wFWXiJXEhtREYxTJrifuimvT2YbSjt4rA9oJ2ptTSTwC60/fUvOoH7VUQNRqk2xmwP/R2VHIW/KfhL",
-	"O3TrIfvVb/jdxneODX9I7/bdGis73NQfzFdgTihh2b5kd8H/CQ/1j6FrVU6465ZUFcNuJOq6yUVrQsnr",
-	"IL9gjaYbBZw2p4/c57oHL+o820S6YAkKqKX/NcNmSBmC5NvTZlfnuqdT0NVla+1rk8D/LzdvfIn35yPw",
-	"1h/gfPjD+HwxUhc2aoXjxvhpUBT8AO/ZsHfU72/XGzZEqh/Fu7khmMobvrq68jOs+gqrO1sA4C728Djs",
-	"zoDeoBXvqt/dV3Hjtd72SQByG9sSpbr8vwml1kbGn5kk66q4R8q6qMq8HfTuFyhtJX+PgGbjhE/Agtvm",
-	"HmHyRtuFjQ5pWyP/z6c9/yFS/DVn+d0yvJmK2CzB/OUdChTqpObkXfsvLVNln69jtGlqOEc3S09cVWbO",
-	"54UiQqNKL8q5UtcSWJ4jQVJlSbVYIbThUoOSkI6e9Z/1U1jIgrpV1vWQdQ4qCW+bWr9PwtDddu1nrJsN",
-	"JsOSZV8h0vgZaE2CeK3kuTDTOGigiYu4BNyq/1yVc9f4Me9g9SC38/bd7X8HAAD//w==",
+	"7H2Lchu3suCvdM25VRaTIUVSD1tUpbaUXHvjm5evrZR3b8arAWdAEUdDgBmAkhhbVfsP+4f7JVvdAGYw",
+	"5JCiLDk5e+9JVVwShWd3o9/d/BhlajZXkkujo9HHaMpZzkv68S035fJsYniJv+VcZ6WYG6FkNIre8UzJ",
+	"XAPDP8PNVGRTYFDiDJixJehFlnGew97bV9/ByWDQh5wXbNnVdl6nF8URv2WzecGj0UEclfz3hSh5Ho1M",
+	"ueBxpLMpnzHcdyakmC1m0agfR2Y559EoEtLwS15Gd3dx9P79+7OFmXJpRMYMXz/p+ZQDq0cIJYEW52AU",
+	"LDRvnCT6lrOSl9G2A7lDaFMKeRnd4SHmrGQzbhzcXsusWOT8LddzJTX/9wUvl+vncqPATDloo0qeQ1q6",
+	"KSmoCTCYCCn0lOdQ8kyVOZ5U4NTfacU4kmxmwUErXfjZUXjanE/YojDRaMIKzSsQjpUqOJMEwh/4csMZ",
+	"EXYi57O5MlxmS7jiyya4VJnzsvt8csD2sykrL/mGI17x5VaY/kvJJ9Eo+tt+TYz79q96/we+pGOec8mk",
+	"2XJSQwMQrSwzMFHlKShZLIFJYPlMSDw+ESceCpgfr8yUl4k0UyZBGA3qRsLeYf/A/uFGaN7pwb9aMGpc",
+	"3dR7qQn9dvbmNcEmkQ3ozNlyRu+qHSh2jWhXONj7W4LzqCZ6eyXkJS/npZDmJ6FnzGRT/DhT0nBp8Ec2",
+	"nxeO+PfnpRoXfPb13zUC7mN9XASpYaLAk005AeuGaXwiOdwIg+87F5MJL7k0SJp+T7yAYWaho9HhcBhH",
+	"Rhi6fXAsmPlzVQQ4NWauR/v7SF76Ouvl/NofTe8Hq3erqXe7AuqNXcZCap1MxvxSyGca0mCX1F1Nw6RU",
+	"M8KpfXPPNOy5YyUybTtX2hlBCK+SE8QmqmwADGmfa4MkchdHr1Q5FnnO5aMRJbSnPkvaynjq9zSaRGqu",
+	"kyhEU/8gQFN1lB1xU41/KoRsPP+U01PN/U08JiCtDpF2eniO1/JNqS5LrvXnAZQZw2dzE40GcQ1c9yEM",
+	"YKqKXNN5Cs40h4U0ooBhf3jcHQy6w8H5YDjq90cH/d5gePAfURzRsAt+Oxcl1xfMRKNoy+gaLyc1Xl5L",
+	"mPs77YYZIbvVjKfAzZkkDggZKwpeOiAwKMS1h4OSFenXuAmOkcaJJNaBo3A+L/HhOcCmwGQO6Sqs0k4P",
+	"UtI9uqR8pIm8FNfcwt/pDw4DZsqMO4qbb1nwqhLTrbSYNlC40fuBvkPQeC0NLyUrHvlGUay4lYCXpSpB",
+	"ZdmiRDlYo/6o3w9RHw7fGfvutE+DelhIfjvnmeG5O3WIYbtV2jklpNiramAlh0JdXvI8podccrMoJc/d",
+	"E71mhcjfWj74SJhe8eUIZgttYMxhgEJ5eHQE46XhGmXytdBiXHA4e/fd69dRHE0EL/JKDamfWwPmdDzP",
+	"p3cGOs3q+llPxRLdeiA0uC0a4G9sigIIdUVe5KAWqJMkEvWYQsyE0TEwlL5ayEvw+pcdHKNitJBXEhUe",
+	"/wmMVb6kd5VIoQmL//bul597KC15kafEkO1TVJMJlzmua/e+mXJiByXHYyvJe4n8WZkpjsimTF7y3Em/",
+	"H/HF/qgeTQU1QzbqiktwB8aP6YFJA47VPNOb2CydBQq1M8ppwy5NeCps73qHGJxURIbrjYNEMsenb1jI",
+	"hutzIkNtR8TPyrxSC5k/Eg9SOW3JiW2hYfWlHdYQ/1mheMdddwO4VKZrxz8RvC2Brh7aiTErR3KEdM4L",
+	"bnh+ChVMq6M4teMd2m2/SnbNRMHGFiqPpGcyBSEXuVWFpL7hJQgJRsx4Q14EKhwdAxbBOXaDLO3VDec9",
+	"FUXbW2RqUdh7jJGlsWzqANt6u1DRXjsZ0jAujLoIKYqqrPTFKbvmYBi+Hj6Z8MycgkDWmUjNJmTmW7+E",
+	"9VU0VItKn6i0FI22YapuJCkee2QsdHA3p6fQK01hD2GC5BHDhImi85R6x7lSP5It/Xhq8nYiEvzg6Pnw",
+	"xfGhlZIxqGtuyZ7kBErNQf/wxdHz4/DdDgIqO1cKCmfj70JdRqmuHf/UUpFkFMoYvMIQfhLfVpyxurBR",
+	"jgj3aDThPpE5zxSKrBjmxUKDw0CnWmyAiwVMtLpDwEMT2WSi50r9xOTSKTafYYDQlN8XyrAuv804zzkx",
+	"ZL2YzVi5jEbRLx5V1k/UtXrOeJFfcpRa16xYrKPe2kzPtHcuVS4DUtPotqgl2FUs+p8fPD8cvBg6EmnY",
+	"9YHE/Hc8KVQn3Y0YVq5HPgxmeJeIb+N96fUBDrznmhUC6UrVLLDvV1/MeXmhYdDv92MYL0ptYNjv9zub",
+	"rvgW5/qj7XbBxm2Ifp+E5FeupyTqXVCrd/6GhFTSymSxJC6pE1nySeCLoAmn4BkXGV/Iu0ByXJqVvNOD",
+	"NxULDi+Ujtqhm4bgTWNICbYp8UthdCIzJb0Wc8OE4aWGvdT9lNbbQdqkj2C/RLYQPexZCZFf0KdpJwat",
+	"UHmls5FVeEOyh2Wk8ZIu66ARw81UFMgp5gVbkrngXohamEzN3APRRhQFaF5e00Nf0Z9OV8TIuoHa4hin",
+	"U9yo0kxhxq6EvHxKofGrZAszVaX4gz9WnWNgLQ7vlyHYOc9tqNMN6gfT2H23B7MIpzy1K0noyuhRJdyU",
+	"Sl4GXD3cOqVQRICD9+/fd1cjCtsQsRqAcNjQi/lclYbnP/FcsHMCyBOI80AAevM3XIgWCOX3UYij6kww",
+	"w0MBoWlXbFWTuzS5S7O+lGRHtS5dvVjaQGHbeUgtr85E6Dzznr3WuJDz8MnFbMzLEQwqW2AiUEgQ+9CC",
+	"gkYUkbniyxi+hgEoCcg1l4mU/CYc14N3phSZKZYgZFZyRkQ456WdqxUsNCq0wDRa7VxmpFJY48/vbj1u",
+	"z2wsArkTu+QrwYVBHE1UOSPXopDm+DCK61DZYD1UFkffInM8y3wIpg0eDU+fM4meaWuf4jOZl2rOSyOs",
+	"ysJq0G5DvcfAXUz+l12iPW0O1HuCI2LGtWGzeT2ZQHrfPDL/z2kkhVUylDtt4DmT4E1D5/ucAJPAWVkI",
+	"lJ6Okm6YdqYILtSL1gNu9ev8GHGJ2PotYh4rH+K18GIYNvvNz42dK8ujoHnnFvCFd6s3UeO/88xUxPGW",
+	"RGI7aTRl5Ep80h2jB6nXLvILZlJ8yfOSay5NIsk9lNrz01/qsekppKiJuFnkFSafYwp73quUSByxKDlc",
+	"ormnJO9YjxOZen5+2guDqEITimZzswR7VXcME7x9dzFpHVZPQOQhCB5Ettbb2wp9d/dnGmZca3bJiVXg",
+	"OZlRpQ7ozNNNHFUQfdAhdn+iVbj5nuHknch9NLz5ALbNe+Wo652xYnXHh1AdawuZVy5olufEtVnxJsC6",
+	"C5U3CSGMeK5zB8jFJQowFxD28mzOloVieQzMwEyh2XF0bK2rHpxBwVBHJKXVxUk2hFjhkhsNh8PhaoRZ",
+	"T9nw6Hh0MnlxnPdfDF68OMye58dHKAvY7Y9cXpppNBoeHbeQx0N58UzvxEt/otgT+U/awGQlTDebKo1v",
+	"N4c93rvskYbsPN55ZwO0HJzGS2vn4A4e3EFIysYcdBgaYpdMyFXIlfz3bn/w/X/8j4NdgFVyVNuEkhf3",
+	"QuGtH/oOJ7oY/46h/ThC28iBusrc6K9qTN+rGyhQpTWKzKoYhISZKArhrI/YmnyyYnKiDiaCUYm0nBvG",
+	"fKJK7vxwqKcc9k9WANVv0zPYrdUzDvpoUd+XohM+W6S61oep8uVLaZ0zjctHht/is16HQIrKIjF5jhN5",
+	"PoIUB6ewZ4NStEIHMlaWwlln1hekQeg4kemYaX58mFYjGIyFZOXSqaGoejGZszIHO9JmMx0eH75w/j4v",
+	"v90Z7agWIR5H3zmh8Hm856Fv9bNUn8/l5n/S22ghpOZ128jq5a3hMv9zgP4gBvnZePoTgPaKieLzQLZB",
+	"gzkDPVWl2ay71Gw5w9eW86wQMvQkfL7Y+rOfQrn0gaCKhdlktyZIUvwwhZLTKXUdf6KkF35rnC/LWQYa",
+	"hOmcJjIlsKdWadWUw1bOhGSF1xCt3HM+OuvhWmHoG/IA/xzKIrHzlmuCy8dWRwD+DeV6ZR6kFH3B+6Vb",
+	"DAwyBihytKOBUeEqDewIgjAZErBXjxiBxdaMM6lXkr3oynnnrzYdPs9Q/vImQuM9hMh+P+UUtDa1dVNB",
+	"04P4PvP5C1gPASA3E7BfdYOhzMwm+zhQGSpURx4NrXrD95wVZrrBe2XDp7TVlMbhSyk5y4VERS+b8uxq",
+	"3W2z7n5QVzs7HtqA8gPf4DPICsEpBLWSQzy6L2UnkXv92+Hg//7v/9O/ff6y04MzSSnlU7Cnw9f994U2",
+	"3iOXfkxjSO/wn6/wn//m3niSpIl06dH5qgXQlrvcMASOSLP1vw/iaI54LPF2/+u3JLkdDrpJcvv85Yev",
+	"/6VNUpFQaROGtbXyn9+n1iomdvZatVGbV6JCCevskLbMGkReZSaSObhiKzUrEexCWyye4/6KzTPo99u8",
+	"rQEQWt+GmrPfFz7pR00oslcl+jjqCGRg7CQg0nUiU056bWpjAF4CtuYM2R1GcDCEKb+l2HXJMsNLfQpM",
+	"Lm1UixeaOx9Dv7/6Tg4mQ3aS9fOj8XN+OMhesOO8f8KHk+fjQXbIjo6i5sPod09Yd3LWffXh48HwrvVl",
+	"+GBAm5OV6kUOj55XSTc2ABK7UBwab+mm0EnaSyRp/FooCTM+G/NSA5vPOSttYLRK87gSMndOAsuwzZTP",
+	"nkaI+4hNuwe5YJL5eAJlSrlkUJmtVKI8Ivt43RVo8x9XT7SWSThqOK9sWh8zQK8sRtD7YgebBSiMc9+k",
+	"3gJKm4U9tWXUcigh0bzOWlnkr29fQ8nJEZY5nVbkaDpOrCW/BrfqxS5K0a1mtm37KC5Yy871F/39+fkb",
+	"sAMgU3kTnZRzWHGRo5OT+zmIi9ttMqZcuoTnbUjQ+LN7D6d1MhNaWxSrCkDmollC5k18tSad17AzLoy5",
+	"diJDIS3EmmQz5CgtRxolMt0aY0wW/f5BhrPoJ2R6N1OlORSMXKlmCppfzri0mrrf4pkmchwlMpGf7Kaf",
+	"PB4+kc6OB/qUyE/dbrf6H8eu0T98QgYIn1byaaE9nVaVW9JnIciehT3iOy6FtgN280YUmnYewKewnKg1",
+	"im3n1vUPNPFgZeK9lRR2lTqdkVY5hE/tWZGUXRUkCxMq7BIzbqYq7+JKrCjUjb/KkTsRDc0Vd1mt7Irb",
+	"12vnVZBoDebiQgO/0I4RYrtgnbZFaxy0rbExYSxMJbK5cZ5Y6roGuuMJEkpbjURlzFu0+3KHuK3WwS0e",
+	"ZOtWaz8kvdnTRVuBEi44HLoFdy7rcis20oBoJTyadTCgSB3B/VlYNhsI2pKBLITCXBoPkZWMoIds3ZYx",
+	"hPZAnVLWyA7ador1RFT4BEfVg3N5rkzunOTqaclVUNBqxHFaKi4+rWhiO1f/NOVhdJ9t5/NASODEtXHs",
+	"NJk2LTzw5IaK+Ivjw/6WcEVVVkc2kE+SooeGLN6UTNosCopotCnoboPNCvrw6GS4oqC3CdfdDHhXdwtn",
+	"UHkyKmdFEHSmd5TINYeRJdA2b553cDSiCEJeBBjc0UHwjpD1lg7aJpptBoe/yDoDWq/BylNKgAsC96Lg",
+	"Ie7w5sFZ09OGMy2M3rc51k59drUd2SjCrILzFlwU6UfF/JSAW9VGkyaPQ5m+cumN9gWvVkJ/Q2h4It9c",
+	"ydlfH9T/XEfftuA1nSUMNotrLsHFWYOUSgeBgBR6T+Ghd1TXfi4X1GWSVDGkGKlIfE8biTaw5KbdW/go",
+	"dX9DGPu8ij+3gMrp4ysSuhVSTxZo2EBZD3Co7nAG8qM+PKK9mOcPfzetbqO6Xt7YjPDajxQ8zsaO9zp0",
+	"V0B7X7hr1YfNrDpm3yxa9fNS5YuM57GLvvCcXJz0sukHo3ziYL6wyivvwUsyz+astHrM3O4/QlvDcYZM",
+	"Sb2YcVv0YrUOZIOJtCaHLY6pKx3AFzrYOgcqv7X5qrQA6eEuySKRVPTQxiRxvXYCw7/EPu5OPhn85IK7",
+	"CH4Kmi1XInsfk8i6WS9EnkQj/O1iMDxIoru2p9FY7j7CaSQP3DWyedux+XF9wxWVhVZwbg6nOooSqASh",
+	"ea+P0Xc2p7drc3yjtXTcuxaysyrWBYJvN2dCnVhkKbVxhmF/8DDnQtuRzqt3vapCVJUkCI7epg4Xgev8",
+	"+HCb55x1/+h3Ty66G9zmNRdo86BZp5GJyU94cHBwgorir+ffWQUg8Oui/pIJLZRsnnjNbdav3GaVUons",
+	"o+sK7prni6Pb7qXqug9/wu3wvDbpmGeLUpjlO+ouYx8QdZM5W7RFcNIzZ/0TqYzAdp4B6wRhc4H82vlB",
+	"evCSZdPAup9THxIlvfVzmsi1Jife9mdyWXVGmZZqcTmF1P6eomJbOxgSaT0MuIDzBQ+cXrWaE+9Pm/Zg",
+	"7wxyfs0LNZ+Rtui9er43gJDdGZ+p0nMtXBBFeabkRFwuysonoYFlGZ8bnUjrGfGb5bachdyP9h6pszfS",
+	"Xoe4lu3ng0LNd+8JUtptyrmQE+UT8FlGZO6751hjCuVGWbQbWev8wf2RMkwh49KUrBB/8LwR6dK8vBYZ",
+	"RyjjDRDK7iMYlyy74nhXROJ4oW3ErpYj1lF9o+zdybcFAFbF2Lviyw5A11IHeKsiB4ARlAvZFEkx/iqr",
+	"sp+9Xq9H9TmoI9AvduXwv2rlygbBlXMFP/9yThsIc+rkW9i+yPOmLQtaG4A+22HBPZ/d0PEazZalgxS3",
+	"EWg14whZCmwIjXuQF1AYKMXl1IBUN7B32D/pIGRfKVtZtWfpKwYCcFOwlwupcQ+fmojj5wXLSI4ysu1j",
+	"fIU5KKT+IPcONdUakHsO9ET39nbFsuMctJQQmkirSFoHHDP1gzTredi+D0bQr6bKx0okR/MZb/jVV98p",
+	"eW0/1r2vvgJfrUjCrS4NXEgUe+n+9cAagf/27pefE7m37mjrnAY5m6R3WF+Sd4dZmUgVJo6ZDI5ir60E",
+	"hZv+jwetzlNbh0QuVFXWaXoSWUTgeK1DV/ASzS1bwbUhkqRX79OIIMWguTV2UxelSm27MNbpAYmmam2U",
+	"PoncLntgL90kcNIOwZ6wOCnVzDq0Cb3PNGSFyq5OIV9Y8rO7OvldVyuLEhZSUHqnd/Hi7apoTEyWuc/O",
+	"Szs9+MXplrXfkyDoQmFUSS2V1XMSSYWiM2EMJx+IFQ/Oc6skMAjcwQ4FR60uYSufGu5jN/4w9EI7Uv2R",
+	"PO1Ipee+PFlbr0xubyo05CpbUCQAmaEL88Y+31fmiazuDWNcW8eWurT4g+tOVS3pBAnFQivLm8RnJZ8S",
+	"S9L+HVk1iU53j1COXfWf5k6HtLWD2inuvtWYfbd6VAdscDn7EFEAeOnoGm/cKFjIkiOnoFvS5B6c7SD+",
+	"x0sfnbEk49WARO65t+eCHlbVfPPLu/OaAVLkgxqYQdXtzo+0AOoglv1eeAwiKa9CW77g/uqQf9CD904d",
+	"8GeJgeGtLF9hmdFVHKLuuIaQs84zRMhbbpArEEKIiVKLAKGhUfyPtpStVk3pA+G93x7qifRuqTqD3OGD",
+	"qComFLLWtLTGiu4dUxuBRssA6wjWPoxqK8zosLnIGwQibbFpL5Fn5Gtu80Lbol3DSTPy4QejkNllnOc2",
+	"/ldX69hTVd0Txty/xrjyjLs17F3omGysrl1RTCEy7gxkpzehPVUKbhi1tNuoO+37mXVEM1C5rnmprUY1",
+	"6PV7ffK5zLlkcxGNooNev3dgswumpE7v2yynP/DnS95mqzgQD/t9qN2WBBKtSVkrxDWn9hBVTIos68LU",
+	"whXthYrsX+fWGqRtV/ruDfv9LTWdLbWcPnocqavdKyddBtiGwsnVu1FbkiN7sLZVqwvsV92tQtslGv32",
+	"IQ4q8X8U11y6YDC71JQsVnGE6ANO3Z8hwWR6I1J+sn/3QupNqVBC8AWq87cG+O1cuRJLa4ChBMO/7M8L",
+	"JuQpOBr5pt/r9w5Rhtlnbre1vRy1YaXR3g3vyOvCOX6buHSnuR+X9REaWIz+Bt+//PEN+E2Q5C8cw9IX",
+	"RhlWWOPdf4Zst1QLw+PqOeKLCxMFEvk3OP+fb15uXTRTC0na4ZZBH90O3yRVSWESxbT7N0m0fz3Yt0U0",
+	"UWy3/yaJhv1BEt3B4bC2pDZ1OV2nPof6Jya6gEJmFbY2kl/JWb7clSW48EIVtgtidjGx2qrn5zoXeGs3",
+	"+gdkAm3X+Ryc4ISD+yesdT3ahsy3Ph11Gw49YeLec9cXbAWNK5GzlVJp2Bv2B53Y5r8G4rthLCWyNSsX",
+	"5/b93LkqjVOGN4X2E0mxfTQeSQXpwhlIfmMTJSghtfa7j5e++UMYO7T5FDYUP1XWYA67GFKIzT9gn5M1",
+	"p74evlAJN1xVL3Jcp8o26ME5NZmwxhZbLV/WqIKlVVGwT3F3q1wJ1CtIhShym37Qszd18XPKy/EaE/99",
+	"wfzwsCzPx0DqhFdcu1GhVytYtkyPEBnbj2lb97O7FUIc4Fvb8sS7klB1p22tTkRJD4CvwL7mtoPv2PrV",
+	"l13GuOvNlBnuO9NUQ8gu6UHQ7NbaavhyGBGfj1biGmPlVE4XSm1mJSB6l65zXpdUY0hdQWAKzs/Rj5t9",
+	"TiYukdG+irDOD2dq3LT2EXiKd09A+yQYHAqcrCRyFgWqKumAp7gMc1kbiC7EHz0mpw17l5WQcNSHmW6T",
+	"vIQ11wWaa/OtCy7szjkbQcwtpa8UgGxN764LtVyirwvwNatBGwVtLuGgqsvs78yzG7XGd82QFj62u8dI",
+	"EtdmyqcINNonnQXupjpEVrVPCnvdNgtOtjnHNwM1jGLaiNH2WM9KaMcXTwZBmx0iKo0AyrA/CHIzA7Dc",
+	"VTUuqxBarZtqBdCwCt+v1aUFlTMtUDvoHR4dfw7UaDsLsXDDrYBrgOKwPwxB4S7/gH5UYSOIDepG2H3S",
+	"N8Agby71fF31P1u+7uOhgZerksu9TW0hfGJWo+ark0hveNOQ9Rq42EUt2ltKdFzbtmF/8DD2E76b+1jM",
+	"rp2fG1UVu2TaBx1KXEi6wnXVRORhuK46wmzAdltm45YwAyuKwEdS4yqt3S1NvcXVoLdkJu2pMih1qLIh",
+	"PQIPd1NuG12Hadrg/mm/rjSnOtxFL34VdkY/7J/scro3QcPuw8EOm1TNIWnC0S5XaWlFhZOHwx2u1PLV",
+	"AjT3ZKeTNvoi/sn2SMXsv7Wpd1VAxmv6BVuG1oCSPDBRrvgyME48PW+2T97ZgtxGRrHTgiuli8vMmgSN",
+	"B3Dq80GCbiBVczphtkZ4SGezuR/Wh2kThb1SJi+9Us0qFyU+0E4QTkLl2hXdku6/6oOEM9e43efiNxKy",
+	"xguDn8+CrKxENtOyXMaKKIpKLWnTDn2DhMcoiPdx5Qfx2X8EpWZnTr7aXuKp1c3P1xvbJeHwAfplm163",
+	"K1waBecbe8/VPXJ94FmVcMN0TPZ73eSLhFuzUzCRlG0G/Y8ujw7vn1H1A99VgNWd3P90+fWXyBL/ztpS",
+	"PC1lCKMh+CKmdnlidZrN0uTNgqxz3ITez7JZwbpBkoBRlNfwdSLDEHCdVEyBZPIaoPpWKJTtQN97pKSv",
+	"SG5hzbaJypdkzGhYH1uL/IGcemdO0OwE86X542Psg0HAFb8UNGxt+tavI0BK4tTJ1rQo5//keP9FOJ59",
+	"N6td1vamnJVmzJnpbGRyE1cF3c7iXnq35T3qsa9Rc7Z9r6XMZqXf12pPndUqnEQGTXVgz+//NQw6PQgX",
+	"39Rrp25Fud5sZwd1PZGvbNdXl3vlwu0ltYRFZl2bz23c+BWC9RG8eJNH64srz1t9Wy1OrKDGgTCxu9IX",
+	"9K/6oox+eK96WzkCn8Bf2IRGi5PvKZXioMrN0vE/teJ/yohNMgIfXJtGvFE00G8kErxXpUmB/0qf6zBS",
+	"VrffruJwVVog7AXZe4lcSG1ERrFPmuK+pay9q5rtw+3itz2gnakjN5PAxtp+dSOdwH2lrQajVBtjtof+",
+	"gUqVwi+E/a0duvWQ/eoLWO/ie8eG34J692GNlR1uaqvmKzcvKdHZvmR3wf8fHupfQ9eqpNLxRhHtRqKu",
+	"e4O0JqK8DfIS1mi6UfhpcwHJ7a578KrOz02kC7KggFr6r6JthqIhSNo9bTbDrlthBc1wttbMNgn8v3Pz",
+	"zpeGfzkCb/325Mc/jC8XW3XhplY4boy7BsXEj/CeDXtH/f52vWFDhPtJvJsbgrC84aurK0bDarGwKrQF",
+	"AO5ij4/f7gzoDVrxrvrdQxU3XuttnwUgt7EtbarbBjSh1Nr/+QuTZF1N90TZGlV5uIPewwKsreTvEdBs",
+	"uPAZWHDbPCC83mjXsNEhbWvr//Npz3+JFH/LWX6/DG+mMDZLN3/7gAKFGtA5edf+NflUEejrH216G87R",
+	"zZIVV82Z83mhiNCoQoxytdSNBJbnSJBUkVItVghtuNSgJKSjF/0X/RQWsqAmn3UdZZ27SsLbpuTvkzB0",
+	"t109+OtmX86w1NlXljS+w1+TIF4rlS7MNA76juIiLnG3attX5erVhZ2uNNetHuSE3n24+38BAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

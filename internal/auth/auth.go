@@ -23,9 +23,11 @@ type Principal struct {
 	Admin  bool   // may act for any tenant
 }
 
-// Keyring holds the API key digests of every tenant.
+// Keyring holds the API key digests of every tenant, and their limits.
 type Keyring struct {
-	keys []key
+	keys     []key
+	limits   map[string]Limits // tenants with their own limits
+	defaults Limits            // every other tenant's
 }
 
 type key struct {
@@ -35,10 +37,14 @@ type key struct {
 
 // file is the tenants file's layout.
 type file struct {
+	Defaults struct {
+		Limits *limitsFile `yaml:"limits"`
+	} `yaml:"defaults"`
 	Tenants []struct {
-		Name         string   `yaml:"name"`
-		Admin        bool     `yaml:"admin"`
-		APIKeySHA256 []string `yaml:"api_key_sha256"`
+		Name         string      `yaml:"name"`
+		Admin        bool        `yaml:"admin"`
+		APIKeySHA256 []string    `yaml:"api_key_sha256"`
+		Limits       *limitsFile `yaml:"limits"`
 	} `yaml:"tenants"`
 }
 
@@ -71,7 +77,13 @@ func Parse(data []byte) (*Keyring, error) {
 	if len(f.Tenants) == 0 {
 		return nil, errors.New("no tenants")
 	}
-	k := &Keyring{}
+	k := &Keyring{limits: make(map[string]Limits)}
+	if f.Defaults.Limits != nil {
+		var err error
+		if k.defaults, err = f.Defaults.Limits.limits(); err != nil {
+			return nil, fmt.Errorf("defaults: %w", err)
+		}
+	}
 	names := make(map[string]bool, len(f.Tenants))
 	for i, t := range f.Tenants {
 		if !tenantName.MatchString(t.Name) {
@@ -81,6 +93,13 @@ func Parse(data []byte) (*Keyring, error) {
 			return nil, fmt.Errorf("tenant %q: listed twice", t.Name)
 		}
 		names[t.Name] = true
+		if t.Limits != nil {
+			l, err := t.Limits.limits()
+			if err != nil {
+				return nil, fmt.Errorf("tenant %q: %w", t.Name, err)
+			}
+			k.limits[t.Name] = l
+		}
 		if len(t.APIKeySHA256) == 0 {
 			return nil, fmt.Errorf("tenant %q: no api_key_sha256", t.Name)
 		}
@@ -96,6 +115,18 @@ func Parse(data []byte) (*Keyring, error) {
 		}
 	}
 	return k, nil
+}
+
+// Limits returns tenant's limits: its own, or the defaults. A nil Keyring
+// (no tenants file) limits nobody.
+func (k *Keyring) Limits(tenant string) Limits {
+	if k == nil {
+		return Limits{}
+	}
+	if l, ok := k.limits[tenant]; ok {
+		return l
+	}
+	return k.defaults
 }
 
 // Lookup returns the principal of apiKey, or false for an unknown key.

@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -30,6 +31,9 @@ type Config struct {
 	MaxBodyBytes int64
 	// MaxWait bounds wait_ms (default 30 s).
 	MaxWait time.Duration
+	// Limiter enforces the tenants' limits (from Keyring) at begin; nil
+	// enforces none.
+	Limiter quota.Limiter
 	// WaitPollInterval is how often the status of a waited key is read
 	// (default 25 ms, so a waiter learns of a completion within 50 ms).
 	WaitPollInterval time.Duration
@@ -50,6 +54,7 @@ type Service struct {
 	registry     *prometheus.Registry
 	metrics      *metrics
 	waiters      *waiters
+	limiter      quota.Limiter
 	maxBodyBytes int64
 	maxWait      time.Duration
 	handler      http.Handler
@@ -82,6 +87,10 @@ func New(cfg Config) *Service {
 		metrics:      newMetrics(cfg.Registry),
 		maxBodyBytes: cfg.MaxBodyBytes,
 		maxWait:      cfg.MaxWait,
+		limiter:      cfg.Limiter,
+	}
+	if cfg.Limiter != nil {
+		cfg.Registry.MustRegister(cfg.Limiter)
 	}
 	s.waiters = newWaiters(cfg.Store, cfg.WaitPollInterval, s.metrics)
 

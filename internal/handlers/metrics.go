@@ -12,6 +12,7 @@ type metrics struct {
 	storeErrors *prometheus.CounterVec
 	waiters     prometheus.Gauge
 	waitPolls   prometheus.Counter
+	begins      *prometheus.CounterVec
 }
 
 // newMetrics registers the collectors, and the Go runtime's and the
@@ -39,8 +40,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "idemsvc_wait_polls_total",
 			Help: "Status reads of waited keys; one per waited key per poll interval, however many wait.",
 		}),
+		begins: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "idemsvc_begins_total",
+			Help: "Begins by tenant and outcome (acquired, replayed-completed, replayed-failed, or the problem kind: in-progress, rate-limited, quota-exceeded...).",
+		}, []string{"tenant", "outcome"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.waitPolls)
+	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.waitPolls, m.begins)
 	// Every name starts with idemsvc_: idemsvc_go_goroutines and so on.
 	prometheus.WrapRegistererWithPrefix("idemsvc_", reg).MustRegister(
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))

@@ -92,6 +92,9 @@ func (s *Service) observe(next http.Handler) http.Handler {
 			outcome = "ok"
 		}
 		s.metrics.requests.WithLabelValues(route, outcome, strconv.Itoa(status)).Inc()
+		if route == beginRoute && info.tenant != "" {
+			s.metrics.begins.WithLabelValues(info.tenant, outcome).Inc()
+		}
 		s.metrics.duration.WithLabelValues(route).Observe(elapsed.Seconds())
 		level := slog.LevelInfo
 		if status >= 500 {

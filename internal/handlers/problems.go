@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
+	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -37,6 +38,8 @@ var (
 	kindInProgress       = problemKind{"in-progress", http.StatusConflict, "In progress"}
 	kindLeaseLost        = problemKind{"lease-lost", http.StatusConflict, "Lease lost"}
 	kindFingerprint      = problemKind{"fingerprint-mismatch", http.StatusUnprocessableEntity, "Fingerprint mismatch"}
+	kindRateLimited      = problemKind{"rate-limited", http.StatusTooManyRequests, "Rate limited"}
+	kindQuotaExceeded    = problemKind{"quota-exceeded", http.StatusTooManyRequests, "Quota exceeded"}
 	kindStoreUnavailable = problemKind{"store-unavailable", http.StatusServiceUnavailable, "Store unavailable"}
 	kindInternal         = problemKind{"internal", http.StatusInternalServerError, "Internal error"}
 )
@@ -61,6 +64,8 @@ var errorKinds = []struct {
 	{statemachine.ErrInProgress, kindInProgress},
 	{statemachine.ErrLeaseLost, kindLeaseLost},
 	{statemachine.ErrFingerprintMismatch, kindFingerprint},
+	{quota.ErrRateLimited, kindRateLimited},
+	{quota.ErrQuotaExceeded, kindQuotaExceeded},
 	{statemachine.ErrStoreUnavailable, kindStoreUnavailable},
 }
 
@@ -107,7 +112,10 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	var field *api.FieldError
 	var invalid *statemachine.InvalidError
 	var inProgress *statemachine.InProgressError
+	var limit *quota.Error
 	switch {
+	case errors.As(err, &limit):
+		h.Set("Retry-After", limitRetryAfter(limit))
 	case errors.As(err, &field) && field.Field != "":
 		p.Field = &field.Field
 	case errors.As(err, &invalid):
@@ -139,11 +147,14 @@ func detail(kind problemKind, err error) string {
 	var field *api.FieldError
 	var invalid *statemachine.InvalidError
 	var inProgress *statemachine.InProgressError
+	var limit *quota.Error
 	switch {
 	case kind == kindInternal:
 		return "an unexpected error; it has been logged"
 	case kind == kindStoreUnavailable:
 		return "the store cannot be reached or did not answer in time; the call may or may not have taken effect, and a retry with the same owner or lease token is safe"
+	case errors.As(err, &limit):
+		return limit.Detail
 	case errors.As(err, &field):
 		return field.Error()
 	case errors.As(err, &invalid):

@@ -55,17 +55,28 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		Lease:       duration(b.LeaseMs, time.Millisecond),
 		Retention:   duration(b.RetentionS, time.Second),
 	}
+	lim, overBudget, err := s.admitBegin(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	breq.NoAcquire = overBudget
 	deadline := time.Now().Add(wait)
 	for {
 		res, err := s.store.Begin(ctx, t, breq)
 		var busy *statemachine.InProgressError
 		if wait > 0 && errors.As(err, &busy) {
-			if left := time.Until(deadline); left > 0 && s.waiters.wait(ctx, t, b.Key, busy.Attempt, left) {
-				continue // the attempt is over: begin again
+			if left := time.Until(deadline); left > 0 {
+				over, werr := s.waitLimited(ctx, t, lim, b.Key, busy.Attempt, left)
+				if werr != nil {
+					return nil, werr
+				}
+				if over {
+					continue // the attempt is over: begin again
+				}
 			}
 		}
 		if err != nil {
-			return nil, fmt.Errorf("begin: %w", err)
+			return nil, s.beginError(t, lim, err)
 		}
 		return s.beginResult(ctx, t, res), nil
 	}
@@ -122,6 +133,7 @@ func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (
 	if err != nil {
 		return nil, fmt.Errorf("complete: %w", err)
 	}
+	s.stored(t, &resp, rec.ExpiresAt)
 	setOutcome(ctx, t, "completed")
 	return finishResult(&rec), nil
 }
@@ -151,6 +163,7 @@ func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.Fail
 	if retryable {
 		setOutcome(ctx, t, "released")
 	} else {
+		s.stored(t, &resp, rec.ExpiresAt)
 		setOutcome(ctx, t, "failed")
 	}
 	return finishResult(&rec), nil

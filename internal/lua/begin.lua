@@ -7,12 +7,16 @@
 -- ARGV[4]  lease in ms
 -- ARGV[5]  retention in s
 -- ARGV[6]  the client's key, kept in the record
+-- ARGV[7]  '1': acquire nothing (the tenant is over its stored-bytes budget);
+--          '' or absent: acquire when the key is free
 --
 -- Reply {code, now_ms, record}:
 --   OK          acquired (or re-begun by the same owner, or this call ran before)
 --   BUSY        someone else holds a live lease
 --   DONE        completed, or failed terminally: replay the record
 --   MISMATCH    the fingerprint differs (no record in the reply)
+--   REFUSED     ARGV[7] is '1' and the begin would acquire (no record)
+local REFUSED = 6
 local now = now_ms()
 local raw = redis.call('GET', KEYS[1])
 local state, attempt, created, lease, token, owner, fingerprint, retryable, _
@@ -32,6 +36,8 @@ if raw then
     return {DONE, now, raw}
   end
 end
+
+if ARGV[7] == '1' then return {REFUSED, now} end
 
 -- Acquire: a new key, a released key, or an expired lease taken over. An
 -- in-progress record outlives its lease by the retention, so that a takeover

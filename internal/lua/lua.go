@@ -29,6 +29,12 @@ var extend string
 //go:embed status.lua
 var status string
 
+//go:embed stored_bytes.lua
+var storedBytes string
+
+//go:embed waiter.lua
+var waiter string
+
 // The scripts, ready for EVALSHA. Script.Run falls back to EVAL on NOSCRIPT.
 var (
 	Begin    = redis.NewScript(record + begin)
@@ -36,4 +42,10 @@ var (
 	Fail     = redis.NewScript(record + fail)
 	Extend   = redis.NewScript(record + extend)
 	Status   = redis.NewScript(record + status)
+)
+
+// The scripts of tenant limits (internal/quota), which use no record.
+var (
+	StoredBytes = redis.NewScript(storedBytes)
+	Waiter      = redis.NewScript(waiter)
 )

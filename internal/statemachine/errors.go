@@ -15,6 +15,8 @@ var (
 	ErrFingerprintMismatch = errors.New("statemachine: fingerprint mismatch")
 	ErrNotFound            = errors.New("statemachine: not found")
 	ErrTooLarge            = errors.New("statemachine: too large")
+	// ErrAcquireRefused answers a Begin with NoAcquire that would acquire.
+	ErrAcquireRefused = errors.New("statemachine: acquire refused")
 	// ErrStoreUnavailable means the store could not be reached or did not
 	// answer in time. The transition may or may not have happened: a retry
 	// with the same owner or token is safe.

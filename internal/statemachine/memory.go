@@ -81,6 +81,9 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 			return replay(tenant, old, now)
 		}
 	}
+	if req.NoAcquire {
+		return BeginResult{}, ErrAcquireRefused
+	}
 
 	s := &stored{
 		state:       StateInProgress,

@@ -88,6 +88,7 @@ const (
 	codeMismatch
 	codeLeaseLost
 	codeNotFound
+	codeRefused
 )
 
 // reply is a decoded script reply: {code, now_ms, record}.
@@ -105,8 +106,12 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	}
 	var tok token
 	rand.Read(tok[:])
+	noAcquire := ""
+	if req.NoAcquire {
+		noAcquire = "1"
+	}
 	r, err := s.run(ctx, "begin", lua.Begin, RedisKey(tenant, req.Key),
-		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key)
+		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire)
 	if err != nil {
 		return BeginResult{}, err
 	}
@@ -333,7 +338,7 @@ func decodeReply(v any) (reply, error) {
 		if r.rec, err = decodeStored(raw); err != nil {
 			return r, err
 		}
-	case codeMismatch, codeLeaseLost, codeNotFound:
+	case codeMismatch, codeLeaseLost, codeNotFound, codeRefused:
 	default:
 		return r, fmt.Errorf("unknown reply code %d", r.code)
 	}
@@ -349,6 +354,8 @@ func (r *reply) err(op string) error {
 		return ErrLeaseLost
 	case codeNotFound:
 		return ErrNotFound
+	case codeRefused:
+		return ErrAcquireRefused
 	}
 	return fmt.Errorf("statemachine: %s: unexpected reply code %d", op, r.code)
 }

@@ -89,6 +89,11 @@ type BeginRequest struct {
 	Owner       string // a Begin by the live lease's owner returns that lease again
 	Lease       time.Duration
 	Retention   time.Duration
+	// NoAcquire refuses to start an attempt: the Begin only replays a
+	// finished record, returns the owner's live lease, or fails, with
+	// ErrAcquireRefused where it would have acquired. For a tenant over
+	// its stored-bytes budget.
+	NoAcquire bool
 }
 
 // BeginResult is either an acquired Lease or a finished Record to replay.

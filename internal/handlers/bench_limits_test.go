@@ -1,0 +1,77 @@
+package handlers_test
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync/atomic"
+	"testing"
+
+	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+)
+
+// BenchmarkServeBeginLimits is the cost of tenant limits on a begin of a new
+// key, in process: without limits, and with limits high enough never to
+// refuse, on the memory store and on Redis (rate taken in batches, as
+// shipped, or with one Redis call per begin).
+func BenchmarkServeBeginLimits(b *testing.B) {
+	const limits = `{"begins_per_s":10000000,"burst":10000000,"stored_bytes":1125899906842624,"waiters":10000000}`
+	for _, bc := range []struct {
+		name    string
+		redis   bool
+		limited bool
+		batch   int
+	}{
+		{"memory/none", false, false, 0},
+		{"memory/limits", false, true, 0},
+		{"redis/none", true, false, 0},
+		{"redis/limits", true, true, 0},
+		{"redis/limits-per-call", true, true, 1},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			file := `{"tenants":[{"name":"bench","api_key_sha256":["` + auth.Digest("bench-key") + `"]`
+			if bc.limited {
+				file += `,"limits":` + limits
+			}
+			keyring, err := auth.Parse([]byte(file + `}]}`))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var store statemachine.Store = statemachine.NewMemoryStore(statemachine.DefaultLimits())
+			limiter := quota.NewMemory(quota.Options{})
+			if bc.redis {
+				rdb := redistest.SharedServer(b).Client(b)
+				store = statemachine.NewRedisStore(rdb, statemachine.RedisOptions{})
+				limiter = quota.NewRedis(rdb, quota.Options{RateBatch: bc.batch})
+			}
+			b.Cleanup(limiter.Close)
+			svc := handlers.New(handlers.Config{Store: store, Keyring: keyring, Limiter: limiter,
+				Logger: slog.New(slog.NewJSONHandler(io.Discard, nil))})
+			prefix := fmt.Sprintf("limits-%d-", benchRun.Add(1))
+			var n atomic.Int64
+			b.ReportAllocs()
+			b.SetParallelism(8)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					body := `{"key":"` + prefix + strconv.FormatInt(n.Add(1), 10) + `"}`
+					req := httptest.NewRequest(http.MethodPost, "/v1/begin", bytes.NewReader([]byte(body)))
+					req.Header.Set("Content-Type", "application/json")
+					req.Header.Set("Authorization", "Bearer bench-key")
+					w := httptest.NewRecorder()
+					svc.ServeHTTP(w, req)
+					if w.Code != http.StatusCreated {
+						b.Fatalf("begin: %d %s", w.Code, w.Body)
+					}
+				}
+			})
+		})
+	}
+}

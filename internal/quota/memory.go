@@ -1,0 +1,112 @@
+package quota
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/idemsvc/idemsvc/internal/auth"
+)
+
+// NewMemory returns a Limiter whose counts live in this process, for the
+// in-memory store (one process by definition).
+func NewMemory(opts Options) Limiter {
+	return newLimiter(&memoryBackend{
+		rates:   make(map[string]*rate.Limiter),
+		bytes:   make(map[string]map[int64]int64),
+		waiters: make(map[string]int64),
+	}, opts)
+}
+
+// memoryBackend keeps the counts in maps. The rate is a token bucket of
+// golang.org/x/time/rate, the standard library's companion, which allows
+// what the GCRA in Redis allows: burst at once, then the rate.
+type memoryBackend struct {
+	mu      sync.Mutex
+	rates   map[string]*rate.Limiter
+	bytes   map[string]map[int64]int64 // tenant -> expiry minute -> bytes
+	waiters map[string]int64
+}
+
+func (m *memoryBackend) take(_ context.Context, tenant string, l auth.Limits, n int) (int, time.Duration, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r := m.rates[tenant]
+	if r == nil {
+		r = rate.NewLimiter(rate.Limit(l.BeginsPerS), int(l.Burst))
+		m.rates[tenant] = r
+	} else if r.Limit() != rate.Limit(l.BeginsPerS) || r.Burst() != int(l.Burst) {
+		r.SetLimit(rate.Limit(l.BeginsPerS)) // the tenants file changed
+		r.SetBurst(int(l.Burst))
+	}
+	now := time.Now()
+	got := min(n, int(r.TokensAt(now)))
+	if got < 1 {
+		res := r.ReserveN(now, 1)
+		wait := res.DelayFrom(now)
+		res.CancelAt(now)
+		return 0, wait, nil
+	}
+	r.AllowN(now, got)
+	return got, 0, nil
+}
+
+func (m *memoryBackend) addBytes(_ context.Context, tenant string, deltas map[int64]int64) (int64, time.Time, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	buckets := m.bytes[tenant]
+	if buckets == nil {
+		buckets = make(map[int64]int64)
+		m.bytes[tenant] = buckets
+	}
+	for minute, b := range deltas {
+		buckets[minute] += b
+	}
+	now := time.Now().UnixMilli()
+	var total, first int64
+	for minute, b := range buckets {
+		ends := minute * bucketMs
+		if ends <= now {
+			delete(buckets, minute)
+			continue
+		}
+		total += b
+		if first == 0 || ends < first {
+			first = ends
+		}
+	}
+	if first == 0 {
+		return total, time.Time{}, nil
+	}
+	return total, time.UnixMilli(first), nil
+}
+
+func (m *memoryBackend) addWaiter(_ context.Context, tenant, _ string, limit int64, _ time.Duration) (bool, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.waiters[tenant] >= limit {
+		return false, nil
+	}
+	m.waiters[tenant]++
+	return true, nil
+}
+
+func (m *memoryBackend) removeWaiter(_ context.Context, tenant, _ string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.waiters[tenant]--; m.waiters[tenant] <= 0 {
+		delete(m.waiters, tenant)
+	}
+	return nil
+}
+
+// newID is a random waiter id.
+func newID() string {
+	var b [12]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail
+	return hex.EncodeToString(b[:])
+}

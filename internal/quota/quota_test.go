@@ -1,0 +1,229 @@
+package quota
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+var ctx = context.Background()
+
+func tenantName() string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return "t-" + hex.EncodeToString(b[:])
+}
+
+// backends are the places counts live: this process, one Redis node, and
+// a Cluster.
+func backends() map[string]func(t *testing.T) backend {
+	return map[string]func(t *testing.T) backend{
+		"memory": func(*testing.T) backend {
+			return NewMemory(Options{}).(*limiter).backend
+		},
+		"redis": func(t *testing.T) backend {
+			return &redisBackend{client: redistest.SharedServer(t).Client(t)}
+		},
+		"cluster": func(t *testing.T) backend {
+			return &redisBackend{client: redistest.SharedCluster(t).Client(t)}
+		},
+	}
+}
+
+// Stored bytes count until the end of the minute they expire in; the
+// minutes that are over are dropped.
+func TestStoredBytesByExpiry(t *testing.T) {
+	for name, open := range backends() {
+		t.Run(name, func(t *testing.T) {
+			b, tenant := open(t), tenantName()
+			now := time.Now().UnixMilli() / bucketMs
+			total, first, err := b.addBytes(ctx, tenant, map[int64]int64{now - 2: 1000, now + 1: 10, now + 5: 5})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if total != 15 || first.UnixMilli() != (now+1)*bucketMs {
+				t.Errorf("total, first = %d, %v; want 15, the end of the next minute", total, first)
+			}
+			total, _, err = b.addBytes(ctx, tenant, nil)
+			if err != nil || total != 15 {
+				t.Errorf("read again: %d, %v; want 15", total, err)
+			}
+			if rb, ok := b.(*redisBackend); ok {
+				key := limitKey(tenant, "bytes")
+				fields, err := rb.client.HKeys(ctx, key).Result()
+				if err != nil || len(fields) != 2 {
+					t.Errorf("hash fields %v, %v: want the two minutes to come", fields, err)
+				}
+				if ttl := rb.client.PTTL(ctx, key).Val(); ttl <= 0 || ttl > 6*time.Minute {
+					t.Errorf("the hash expires in %v, want with its last minute", ttl)
+				}
+			}
+		})
+	}
+}
+
+// A waiter is counted until it is removed, or until its time is over when
+// nobody removes it (its instance died).
+func TestWaitersLapse(t *testing.T) {
+	for name, open := range backends() {
+		t.Run(name, func(t *testing.T) {
+			b, tenant := open(t), tenantName()
+			ok, err := b.addWaiter(ctx, tenant, "a", 2, 200*time.Millisecond)
+			if err != nil || !ok {
+				t.Fatalf("first: %v, %v", ok, err)
+			}
+			if ok, _ := b.addWaiter(ctx, tenant, "b", 2, time.Minute); !ok {
+				t.Fatal("second refused under a limit of 2")
+			}
+			if ok, _ := b.addWaiter(ctx, tenant, "c", 2, time.Minute); ok {
+				t.Fatal("third counted over a limit of 2")
+			}
+			if err := b.removeWaiter(ctx, tenant, "b"); err != nil {
+				t.Fatal(err)
+			}
+			if ok, _ := b.addWaiter(ctx, tenant, "c", 2, time.Minute); !ok {
+				t.Fatal("refused after a removal")
+			}
+			if _, isRedis := b.(*redisBackend); !isRedis {
+				return // in one process nobody dies without the count
+			}
+			time.Sleep(300 * time.Millisecond)
+			if ok, _ := b.addWaiter(ctx, tenant, "d", 2, time.Minute); !ok {
+				t.Fatal("a lapsed waiter still counted")
+			}
+		})
+	}
+}
+
+// An instance takes begins in batches, and never more than the limit
+// allows; a tenant at its limit is refused with the time to the next.
+func TestRateBatches(t *testing.T) {
+	rdb := redistest.SharedServer(t).Client(t)
+	for name, l := range map[string]*limiter{
+		"memory":                    NewMemory(Options{}).(*limiter),
+		"redis":                     NewRedis(rdb, Options{}).(*limiter),
+		"redis, one call per begin": NewRedis(rdb, Options{RateBatch: 1}).(*limiter),
+	} {
+		t.Run(name, func(t *testing.T) {
+			defer l.Close()
+			tenant := tenantName()
+			lim := auth.Limits{BeginsPerS: 200, Burst: 50}
+			admitted := 0
+			var refused error
+			for range 100 {
+				if _, err := l.Begin(ctx, tenant, lim); err != nil {
+					refused = err
+					break
+				}
+				admitted++
+			}
+			// 50 at once, and the few the rate adds while the loop runs.
+			if admitted < 50 || admitted > 60 {
+				t.Errorf("admitted %d at once, want the burst of 50", admitted)
+			}
+			var e *Error
+			if !errors.As(refused, &e) || !errors.Is(refused, ErrRateLimited) || e.Limit != LimitRate || e.RetryAfter != time.Second {
+				t.Errorf("refusal %v, want rate-limited retrying after a second", refused)
+			}
+			if rb, ok := l.backend.(*redisBackend); ok {
+				if n := rb.client.Exists(ctx, "rate:"+limitKey(tenant, "begins")).Val(); n != 1 {
+					t.Errorf("the rate's key is not where it is named")
+				}
+			}
+		})
+	}
+}
+
+// Over its stored-bytes budget a tenant's begins are marked, once the
+// instance learns the total at a flush; its bytes are still counted.
+func TestOverBudget(t *testing.T) {
+	for name, newLimiter := range map[string]func(t *testing.T) Limiter{
+		"memory": func(*testing.T) Limiter { return NewMemory(Options{FlushInterval: 50 * time.Millisecond}) },
+		"redis": func(t *testing.T) Limiter {
+			return NewRedis(redistest.SharedServer(t).Client(t), Options{FlushInterval: 50 * time.Millisecond})
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			l := newLimiter(t)
+			defer l.Close()
+			tenant, lim := tenantName(), auth.Limits{StoredBytes: 100}
+			if over, err := l.Begin(ctx, tenant, lim); over || err != nil {
+				t.Fatalf("empty: %v, %v", over, err)
+			}
+			l.Stored(tenant, 60, time.Now().Add(time.Hour))
+			l.Stored(tenant, 60, time.Now().Add(time.Hour))
+			// This instance knows its own bytes at once.
+			if over, _ := l.Begin(ctx, tenant, lim); !over {
+				t.Error("not over at 120 of 100")
+			}
+			err := l.Refused(tenant, lim)
+			var e *Error
+			if !errors.As(err, &e) || !errors.Is(err, ErrQuotaExceeded) || e.Limit != LimitStoredBytes {
+				t.Errorf("refusal %v, want quota-exceeded", err)
+			}
+			if e != nil && (e.RetryAfter < time.Second || e.RetryAfter > time.Hour) {
+				t.Errorf("Retry-After %v, want 1 s to an hour", e.RetryAfter)
+			}
+			// Another tenant is not.
+			if over, _ := l.Begin(ctx, tenantName(), lim); over {
+				t.Error("another tenant over")
+			}
+		})
+	}
+}
+
+// Instances sharing a Redis learn each other's stored bytes at their next
+// flush.
+func TestOverBudgetAcrossInstances(t *testing.T) {
+	rdb := redistest.SharedCluster(t).Client(t)
+	a := NewRedis(rdb, Options{FlushInterval: 50 * time.Millisecond})
+	b := NewRedis(rdb, Options{FlushInterval: 50 * time.Millisecond})
+	defer a.Close()
+	defer b.Close()
+	tenant, lim := tenantName(), auth.Limits{StoredBytes: 100}
+	a.Stored(tenant, 150, time.Now().Add(time.Hour))
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		over, err := b.Begin(ctx, tenant, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if over {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("instance b never learnt that the tenant is over its budget")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Without Redis the limiter lets begins go on to the store (which answers
+// 503 itself) rather than refusing them for a limit it cannot check.
+func TestRedisDownAdmits(t *testing.T) {
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	defer rdb.Close()
+	l := NewRedis(rdb, Options{Timeout: 100 * time.Millisecond})
+	defer l.Close()
+	lim := auth.Limits{BeginsPerS: 1, Burst: 1, StoredBytes: 1, Waiters: 1}
+	for range 3 {
+		if _, err := l.Begin(ctx, "t", lim); err != nil {
+			t.Fatalf("begin: %v", err)
+		}
+	}
+	done, err := l.Wait(ctx, "t", lim, time.Second)
+	if err != nil {
+		t.Fatalf("wait: %v", err)
+	}
+	done()
+}

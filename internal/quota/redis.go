@@ -1,0 +1,101 @@
+package quota
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/lua"
+)
+
+// NewRedis returns a Limiter whose counts live in Redis, shared by every
+// idemsvc instance using it:
+//
+//   - the begin rate is a GCRA in Redis (github.com/go-redis/redis_rate,
+//     well kept and a single script per call); each instance takes begins
+//     from it in small batches and spends them locally (see takeRate);
+//   - the stored bytes are a hash per tenant of expiry minute -> bytes,
+//     which each instance adds its deltas to once a second and reads the
+//     total back from (internal/lua/stored_bytes.lua);
+//   - the waiters are a sorted set per tenant of waiter id -> deadline
+//     (internal/lua/waiter.lua). A count per instance cannot bound the
+//     tenant's waiters across instances; a shared counter would leak the
+//     waiters of an instance that crashed, while a deadline per waiter
+//     lapses by itself. A wait already costs a blocked request, so the two
+//     calls (count, uncount) are cheap beside it, and no begin that does
+//     not wait makes them.
+//
+// Every key is built here from the tenant, with the tenant in braces, so
+// all of a tenant's limit keys share one hash slot and each call touches
+// one key.
+func NewRedis(client redis.UniversalClient, opts Options) Limiter {
+	return newLimiter(&redisBackend{client: client, rate: redis_rate.NewLimiter(client)}, opts)
+}
+
+type redisBackend struct {
+	client redis.UniversalClient
+	rate   *redis_rate.Limiter
+}
+
+// limitKey is the Redis key of one of tenant's limits:
+// idemq:{<tenant>}:<what>. redis_rate prefixes its keys with "rate:".
+func limitKey(tenant, what string) string {
+	var b strings.Builder
+	b.Grow(len("idemq:{}:") + len(tenant) + len(what))
+	b.WriteString("idemq:{")
+	b.WriteString(tenant)
+	b.WriteString("}:")
+	b.WriteString(what)
+	return b.String()
+}
+
+func (r *redisBackend) take(ctx context.Context, tenant string, l auth.Limits, n int) (int, time.Duration, error) {
+	res, err := r.rate.AllowAtMost(ctx, limitKey(tenant, "begins"), redis_rate.Limit{
+		Rate: int(l.BeginsPerS), Burst: int(l.Burst), Period: time.Second,
+	}, n)
+	if err != nil {
+		return 0, 0, fmt.Errorf("begin rate: %w", err)
+	}
+	return res.Allowed, res.RetryAfter, nil
+}
+
+func (r *redisBackend) addBytes(ctx context.Context, tenant string, deltas map[int64]int64) (int64, time.Time, error) {
+	args := make([]any, 0, 2*len(deltas))
+	for minute, b := range deltas {
+		args = append(args, minute, b)
+	}
+	v, err := lua.StoredBytes.Run(ctx, r.client, []string{limitKey(tenant, "bytes")}, args...).Int64Slice()
+	if err != nil {
+		return 0, time.Time{}, fmt.Errorf("stored bytes: %w", err)
+	}
+	if len(v) != 2 {
+		return 0, time.Time{}, fmt.Errorf("stored bytes: a reply of %d values", len(v))
+	}
+	var first time.Time
+	if v[1] > 0 {
+		first = time.UnixMilli(v[1])
+	}
+	return v[0], first, nil
+}
+
+func (r *redisBackend) addWaiter(ctx context.Context, tenant, id string, limit int64, ttl time.Duration) (bool, error) {
+	n, err := lua.Waiter.Run(ctx, r.client, []string{limitKey(tenant, "waiters")},
+		id, limit, strconv.FormatInt(ttl.Milliseconds(), 10)).Int64()
+	if err != nil {
+		return false, fmt.Errorf("waiters: %w", err)
+	}
+	return n == 1, nil
+}
+
+func (r *redisBackend) removeWaiter(ctx context.Context, tenant, id string) error {
+	if err := r.client.ZRem(ctx, limitKey(tenant, "waiters"), id).Err(); err != nil {
+		return fmt.Errorf("waiters: %w", err)
+	}
+	return nil
+}
