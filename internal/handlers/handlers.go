@@ -31,15 +31,20 @@ type Config struct {
 	// MaxWait bounds wait_ms (default 30 s).
 	MaxWait time.Duration
 	// WaitPollInterval is how often the status of a waited key is read
-	// (default 25 ms, so a waiter learns of a completion within 50 ms).
+	// when the store cannot push the end of attempts (default 25 ms).
 	WaitPollInterval time.Duration
+	// WaitFallbackInterval is how often the status of a waited key is read
+	// when the store pushes the end of attempts, against lost pushes
+	// (default 2 s; at least 1 s).
+	WaitFallbackInterval time.Duration
 }
 
 // Defaults of Config.
 const (
 	DefaultMaxBodyBytes     = 2 << 20
 	DefaultMaxWait          = 30 * time.Second
-	DefaultWaitPollInterval = 25 * time.Millisecond
+	DefaultWaitPollInterval     = 25 * time.Millisecond
+	DefaultWaitFallbackInterval = 2 * time.Second
 )
 
 // Service implements the API over a Store. It is an http.Handler.
@@ -74,6 +79,9 @@ func New(cfg Config) *Service {
 	if cfg.WaitPollInterval <= 0 {
 		cfg.WaitPollInterval = DefaultWaitPollInterval
 	}
+	if cfg.WaitFallbackInterval <= 0 {
+		cfg.WaitFallbackInterval = DefaultWaitFallbackInterval
+	}
 	s := &Service{
 		store:        cfg.Store,
 		keyring:      cfg.Keyring,
@@ -83,7 +91,7 @@ func New(cfg Config) *Service {
 		maxBodyBytes: cfg.MaxBodyBytes,
 		maxWait:      cfg.MaxWait,
 	}
-	s.waiters = newWaiters(cfg.Store, cfg.WaitPollInterval, s.metrics)
+	s.waiters = newWaiters(cfg.Store, cfg.WaitPollInterval, cfg.WaitFallbackInterval, s.metrics)
 
 	r := chi.NewRouter()
 	r.Use(s.observe) // inside the router, so that it sees the matched route

@@ -60,7 +60,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		res, err := s.store.Begin(ctx, t, breq)
 		var busy *statemachine.InProgressError
 		if wait > 0 && errors.As(err, &busy) {
-			if left := time.Until(deadline); left > 0 && s.waiters.wait(ctx, t, b.Key, busy.Attempt, left) {
+			if left := time.Until(deadline); left > 0 && s.waiters.wait(ctx, t, b.Key, busy.Attempt, busy.LeaseExpiresAt, left) {
 				continue // the attempt is over: begin again
 			}
 		}
