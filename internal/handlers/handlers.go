@@ -41,8 +41,8 @@ type Config struct {
 
 // Defaults of Config.
 const (
-	DefaultMaxBodyBytes     = 2 << 20
-	DefaultMaxWait          = 30 * time.Second
+	DefaultMaxBodyBytes         = 2 << 20
+	DefaultMaxWait              = 30 * time.Second
 	DefaultWaitPollInterval     = 25 * time.Millisecond
 	DefaultWaitFallbackInterval = 2 * time.Second
 )
