@@ -74,7 +74,7 @@ type env struct {
 }
 
 // start serves handlers.New(cfg) on a port of its own until the test ends.
-func start(t *testing.T, cfg handlers.Config) *env {
+func start(t testing.TB, cfg handlers.Config) *env {
 	t.Helper()
 	svc := handlers.New(cfg)
 	srv := httptest.NewServer(svc)

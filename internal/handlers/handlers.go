@@ -35,7 +35,7 @@ type Config struct {
 	WaitPollInterval time.Duration
 	// WaitFallbackInterval is how often the status of a waited key is read
 	// when the store pushes the end of attempts, against lost pushes
-	// (default 2 s; at least 1 s).
+	// (default 5 s; at least 1 s).
 	WaitFallbackInterval time.Duration
 }
 
@@ -44,7 +44,7 @@ const (
 	DefaultMaxBodyBytes         = 2 << 20
 	DefaultMaxWait              = 30 * time.Second
 	DefaultWaitPollInterval     = 25 * time.Millisecond
-	DefaultWaitFallbackInterval = 2 * time.Second
+	DefaultWaitFallbackInterval = 5 * time.Second
 )
 
 // Service implements the API over a Store. It is an http.Handler.

@@ -26,10 +26,13 @@ const endSuffix = ":end"
 const (
 	// subscribeTimeout bounds one SUBSCRIBE or UNSUBSCRIBE written.
 	subscribeTimeout = time.Second
-	// healthInterval is how long a subscription connection may stay silent
-	// before a PING checks it; a PING unanswered for as long again drops
-	// the connection and subscribes its channels anew.
-	healthInterval = 5 * time.Second
+	// checkInterval is how often a silent subscription connection is
+	// checked against the slot map.
+	checkInterval = time.Second
+	// pingAfter is how many silent intervals pass before a PING checks the
+	// connection; as many more without an answer drop it, and its channels
+	// are subscribed anew.
+	pingAfter = 5
 )
 
 // redisWatcher keeps one pub/sub connection per master that holds a
@@ -159,32 +162,39 @@ func (rw *redisWatcher) subscribe(channel string) error {
 	return nil
 }
 
-// receive reads c's messages until c is closed or fails.
+// receive reads c's messages until c is closed or fails. Every silent
+// checkInterval it checks, in the client's slot map, that c's master still
+// serves c's channels (a master that hangs instead of closing the
+// connection is noticed once the client learns of its replacement); after
+// pingAfter silent intervals it sends a PING, and drops c if as many more
+// pass without an answer.
 func (rw *redisWatcher) receive(c *subConn) {
 	ctx := context.Background()
-	pinged := false
+	silent := 0
 	for {
-		msg, err := c.ps.ReceiveTimeout(ctx, healthInterval)
+		msg, err := c.ps.ReceiveTimeout(ctx, checkInterval)
 		if err != nil {
 			if errors.Is(err, redis.ErrClosed) {
 				return // closed by closeConn or lost, or the client closed
 			}
 			var timeout net.Error
-			if errors.As(err, &timeout) && timeout.Timeout() && !pinged {
-				pinged = true
+			if !errors.As(err, &timeout) || !timeout.Timeout() || rw.moved(c) || silent == 2*pingAfter {
+				rw.mu.Lock()
+				rw.lost(c)
+				rw.mu.Unlock()
+				return
+			}
+			if silent++; silent == pingAfter {
 				pctx, cancel := context.WithTimeout(ctx, subscribeTimeout)
 				err = c.ps.Ping(pctx)
 				cancel()
-				if err == nil {
-					continue
+				if err != nil {
+					silent = 2 * pingAfter // dropped at the next look
 				}
 			}
-			rw.mu.Lock()
-			rw.lost(c)
-			rw.mu.Unlock()
-			return
+			continue
 		}
-		pinged = false
+		silent = 0
 		switch m := msg.(type) {
 		case *redis.Message:
 			rw.mu.Lock()
@@ -194,6 +204,27 @@ func (rw *redisWatcher) receive(c *subConn) {
 			rw.confirmed(c, m)
 		}
 	}
+}
+
+// moved reports whether, by the client's slot map, c's channels moved to
+// another master.
+func (rw *redisWatcher) moved(c *subConn) bool {
+	if rw.cluster == nil {
+		return false
+	}
+	rw.mu.Lock()
+	var channel string
+	for channel = range c.channels {
+		break
+	}
+	rw.mu.Unlock()
+	if channel == "" {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), subscribeTimeout)
+	defer cancel()
+	master, err := rw.cluster.MasterForKey(ctx, channel)
+	return err == nil && master.Options().Addr != c.addr
 }
 
 // confirmed handles Redis's answer to a subscribe or unsubscribe on c.
