@@ -79,8 +79,10 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// Past the reads made as each watch came into force.
-	time.Sleep(200 * time.Millisecond)
+	// Past the read each key's watch makes as it comes into force.
+	eventually(t, time.Minute, "every watch in force", func() bool {
+		return e.metricValue(t, "idemsvc_wait_polls_total") >= keys
+	})
 
 	scripts := scriptCalls(t, rdb)
 	before := commandsProcessed(t, rdb)
