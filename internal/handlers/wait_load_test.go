@@ -115,7 +115,7 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 
 // scriptCalls is the number of scripts Redis has run (EVALSHA and EVAL):
 // every transition and status read is one.
-func scriptCalls(t *testing.T, rdb *redis.Client) int64 {
+func scriptCalls(t testing.TB, rdb *redis.Client) int64 {
 	t.Helper()
 	info, err := rdb.Info(t.Context(), "commandstats").Result()
 	if err != nil {
@@ -137,7 +137,7 @@ func scriptCalls(t *testing.T, rdb *redis.Client) int64 {
 }
 
 // commandsProcessed is Redis's count of the commands it ran.
-func commandsProcessed(t *testing.T, rdb *redis.Client) int64 {
+func commandsProcessed(t testing.TB, rdb *redis.Client) int64 {
 	t.Helper()
 	info, err := rdb.Info(t.Context(), "stats").Result()
 	if err != nil {
