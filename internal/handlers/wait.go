@@ -44,6 +44,10 @@ type waitedKey struct {
 // by this process's clock, Redis's clock says the lease still runs.
 const leaseRecheck = 5 * time.Millisecond
 
+// storeRetry is how soon a read that failed past the lease's end is tried
+// again.
+const storeRetry = 250 * time.Millisecond
+
 // newWaiters returns the hub. With a store that pushes, interval is the
 // fallback read of a waited key (at most one per second, per the contract);
 // with another store it is the poll interval.
@@ -146,10 +150,15 @@ func (w *waiters) watch(k waitKey, wk *waitedKey) {
 			w.end(k, wk)
 			return
 		}
-		if !lease.IsZero() && !lease.Equal(wk.lease) {
+		switch {
+		case lease.IsZero():
+			if !time.Now().Before(wk.lease) {
+				leaseEnd.Reset(storeRetry) // the read failed past the lease's end
+			}
+		case !lease.Equal(wk.lease):
 			wk.lease = lease // extended: wake at its new end
 			leaseEnd.Reset(max(time.Until(lease), 0))
-		} else if !lease.IsZero() && !time.Now().Before(lease) {
+		case !time.Now().Before(lease):
 			// Our clock is ahead of Redis's: look again shortly.
 			leaseEnd.Reset(leaseRecheck)
 		}
