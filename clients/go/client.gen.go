@@ -848,7 +848,8 @@ type ClientInterface interface {
 	//   both the record and the begin carry one.
 	// - With `wait_ms` > 0, a begin that finds the key in progress waits
 	//   until the attempt finishes or the wait ends, then answers as above;
-	//   a waiter learns of a completion within 50 ms.
+	//   a waiter learns of the attempt's end by a push from Redis, within
+	//   10 ms (p99) on a service that is not saturated.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -873,7 +874,8 @@ type ClientInterface interface {
 	//   both the record and the begin carry one.
 	// - With `wait_ms` > 0, a begin that finds the key in progress waits
 	//   until the attempt finishes or the wait ends, then answers as above;
-	//   a waiter learns of a completion within 50 ms.
+	//   a waiter learns of the attempt's end by a push from Redis, within
+	//   10 ms (p99) on a service that is not saturated.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1042,7 +1044,8 @@ func (c *APIClient) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (
 //     both the record and the begin carry one.
 //   - With `wait_ms` > 0, a begin that finds the key in progress waits
 //     until the attempt finishes or the wait ends, then answers as above;
-//     a waiter learns of a completion within 50 ms.
+//     a waiter learns of the attempt's end by a push from Redis, within
+//     10 ms (p99) on a service that is not saturated.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1077,7 +1080,8 @@ func (c *APIClient) BeginWithBody(ctx context.Context, contentType string, body 
 //     both the record and the begin carry one.
 //   - With `wait_ms` > 0, a begin that finds the key in progress waits
 //     until the attempt finishes or the wait ends, then answers as above;
-//     a waiter learns of a completion within 50 ms.
+//     a waiter learns of the attempt's end by a push from Redis, within
+//     10 ms (p99) on a service that is not saturated.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -1732,7 +1736,8 @@ type ClientWithResponsesInterface interface {
 	//   both the record and the begin carry one.
 	// - With `wait_ms` > 0, a begin that finds the key in progress waits
 	//   until the attempt finishes or the wait ends, then answers as above;
-	//   a waiter learns of a completion within 50 ms.
+	//   a waiter learns of the attempt's end by a push from Redis, within
+	//   10 ms (p99) on a service that is not saturated.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -1757,7 +1762,8 @@ type ClientWithResponsesInterface interface {
 	//   both the record and the begin carry one.
 	// - With `wait_ms` > 0, a begin that finds the key in progress waits
 	//   until the attempt finishes or the wait ends, then answers as above;
-	//   a waiter learns of a completion within 50 ms.
+	//   a waiter learns of the attempt's end by a push from Redis, within
+	//   10 ms (p99) on a service that is not saturated.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -2755,7 +2761,8 @@ func (c *ClientWithResponses) ReadyzWithResponse(ctx context.Context, reqEditors
 //     both the record and the begin carry one.
 //   - With `wait_ms` > 0, a begin that finds the key in progress waits
 //     until the attempt finishes or the wait ends, then answers as above;
-//     a waiter learns of a completion within 50 ms.
+//     a waiter learns of the attempt's end by a push from Redis, within
+//     10 ms (p99) on a service that is not saturated.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -2786,7 +2793,8 @@ func (c *ClientWithResponses) BeginWithBodyWithResponse(ctx context.Context, con
 //     both the record and the begin carry one.
 //   - With `wait_ms` > 0, a begin that finds the key in progress waits
 //     until the attempt finishes or the wait ends, then answers as above;
-//     a waiter learns of a completion within 50 ms.
+//     a waiter learns of the attempt's end by a push from Redis, within
+//     10 ms (p99) on a service that is not saturated.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

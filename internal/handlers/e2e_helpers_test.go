@@ -35,21 +35,21 @@ const problemBase = "https://idemsvc.dev/problems/"
 // memory backend gives the same store to every call of one backends() list.
 type backend struct {
 	name string
-	open func(t *testing.T) statemachine.Store
+	open func(t testing.TB) statemachine.Store
 }
 
 func backends() []backend {
 	var once sync.Once
 	var memory *statemachine.MemoryStore
 	return []backend{
-		{"memory", func(*testing.T) statemachine.Store {
+		{"memory", func(testing.TB) statemachine.Store {
 			once.Do(func() { memory = statemachine.NewMemoryStore(statemachine.DefaultLimits()) })
 			return memory
 		}},
-		{"redis", func(t *testing.T) statemachine.Store {
+		{"redis", func(t testing.TB) statemachine.Store {
 			return statemachine.NewRedisStore(redistest.SharedServer(t).Client(t), statemachine.RedisOptions{})
 		}},
-		{"cluster", func(t *testing.T) statemachine.Store {
+		{"cluster", func(t testing.TB) statemachine.Store {
 			return statemachine.NewRedisStore(redistest.SharedCluster(t).Client(t), statemachine.RedisOptions{})
 		}},
 	}
@@ -74,7 +74,7 @@ type env struct {
 }
 
 // start serves handlers.New(cfg) on a port of its own until the test ends.
-func start(t *testing.T, cfg handlers.Config) *env {
+func start(t testing.TB, cfg handlers.Config) *env {
 	t.Helper()
 	svc := handlers.New(cfg)
 	srv := httptest.NewServer(svc)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/handlers"
 )
 
 // waited is the answer of a begin that waited.
@@ -150,6 +151,54 @@ func TestE2EWait(t *testing.T) {
 			}
 			if after := c.snapshot(key); after != before {
 				t.Fatalf("waiting changed the record:\n%s\n%s", before, after)
+			}
+		})
+
+		t.Run("a waiter learns of a completion on another replica by a push", func(t *testing.T) {
+			t.Parallel()
+			// The fallback read comes after a minute: an answer sooner came
+			// by the push. Each replica has a store of its own.
+			a := start(t, handlers.Config{Store: b.open(t), WaitFallbackInterval: time.Minute})
+			other := startOn(t, b.open(t)).as(t, "")
+			key := unique("order")
+			l := other.acquire(idem.BeginRequest{Key: key})
+			answers := startWaiters(t, a, idem.BeginRequest{Key: key, WaitMs: ptr[int64](30000)}, 3)
+			other.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: ptr("done")}})
+			for range 3 {
+				select {
+				case w := <-answers:
+					must(t, w.err)
+					requireJSON(t, w.r.HTTPResponse, w.r.Body, http.StatusOK)
+					if *w.r.JSON200.Response.Body != "done" {
+						t.Fatalf("waiter's answer: %s", w.r.Body)
+					}
+				case <-time.After(5 * time.Second):
+					t.Fatalf("a waiter did not answer within 5s of the completion on another replica")
+				}
+			}
+			// One read when the watch came into force, shared by the three.
+			if polls := a.metricValue(t, "idemsvc_wait_polls_total"); polls > 1 {
+				t.Fatalf("the waiters' replica read the key %v times, want at most 1", polls)
+			}
+		})
+
+		t.Run("deleting the key wakes its waiters, who acquire it", func(t *testing.T) {
+			t.Parallel()
+			e := start(t, handlers.Config{Store: b.open(t), WaitFallbackInterval: time.Minute})
+			c := e.as(t, "")
+			key := unique("order")
+			c.acquire(idem.BeginRequest{Key: key})
+			answers := startWaiters(t, e, idem.BeginRequest{Key: key, WaitMs: ptr[int64](30000)}, 1)
+			c.del(idem.DeleteKeyParams{Key: key})
+			select {
+			case w := <-answers:
+				must(t, w.err)
+				requireJSON(t, w.r.HTTPResponse, w.r.Body, http.StatusCreated)
+				if w.r.JSON201.Attempt != 1 {
+					t.Fatalf("the waiter after the delete: %s", w.r.Body)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatalf("the waiter did not answer within 5s of the delete")
 			}
 		})
 

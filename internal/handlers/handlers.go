@@ -35,15 +35,20 @@ type Config struct {
 	// enforces none.
 	Limiter quota.Limiter
 	// WaitPollInterval is how often the status of a waited key is read
-	// (default 25 ms, so a waiter learns of a completion within 50 ms).
+	// when the store cannot push the end of attempts (default 25 ms).
 	WaitPollInterval time.Duration
+	// WaitFallbackInterval is how often the status of a waited key is read
+	// when the store pushes the end of attempts, against lost pushes
+	// (default 5 s; at least 1 s).
+	WaitFallbackInterval time.Duration
 }
 
 // Defaults of Config.
 const (
-	DefaultMaxBodyBytes     = 2 << 20
-	DefaultMaxWait          = 30 * time.Second
-	DefaultWaitPollInterval = 25 * time.Millisecond
+	DefaultMaxBodyBytes         = 2 << 20
+	DefaultMaxWait              = 30 * time.Second
+	DefaultWaitPollInterval     = 25 * time.Millisecond
+	DefaultWaitFallbackInterval = 5 * time.Second
 )
 
 // Service implements the API over a Store. It is an http.Handler.
@@ -79,6 +84,9 @@ func New(cfg Config) *Service {
 	if cfg.WaitPollInterval <= 0 {
 		cfg.WaitPollInterval = DefaultWaitPollInterval
 	}
+	if cfg.WaitFallbackInterval <= 0 {
+		cfg.WaitFallbackInterval = DefaultWaitFallbackInterval
+	}
 	s := &Service{
 		store:        cfg.Store,
 		keyring:      cfg.Keyring,
@@ -92,7 +100,7 @@ func New(cfg Config) *Service {
 	if cfg.Limiter != nil {
 		cfg.Registry.MustRegister(cfg.Limiter)
 	}
-	s.waiters = newWaiters(cfg.Store, cfg.WaitPollInterval, s.metrics)
+	s.waiters = newWaiters(cfg.Store, cfg.WaitPollInterval, cfg.WaitFallbackInterval, s.metrics)
 
 	r := chi.NewRouter()
 	r.Use(s.observe) // inside the router, so that it sees the matched route

@@ -38,16 +38,16 @@ func (s *Service) beginError(tenant string, lim auth.Limits, err error) error {
 
 // waitLimited waits for attempt of key to be over, as waiters.wait does,
 // counted against tenant's waiters limit while it waits.
-func (s *Service) waitLimited(ctx context.Context, tenant string, lim auth.Limits, key string, attempt int64, d time.Duration) (bool, error) {
+func (s *Service) waitLimited(ctx context.Context, tenant string, lim auth.Limits, key string, attempt int64, leaseEnd time.Time, d time.Duration) (bool, error) {
 	if s.limiter == nil {
-		return s.waiters.wait(ctx, tenant, key, attempt, d), nil
+		return s.waiters.wait(ctx, tenant, key, attempt, leaseEnd, d), nil
 	}
 	done, err := s.limiter.Wait(ctx, tenant, lim, d)
 	if err != nil {
 		return false, fmt.Errorf("begin: %w", err)
 	}
 	defer done()
-	return s.waiters.wait(ctx, tenant, key, attempt, d), nil
+	return s.waiters.wait(ctx, tenant, key, attempt, leaseEnd, d), nil
 }
 
 // stored counts the bytes of a response a complete or terminal fail stored

@@ -38,7 +38,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}),
 		waitPolls: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "idemsvc_wait_polls_total",
-			Help: "Status reads of waited keys; one per waited key per poll interval, however many wait.",
+			Help: "Status reads of waited keys: when a push of the attempt's end may have been missed, at the lease's end, and as a slow fallback; shared by every waiter of a key.",
 		}),
 		begins: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemsvc_begins_total",

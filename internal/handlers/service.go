@@ -66,7 +66,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		var busy *statemachine.InProgressError
 		if wait > 0 && errors.As(err, &busy) {
 			if left := time.Until(deadline); left > 0 {
-				over, werr := s.waitLimited(ctx, t, lim, b.Key, busy.Attempt, left)
+				over, werr := s.waitLimited(ctx, t, lim, b.Key, busy.Attempt, busy.LeaseExpiresAt, left)
 				if werr != nil {
 					return nil, werr
 				}

@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"fmt"
+	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -19,141 +20,102 @@ import (
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
-// TestWaitersLoadRedisBoundedly parks 1,000 waiting begins on 10 keys in
-// progress and counts the commands Redis runs meanwhile: one status read
-// per waited key per poll interval, not per waiter. Then it completes the
-// keys and checks that every waiter gets the completed response.
+// TestWaitersLoadRedisBoundedly parks 1,000 waiting begins on 1,000
+// distinct keys in progress and counts the commands a Redis dedicated to
+// the test runs meanwhile: the contract allows no command per waiter while
+// nothing changes, and a fallback read per waited key at most once a
+// second. Then it completes the keys and checks that every waiter gets the
+// completed response.
 func TestWaitersLoadRedisBoundedly(t *testing.T) {
 	const (
-		keys     = 10
-		waiters  = 1000
-		interval = 25 * time.Millisecond
-		window   = time.Second
+		keys   = 1000
+		window = 5 * time.Second
 	)
 	srv := redistest.NewServer(t)
 	rdb := srv.Client(t)
-	e := start(t, handlers.Config{
-		Store:            statemachine.NewRedisStore(srv.Client(t), statemachine.RedisOptions{}),
-		WaitPollInterval: interval,
-	})
+	// A store timeout long enough for 1,000 begins at once on a busy
+	// machine: the test counts commands, not latency.
+	store := statemachine.NewRedisStore(srv.Client(t), statemachine.RedisOptions{Timeout: time.Minute})
+	// Waits long enough for every waiter to park on a slow machine.
+	e := start(t, handlers.Config{Store: store, MaxWait: 10 * time.Minute})
 	e.http.Transport.(*http.Transport).MaxConnsPerHost = 0
-	e.http.Transport.(*http.Transport).MaxIdleConnsPerHost = waiters
+	e.http.Transport.(*http.Transport).MaxIdleConnsPerHost = keys
 	c := e.as(t, "")
+	prefix := unique("wait-load")
+	names := make([]string, keys)
 	tokens := make([]string, keys)
-	for i := range tokens {
-		tokens[i] = c.acquire(idem.BeginRequest{Key: fmt.Sprintf("wait-load-%d", i)}).LeaseToken
+	for i := range names {
+		names[i] = fmt.Sprintf("%s-%d", prefix, i)
+		res, err := store.Begin(t.Context(), handlers.DefaultTenant, statemachine.BeginRequest{Key: names[i], Lease: 10 * time.Minute})
+		must(t, err)
+		tokens[i] = res.Lease.Token
 	}
 
-	var answered, completed atomic.Int64
-	failed := make(chan error, waiters)
+	var completed atomic.Int64
+	failed := make(chan error, keys)
 	var wg sync.WaitGroup
-	for i := range waiters {
+	for _, name := range names {
 		wg.Go(func() {
-			wait := int64(20_000)
-			r, err := c.c.BeginWithResponse(bg, idem.BeginRequest{Key: fmt.Sprintf("wait-load-%d", i%keys), WaitMs: &wait})
-			if err != nil {
+			r, err := c.c.BeginWithResponse(bg, idem.BeginRequest{Key: name, WaitMs: ptr[int64](600_000)})
+			switch {
+			case err != nil:
 				failed <- err
-				return
-			}
-			answered.Add(1)
-			if r.StatusCode() == http.StatusOK && r.JSON200 != nil && r.JSON200.Status == idem.FinishedStateCompleted {
+			case r.StatusCode() != http.StatusOK || r.JSON200 == nil || r.JSON200.Status != idem.FinishedStateCompleted:
+				failed <- fmt.Errorf("waiter's answer: %d %s", r.StatusCode(), r.Body)
+			default:
 				completed.Add(1)
 			}
 		})
 	}
-	metrics := func() string {
-		resp, body := e.raw(t, http.MethodGet, "/metrics", "", nil)
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("metrics: %d", resp.StatusCode)
+	deadline := time.Now().Add(5 * time.Minute)
+	for e.metricValue(t, "idemsvc_waiters") != keys {
+		select {
+		case err := <-failed:
+			t.Fatalf("a waiter: %v", err)
+		default:
 		}
-		return string(body)
+		if time.Now().After(deadline) {
+			t.Fatalf("waiting for %d waiters; %v wait", keys, e.metricValue(t, "idemsvc_waiters"))
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
-	waitFor(t, metrics, waiters, failed)
+	// Past the read each key's watch makes as it comes into force.
+	eventually(t, time.Minute, "every watch in force", func() bool {
+		return e.metricValue(t, "idemsvc_wait_polls_total") >= keys
+	})
 
-	before := scriptCalls(t, rdb)
+	scripts := scriptCalls(t, rdb)
+	before := commandsProcessed(t, rdb)
 	time.Sleep(window)
-	during := scriptCalls(t, rdb) - before
-	// At most one status read per key per interval, with room for a tick
-	// of scheduling slack each; a poll per waiter would be 100 times more.
-	limit := int64(keys) * (int64(window/interval) + 2)
-	t.Logf("%d waiters on %d keys: Redis ran %d scripts in %v (limit %d)", waiters, keys, during, window, limit)
+	// Every command counts, those that scripts run too; not the INFOs.
+	during := commandsProcessed(t, rdb) - before - 1
+	scripts = scriptCalls(t, rdb) - scripts
+	limit := int64(keys * window / time.Second)
+	t.Logf("%d waiters on %d keys: in %v Redis ran %d commands (%.0f/s; the test allows %d/s), of which %d scripts (%.0f/s)",
+		keys, keys, window, during, float64(during)/window.Seconds(), keys, scripts, float64(scripts)/window.Seconds())
 	if during > limit {
-		t.Errorf("Redis ran %d scripts in %v for %d waiters on %d keys, over %d", during, window, waiters, keys, limit)
+		t.Errorf("Redis ran %d commands in %v for %d waiters on %d keys, over %d", during, window, keys, keys, limit)
 	}
 
 	start := time.Now()
-	for i, tok := range tokens {
-		c.mustComplete(idem.CompleteRequest{Key: fmt.Sprintf("wait-load-%d", i), LeaseToken: tok})
+	for i, name := range names {
+		_, err := store.Complete(t.Context(), handlers.DefaultTenant, statemachine.CompleteRequest{Key: name, Token: tokens[i]})
+		must(t, err)
 	}
 	wg.Wait()
-	t.Logf("all %d waiters answered %v after the completions", waiters, time.Since(start).Round(time.Millisecond))
-	if answered.Load() != waiters || completed.Load() != waiters {
-		t.Errorf("%d of %d waiters answered, %d with the completed response", answered.Load(), waiters, completed.Load())
+	close(failed)
+	for err := range failed {
+		t.Errorf("a waiter: %v", err)
+	}
+	t.Logf("all %d waiters answered %v after the completions began", keys, time.Since(start).Round(time.Millisecond))
+	if completed.Load() != keys {
+		t.Errorf("%d of %d waiters got the completed response", completed.Load(), keys)
 	}
 }
 
-// waitFor waits until the idemsvc_waiters gauge shows n.
-// A waiter's request that failed, sent on failed, ends the wait.
-func waitFor(t *testing.T, metrics func() string, n int, failed <-chan error) {
-	t.Helper()
-	want := fmt.Sprintf("idemsvc_waiters %d\n", n)
-	deadline := time.Now().Add(60 * time.Second)
-	for {
-		select {
-		case err := <-failed:
-			t.Fatalf("a waiter's begin failed: %v", err)
-		default:
-		}
-		m := metrics()
-		if strings.Contains(m, want) {
-			return
-		}
-		if time.Now().After(deadline) {
-			i := strings.Index(m, "idemsvc_waiters ")
-			t.Fatalf("waiting for %d waiters; the gauge says %s", n, m[i:i+strings.IndexByte(m[i:], '\n')])
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// TestWaiterLatency measures how soon a waiter answers after the
-// completion it waits for: within a poll interval and a round trip.
-func TestWaiterLatency(t *testing.T) {
-	e := start(t, handlers.Config{
-		Store: statemachine.NewRedisStore(redistest.SharedServer(t).Client(t), statemachine.RedisOptions{}),
-	})
-	c := e.as(t, "")
-	metrics := func() string {
-		_, body := e.raw(t, http.MethodGet, "/metrics", "", nil)
-		return string(body)
-	}
-	var latencies []time.Duration
-	for i := range 20 {
-		key := fmt.Sprintf("wait-latency-%d-%d", time.Now().UnixNano(), i)
-		tok := c.acquire(idem.BeginRequest{Key: key}).LeaseToken
-		answered := make(chan time.Time, 1)
-		go func() {
-			wait := int64(10_000)
-			r, err := c.c.BeginWithResponse(bg, idem.BeginRequest{Key: key, WaitMs: &wait})
-			if err != nil || r.StatusCode() != http.StatusOK {
-				t.Errorf("waiter: %v %v", r.Status(), err)
-			}
-			answered <- time.Now()
-		}()
-		waitFor(t, metrics, 1, nil)
-		c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: tok})
-		completed := time.Now()
-		latencies = append(latencies, (<-answered).Sub(completed))
-	}
-	slices.Sort(latencies)
-	t.Logf("waiter answered after the completion's reply: median %v, max %v (poll interval %v)",
-		latencies[len(latencies)/2].Round(time.Millisecond), latencies[len(latencies)-1].Round(time.Millisecond),
-		handlers.DefaultWaitPollInterval)
-}
-
-// scriptCalls is the number of scripts Redis has run: every transition
-// and status read is one.
-func scriptCalls(t *testing.T, rdb *redis.Client) int64 {
+// scriptCalls is the number of scripts Redis has run (EVALSHA and EVAL):
+// every transition and status read is one.
+func scriptCalls(t testing.TB, rdb *redis.Client) int64 {
 	t.Helper()
 	info, err := rdb.Info(t.Context(), "commandstats").Result()
 	if err != nil {
@@ -172,4 +134,110 @@ func scriptCalls(t *testing.T, rdb *redis.Client) int64 {
 		}
 	}
 	return total
+}
+
+// commandsProcessed is Redis's count of the commands it ran.
+func commandsProcessed(t testing.TB, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(t.Context(), "stats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if v, ok := strings.CutPrefix(line, "total_commands_processed:"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return n
+		}
+	}
+	t.Fatalf("no total_commands_processed in INFO stats")
+	return 0
+}
+
+// TestWaiterLatency measures how soon a waiter answers after the
+// completion it waits for, on each store. The contract says 10 ms at the
+// 99th percentile, median 2 ms, on a service that is not saturated; the
+// test allows a median of 5 ms and a 99th percentile of 50 ms, because it
+// runs with the race detector on machines shared with other tests.
+// BenchmarkWaiterLatency measures it precisely.
+func TestWaiterLatency(t *testing.T) {
+	for _, b := range backends() {
+		t.Run(b.name, func(t *testing.T) {
+			e := start(t, handlers.Config{Store: b.open(t), WaitFallbackInterval: time.Minute})
+			latencies := waiterLatencies(t, e, 100)
+			// The 99th of 100 samples, the 100th being the slowest.
+			median, p99 := latencies[len(latencies)/2], latencies[len(latencies)*99/100-1]
+			t.Logf("waiter answered after the completion's reply: median %v, p99 %v, slowest %v", median, p99, latencies[len(latencies)-5:])
+			if median > 5*time.Millisecond || p99 > 50*time.Millisecond {
+				t.Errorf("waiter latency: median %v (limit 5ms), p99 %v (limit 50ms)", median, p99)
+			}
+		})
+	}
+}
+
+// waiterLatencies parks one waiter at a time on a key in progress,
+// completes the key and returns, sorted, the times from the completion's
+// answer to the waiter's.
+func waiterLatencies(tb testing.TB, e *env, n int) []time.Duration {
+	tb.Helper()
+	c, err := idem.NewClientWithResponses(e.url, idem.WithHTTPClient(e.http))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	prefix := unique("wait-latency")
+	latencies := make([]time.Duration, 0, n)
+	for i := range n {
+		key := fmt.Sprintf("%s-%d", prefix, i)
+		r, err := c.BeginWithResponse(tb.Context(), idem.BeginRequest{Key: key})
+		if err != nil || r.JSON201 == nil {
+			tb.Fatalf("begin: %v", err)
+		}
+		answered := make(chan time.Time, 1)
+		go func() {
+			r, err := c.BeginWithResponse(bg, idem.BeginRequest{Key: key, WaitMs: ptr[int64](10_000)})
+			if err != nil || r.StatusCode() != http.StatusOK {
+				tb.Errorf("waiter: %v", err)
+			}
+			answered <- time.Now()
+		}()
+		for waiting(tb, e) != 1 {
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(2 * time.Millisecond) // let the watch come into force
+		done, err := c.CompleteWithResponse(tb.Context(), idem.CompleteRequest{Key: key, LeaseToken: r.JSON201.LeaseToken})
+		completed := time.Now()
+		if err != nil || done.StatusCode() != http.StatusOK {
+			tb.Fatalf("complete: %v", err)
+		}
+		latencies = append(latencies, (<-answered).Sub(completed))
+	}
+	slices.Sort(latencies)
+	return latencies
+}
+
+// waiting reads the idemsvc_waiters gauge of e.
+func waiting(tb testing.TB, e *env) float64 {
+	tb.Helper()
+	resp, err := e.http.Get(e.url + "/metrics")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for line := range strings.SplitSeq(string(body), "\n") {
+		if v, ok := strings.CutPrefix(line, "idemsvc_waiters "); ok {
+			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return f
+		}
+	}
+	tb.Fatal("no idemsvc_waiters metric")
+	return 0
 }

@@ -10,6 +10,9 @@
 -- ARGV[7]  '1': acquire nothing (the tenant is over its stored-bytes budget);
 --          '' or absent: acquire when the key is free
 --
+-- Taking over an expired lease publishes the ended attempt on
+-- KEYS[1] .. ':end', so that waiters elsewhere wake and wait for the new one.
+--
 -- Reply {code, now_ms, record}:
 --   OK          acquired (or re-begun by the same owner, or this call ran before)
 --   BUSY        someone else holds a live lease
@@ -46,7 +49,10 @@ local lease_ms, retention = tonumber(ARGV[4]), tonumber(ARGV[5])
 local recovered = 0
 if raw then
   attempt = attempt + 1
-  if state == IN_PROGRESS then recovered = 1 end
+  if state == IN_PROGRESS then
+    recovered = 1
+    announce(attempt - 1)
+  end
   if ARGV[3] ~= '' then fingerprint = ARGV[3] end
 else
   attempt, created, fingerprint = 1, now, ARGV[3]

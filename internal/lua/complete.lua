@@ -5,6 +5,9 @@
 -- ARGV[2]  the response (opaque bytes)
 -- ARGV[3]  retention in s ('' keeps the one given to begin)
 --
+-- Publishes the attempt on KEYS[1] .. ':end' when it completes it (not on a
+-- retried call), so that waiters wake.
+--
 -- Reply {code, now_ms, record head}:
 --   OK          completed (or this token completed it before: same answer)
 --   LEASE_LOST  the token is not the current attempt's, or it finished otherwise
@@ -25,4 +28,5 @@ expires = now + retention * 1000
 local head = pack(COMPLETED, recovered, retryable, attempt, created, now,
   lease, expires, retention, token, call, owner, fingerprint, key, err)
 store(head, ARGV[2], expires)
+announce(attempt)
 return {OK, now, head}

@@ -8,6 +8,9 @@
 -- ARGV[4]  the response to replay (opaque bytes)
 -- ARGV[5]  retention in s ('' keeps the one given to begin)
 --
+-- Publishes the attempt on KEYS[1] .. ':end' when it fails it, retryably or
+-- not (not on a retried call), so that waiters wake.
+--
 -- Reply {code, now_ms, record head}:
 --   OK          failed (or this token failed it before: same answer)
 --   LEASE_LOST  the token is not the current attempt's, or it finished otherwise
@@ -28,4 +31,5 @@ local expires = now + retention * 1000
 local head = pack(FAILED, recovered, tonumber(ARGV[2]), attempt, created, now,
   lease, expires, retention, token, call, owner, fingerprint, key, ARGV[3])
 store(head, ARGV[4], expires)
+announce(attempt)
 return {OK, now, head}

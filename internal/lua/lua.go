@@ -2,7 +2,10 @@
 //
 // Each transition is one .lua file that opens with its contract (KEYS, ARGV,
 // reply). record.lua, the record codec, is prepended to each of them. Every
-// script touches only KEYS[1] and reads the time from Redis.
+// script touches only KEYS[1] and reads the time from Redis. The scripts that
+// end an attempt publish it on the record's channel (record.lua's announce):
+// Plain with PUBLISH, for one node and Sentinel; Sharded with SPUBLISH, for a
+// Cluster, where PUBLISH would reach every node.
 package lua
 
 import (
@@ -29,19 +32,47 @@ var extend string
 //go:embed status.lua
 var status string
 
+//go:embed delete.lua
+var del string
+
 //go:embed stored_bytes.lua
 var storedBytes string
 
 //go:embed waiter.lua
 var waiter string
 
-// The scripts, ready for EVALSHA. Script.Run falls back to EVAL on NOSCRIPT.
+// Scripts is one set of the transitions, ready for EVALSHA. Script.Run
+// falls back to EVAL on NOSCRIPT.
+type Scripts struct {
+	Begin, Complete, Fail, Extend, Status, Delete *redis.Script
+}
+
+// The two sets: Plain publishes with PUBLISH (one node, Sentinel), Sharded
+// with SPUBLISH on the record's slot (Cluster).
 var (
-	Begin    = redis.NewScript(record + begin)
-	Complete = redis.NewScript(record + complete)
-	Fail     = redis.NewScript(record + fail)
-	Extend   = redis.NewScript(record + extend)
-	Status   = redis.NewScript(record + status)
+	Plain   = scripts("PUBLISH")
+	Sharded = scripts("SPUBLISH")
+)
+
+func scripts(publish string) *Scripts {
+	head := "local PUBLISH = '" + publish + "'\n" + record
+	return &Scripts{
+		Begin:    redis.NewScript(head + begin),
+		Complete: redis.NewScript(head + complete),
+		Fail:     redis.NewScript(head + fail),
+		Extend:   redis.NewScript(head + extend),
+		Status:   redis.NewScript(head + status),
+		Delete:   redis.NewScript(head + del),
+	}
+}
+
+// The Plain scripts under their own names.
+var (
+	Begin    = Plain.Begin
+	Complete = Plain.Complete
+	Fail     = Plain.Fail
+	Extend   = Plain.Extend
+	Status   = Plain.Status
 )
 
 // The scripts of tenant limits (internal/quota), which use no record.

@@ -11,6 +11,9 @@
 --   response: opaque bytes to the end of the string
 --
 -- internal/statemachine/codec.go is the Go side of this layout.
+--
+-- PUBLISH, defined by lua.go before this file, is 'SPUBLISH' in a Cluster
+-- and 'PUBLISH' on one node or under Sentinel.
 
 local IN_PROGRESS, COMPLETED, FAILED = 1, 2, 3
 -- Reply codes: the first element of every reply (statemachine/redis.go).
@@ -52,4 +55,15 @@ end
 -- floating-point formatting.
 local function store(head, response, expires_ms)
   redis.call('SET', KEYS[1], head .. response, 'PXAT', string.format('%d', expires_ms))
+end
+
+-- announce tells the waiters of KEYS[1] that its attempt `attempt` ended
+-- (completed, failed, released, taken over or deleted): it publishes the
+-- attempt on the record's channel, KEYS[1] .. ':end'. The channel is built
+-- from the record's key, so it has the same hash tag and slot, and SPUBLISH
+-- reaches only that slot's shard (PUBLISH in a Cluster would reach every
+-- node). Redis 7.0 allows SPUBLISH in a script when the channel's slot is
+-- served by the node running it.
+local function announce(attempt)
+  redis.call(PUBLISH, KEYS[1] .. ':end', string.format('%d', attempt))
 end

@@ -14,6 +14,7 @@ type MemoryStore struct {
 	limits  Limits
 	mu      sync.Mutex
 	records map[memoryKey]*stored
+	watches watchSet[memoryKey] // memory_watch.go
 }
 
 type memoryKey struct{ tenant, key string }
@@ -101,6 +102,9 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 	if old != nil {
 		s.attempt, s.created = old.attempt+1, old.created
 		s.recovered = old.state == StateInProgress
+		if s.recovered {
+			m.watches.ended(k) // as begin.lua announces a takeover
+		}
 		if s.fingerprint == "" {
 			s.fingerprint = old.fingerprint
 		}
@@ -158,6 +162,7 @@ func (m *MemoryStore) finish(tenant, key string, tok token, state State, set fun
 	}
 	s.state, s.updated, s.expires = state, now, now+s.retention*1000
 	m.put(k, &s, now)
+	m.watches.ended(k)
 	return s.record(tenant, now, false)
 }
 
@@ -205,9 +210,13 @@ func (m *MemoryStore) Delete(_ context.Context, tenant, key string) error {
 	if err := m.limits.checkKey(tenant, key); err != nil {
 		return err
 	}
+	k := memoryKey{tenant, key}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	delete(m.records, memoryKey{tenant, key})
+	if s := m.records[k]; s != nil && s.state == StateInProgress {
+		m.watches.ended(k)
+	}
+	delete(m.records, k)
 	return nil
 }
 

@@ -47,6 +47,8 @@ type RedisStore struct {
 	// suspectUntil is when, in Unix nanoseconds, the store stops bounding
 	// tries by attemptTimeout (see retrying).
 	suspectUntil atomic.Int64
+	scripts      *lua.Scripts // Sharded in a Cluster, else Plain
+	watch        *redisWatcher
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -62,7 +64,12 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 		attemptTimeout: opts.AttemptTimeout,
 		waitReplicas:   opts.WaitReplicas,
 		waitTimeout:    opts.WaitTimeout,
+		scripts:        lua.Plain,
 	}
+	if _, ok := client.(*redis.ClusterClient); ok {
+		s.scripts = lua.Sharded
+	}
+	s.watch = newRedisWatcher(client)
 	if s.timeout <= 0 {
 		s.timeout = time.Second
 	}
@@ -110,7 +117,7 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	if req.NoAcquire {
 		noAcquire = "1"
 	}
-	r, err := s.run(ctx, "begin", lua.Begin, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "begin", s.scripts.Begin, RedisKey(tenant, req.Key),
 		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire)
 	if err != nil {
 		return BeginResult{}, err
@@ -132,7 +139,7 @@ func (s *RedisStore) Complete(ctx context.Context, tenant string, req CompleteRe
 	if err != nil {
 		return Record{}, err
 	}
-	r, err := s.run(ctx, "complete", lua.Complete, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "complete", s.scripts.Complete, RedisKey(tenant, req.Key),
 		string(tok[:]), encodeResponse(&req.Response), retentionArg(req.Retention))
 	return s.finished(tenant, "complete", r, err)
 }
@@ -147,7 +154,7 @@ func (s *RedisStore) Fail(ctx context.Context, tenant string, req FailRequest) (
 	if req.Retryable {
 		retryable = "1"
 	}
-	r, err := s.run(ctx, "fail", lua.Fail, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "fail", s.scripts.Fail, RedisKey(tenant, req.Key),
 		string(tok[:]), retryable, req.Error, encodeResponse(&req.Response), retentionArg(req.Retention))
 	return s.finished(tenant, "fail", r, err)
 }
@@ -170,7 +177,7 @@ func (s *RedisStore) Extend(ctx context.Context, tenant string, req ExtendReques
 	}
 	var call [8]byte
 	rand.Read(call[:])
-	r, err := s.run(ctx, "extend", lua.Extend, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "extend", s.scripts.Extend, RedisKey(tenant, req.Key),
 		string(tok[:]), string(call[:]), lease.Milliseconds())
 	if err != nil {
 		return Lease{}, err
@@ -186,7 +193,7 @@ func (s *RedisStore) Status(ctx context.Context, tenant, key string, withRespons
 	if err := s.limits.checkKey(tenant, key); err != nil {
 		return Record{}, err
 	}
-	r, err := s.run(ctx, "status", lua.Status, RedisKey(tenant, key))
+	r, err := s.run(ctx, "status", s.scripts.Status, RedisKey(tenant, key))
 	if err != nil {
 		return Record{}, err
 	}
@@ -196,24 +203,13 @@ func (s *RedisStore) Status(ctx context.Context, tenant, key string, withRespons
 	return r.rec.record(tenant, r.now, withResponse)
 }
 
-// Delete implements Store.
+// Delete implements Store; see internal/lua/delete.lua.
 func (s *RedisStore) Delete(ctx context.Context, tenant, key string) error {
 	if err := s.limits.checkKey(tenant, key); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	k := RedisKey(tenant, key)
-	err := s.retrying(ctx, func(ctx context.Context) error {
-		if s.waitReplicas == 0 {
-			return s.client.Del(ctx, k).Err()
-		}
-		return s.pipelineWithWait(ctx, k, func(p redis.Pipeliner) redis.Cmder { return p.Del(ctx, k) })
-	})
-	if err != nil {
-		return fmt.Errorf("%w: delete: %w", ErrStoreUnavailable, err)
-	}
-	return nil
+	_, err := s.run(ctx, "delete", s.scripts.Delete, RedisKey(tenant, key))
+	return err
 }
 
 // Ping implements Store: it pings every master (for a Cluster) or the one node.
