@@ -1,6 +1,7 @@
 package api
 
 import (
+	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -39,7 +40,11 @@ func (r BeginAcquiredResponse) VisitBeginResponse(w http.ResponseWriter) error {
 // BeginReplayResponse is the 200 answer to a begin on a finished key.
 type BeginReplayResponse BeginReplay
 
-// VisitBeginResponse writes what Begin200JSONResponse writes.
+// VisitBeginResponse writes what Begin200JSONResponse writes. A large
+// stored body is escaped and written in chunks of about streamChunk
+// bytes, so that the answer is never held whole in memory: escaping can
+// make a body six times longer, and a client that reads slowly would
+// hold that much for as long as it takes.
 func (r BeginReplayResponse) VisitBeginResponse(w http.ResponseWriter) error {
 	size := 256 + len(r.Key)
 	if r.Error != nil {
@@ -51,73 +56,139 @@ func (r BeginReplayResponse) VisitBeginResponse(w http.ResponseWriter) error {
 	for name, value := range r.Response.Headers {
 		size += 6 + len(name) + len(value)
 	}
-	b := make([]byte, 0, size)
-	b = append(b, `{"attempt":`...)
-	b = strconv.AppendInt(b, r.Attempt, 10)
+	s := jsonStream{b: make([]byte, 0, min(size, streamBuffer))}
+	if size > streamChunk {
+		s.w = w
+		w.Header()["Content-Type"] = jsonContentType
+		w.WriteHeader(http.StatusOK)
+	}
+	s.b = append(s.b, `{"attempt":`...)
+	s.b = strconv.AppendInt(s.b, r.Attempt, 10)
 	if r.CompletedAt != nil {
-		b = append(b, `,"completed_at":`...)
-		b = r.CompletedAt.AppendJSON(b)
+		s.b = append(s.b, `,"completed_at":`...)
+		s.b = r.CompletedAt.AppendJSON(s.b)
 	}
 	if r.Error != nil {
-		b = append(b, `,"error":`...)
-		b = appendString(b, *r.Error)
+		s.b = append(s.b, `,"error":`...)
+		s.string(*r.Error)
 	}
 	if r.FailedAt != nil {
-		b = append(b, `,"failed_at":`...)
-		b = r.FailedAt.AppendJSON(b)
+		s.b = append(s.b, `,"failed_at":`...)
+		s.b = r.FailedAt.AppendJSON(s.b)
 	}
-	b = append(b, `,"key":`...)
-	b = appendString(b, r.Key)
-	b = append(b, `,"response":`...)
-	b = r.Response.appendJSON(b)
-	b = append(b, `,"status":`...)
-	b = appendString(b, string(r.Status))
-	return writeJSON(w, http.StatusOK, b)
+	s.b = append(s.b, `,"key":`...)
+	s.string(r.Key)
+	s.b = append(s.b, `,"response":`...)
+	r.Response.streamJSON(&s)
+	s.b = append(s.b, `,"status":`...)
+	s.string(string(r.Status))
+	if s.w == nil {
+		return writeJSON(w, http.StatusOK, s.b)
+	}
+	s.b = append(s.b, '}', '\n')
+	s.flush()
+	return s.err
 }
 
-// appendJSON appends r as encoding/json does: members in field order, the
+// Sizes of a streamed answer: it is written whenever streamChunk bytes
+// are buffered, and a string is escaped streamSegment bytes at a time,
+// which escaping makes at most six times longer, so the buffer never
+// grows past streamBuffer.
+const (
+	streamChunk   = 32 << 10
+	streamSegment = 4 << 10
+	streamBuffer  = streamChunk + 6*streamSegment + 1<<10
+)
+
+// jsonStream is an answer being encoded into b. With w set, b is written
+// to w whenever it holds streamChunk bytes; after a failed write the rest
+// of the answer is skipped and err says why.
+type jsonStream struct {
+	w   io.Writer
+	b   []byte
+	err error
+}
+
+// string appends v as a JSON string, as appendString does, streamSegment
+// bytes of v at a time.
+func (s *jsonStream) string(v string) {
+	s.b = append(s.b, '"')
+	for len(v) > 0 && s.err == nil {
+		n := segment(v, streamSegment)
+		s.b = appendEscaped(s.b, v[:n])
+		v = v[n:]
+		if s.w != nil && len(s.b) >= streamChunk {
+			s.flush()
+		}
+	}
+	s.b = append(s.b, '"')
+}
+
+// flush writes what is buffered.
+func (s *jsonStream) flush() {
+	if s.err == nil && len(s.b) > 0 {
+		_, s.err = s.w.Write(s.b)
+	}
+	s.b = s.b[:0]
+}
+
+// segment is the length of a prefix of v of about n bytes that does not
+// end inside a UTF-8 sequence, so that escaping v in such pieces writes
+// what escaping it whole writes.
+func segment(v string, n int) int {
+	if len(v) <= n {
+		return len(v)
+	}
+	// A sequence is one leading byte and up to three continuation bytes:
+	// cut before a leading byte, or within a run of four continuation
+	// bytes, which no sequence spans.
+	for i := n; i > n-utf8.UTFMax; i-- {
+		if utf8.RuneStart(v[i]) {
+			return i
+		}
+	}
+	return n
+}
+
+// streamJSON appends r as encoding/json does: members in field order, the
 // empty ones left out, headers sorted by name.
-func (r *StoredResponse) appendJSON(b []byte) []byte {
-	open := len(b)
-	b = append(b, '{')
+func (r *StoredResponse) streamJSON(s *jsonStream) {
+	next := byte('{') // what comes before the next member
+	member := func(name string) {
+		s.b = append(s.b, next, '"')
+		s.b = append(s.b, name...)
+		s.b = append(s.b, '"', ':')
+		next = ','
+	}
 	if r.Body != nil {
-		b = appendMember(b, open, "body")
-		b = appendString(b, *r.Body)
+		member("body")
+		s.string(*r.Body)
 	}
 	if r.BodyEncoding != nil {
-		b = appendMember(b, open, "body_encoding")
-		b = appendString(b, string(*r.BodyEncoding))
+		member("body_encoding")
+		s.string(string(*r.BodyEncoding))
 	}
 	if len(r.Headers) > 0 {
-		b = appendMember(b, open, "headers")
-		headers := len(b)
-		b = append(b, '{')
-		for _, name := range slices.Sorted(maps.Keys(r.Headers)) {
-			if len(b) > headers+1 {
-				b = append(b, ',')
+		member("headers")
+		s.b = append(s.b, '{')
+		for i, name := range slices.Sorted(maps.Keys(r.Headers)) {
+			if i > 0 {
+				s.b = append(s.b, ',')
 			}
-			b = appendString(b, name)
-			b = append(b, ':')
-			b = appendString(b, r.Headers[name])
+			s.string(name)
+			s.b = append(s.b, ':')
+			s.string(r.Headers[name])
 		}
-		b = append(b, '}')
+		s.b = append(s.b, '}')
 	}
 	if r.StatusCode != nil {
-		b = appendMember(b, open, "status_code")
-		b = strconv.AppendInt(b, int64(*r.StatusCode), 10)
+		member("status_code")
+		s.b = strconv.AppendInt(s.b, int64(*r.StatusCode), 10)
 	}
-	return append(b, '}')
-}
-
-// appendMember appends a member's name to the object that starts at
-// b[open], after a comma unless it is the first.
-func appendMember(b []byte, open int, name string) []byte {
-	if len(b) > open+1 {
-		b = append(b, ',')
+	if next == '{' {
+		s.b = append(s.b, '{')
 	}
-	b = append(b, '"')
-	b = append(b, name...)
-	return append(b, '"', ':')
+	s.b = append(s.b, '}')
 }
 
 // FinishedResponse is the 200 answer to complete and fail.
@@ -176,8 +247,15 @@ func writeJSON(w http.ResponseWriter, status int, b []byte) error {
 // it: quotes, backslashes and control characters; <, > and & as \u003c,
 // \u003e and \u0026; invalid UTF-8 as \ufffd; U+2028 and U+2029.
 func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
 	b = append(b, '"')
+	b = appendEscaped(b, s)
+	return append(b, '"')
+}
+
+// appendEscaped appends s escaped as appendString escapes it, without the
+// quotes.
+func appendEscaped(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
 	start := 0 // s[start:i] is yet to be copied
 	for i := 0; i < len(s); {
 		c := s[i]
@@ -220,6 +298,5 @@ func appendString(b []byte, s string) []byte {
 		}
 		i += size
 	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
+	return append(b, s[start:]...)
 }

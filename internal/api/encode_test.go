@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 )
@@ -118,4 +119,56 @@ func FuzzAppendString(f *testing.F) {
 			t.Errorf("appendString(%q) = %s, want %s", s, got[1:], want)
 		}
 	})
+}
+
+// writeSizes is a recorder that notes the size of each write.
+type writeSizes struct {
+	*httptest.ResponseRecorder
+	largest int
+}
+
+func (w *writeSizes) Write(b []byte) (int, error) {
+	w.largest = max(w.largest, len(b))
+	return w.ResponseRecorder.Write(b)
+}
+
+// A large replay is written in chunks of bounded size, and the chunks make
+// what the generated response writes, also where multi-byte characters,
+// invalid UTF-8 and escapes straddle the pieces the body is escaped in.
+func TestBeginReplayResponseStreamsLikeGenerated(t *testing.T) {
+	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
+	text := BodyEncodingText
+	status := 200
+	reason := "declined"
+	var bodies []string
+	for _, piece := range []string{"<", "\x01", "\u00e9", "\u20ac", "\U0001F600", "\u2028", "\xff", "\xe2\x80", "\xf0\x9f\x98"} {
+		for offset := range 4 {
+			bodies = append(bodies, strings.Repeat("a", streamSegment-offset)+strings.Repeat(piece, 10*streamSegment/len(piece)))
+		}
+	}
+	bodies = append(bodies, strings.Repeat("<a\u00e9&\"\\\t\xff\U0001F600b", 1<<16))
+	for _, body := range bodies {
+		for _, r := range []BeginReplay{
+			{Attempt: 1, Key: "k", Status: FinishedStateCompleted, CompletedAt: &at,
+				Response: StoredResponse{Body: &body, BodyEncoding: &text}},
+			{Attempt: 2, Key: "<k>", Status: FinishedStateFailed, FailedAt: &at, Error: &reason,
+				Response: StoredResponse{Body: &body, BodyEncoding: &text, StatusCode: &status,
+					Headers: map[string]string{"Content-Type": "text/html", "X-Big": body[:len(body)/2]}}},
+			{Attempt: 3, Key: "k", Status: FinishedStateCompleted, CompletedAt: &at,
+				Response: StoredResponse{Headers: map[string]string{"X-Big": body, "X-Small": "<>"}}},
+		} {
+			w := &writeSizes{ResponseRecorder: httptest.NewRecorder()}
+			if err := BeginReplayResponse(r).VisitBeginResponse(w); err != nil {
+				t.Fatal(err)
+			}
+			got := visited{w.Code, w.Header().Get("Content-Type"), w.Body.String()}
+			want := visit(t, func(w *httptest.ResponseRecorder) error { return Begin200JSONResponse(r).VisitBeginResponse(w) })
+			if got != want {
+				t.Errorf("body of %d bytes starting %q: the streamed answer differs from the generated one", len(body), body[:8])
+			}
+			if w.largest > streamBuffer {
+				t.Errorf("a write of %d bytes, want at most %d", w.largest, streamBuffer)
+			}
+		}
+	}
 }
