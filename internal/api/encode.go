@@ -252,6 +252,34 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
+// JSONStringLen is the length of s as appendString writes it.
+func JSONStringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&':
+				n++
+			case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			default:
+				n += 6
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+			n += 6
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n
+}
+
 // appendEscaped appends s escaped as appendString escapes it, without the
 // quotes.
 func appendEscaped(b []byte, s string) []byte {

@@ -104,7 +104,8 @@ func TestBeginReplayResponseWritesLikeGenerated(t *testing.T) {
 	}
 }
 
-// appendString escapes every string as encoding/json does.
+// appendString escapes every string as encoding/json does, and
+// JSONStringLen says how long that is.
 func FuzzAppendString(f *testing.F) {
 	for _, s := range []string{"", "plain", `"\`, "\b\f\n\r\t\x00\x1f\x7f", "<a&b>", "\u00e9\u2028\u2029\U0001F600",
 		"\xff", "\xed\xa0\x80", "a\xc3", "\xe2\x80"} {
@@ -117,6 +118,9 @@ func FuzzAppendString(f *testing.F) {
 		}
 		if got := appendString([]byte("x"), s); string(got) != "x"+string(want) {
 			t.Errorf("appendString(%q) = %s, want %s", s, got[1:], want)
+		}
+		if n := JSONStringLen(s); n != len(want) {
+			t.Errorf("JSONStringLen(%q) = %d, want %d", s, n, len(want))
 		}
 	})
 }

@@ -33,6 +33,10 @@ type Config struct {
 	// WaitPollInterval is how often the status of a waited key is read
 	// (default 25 ms, so a waiter learns of a completion within 50 ms).
 	WaitPollInterval time.Duration
+	// A large answer must be written within WriteDeadlineBase plus its
+	// size at MinClientRate bytes per second (defaults 5 s, 1 MiB/s).
+	WriteDeadlineBase time.Duration
+	MinClientRate     int64
 }
 
 // Defaults of Config.
@@ -52,7 +56,11 @@ type Service struct {
 	waiters      *waiters
 	maxBodyBytes int64
 	maxWait      time.Duration
-	handler      http.Handler
+	// writeDeadlineBase and minClientRate bound the writing of a large
+	// answer.
+	writeDeadlineBase time.Duration
+	minClientRate     int64
+	handler           http.Handler
 }
 
 var _ api.StrictServerInterface = (*Service)(nil)
@@ -71,17 +79,25 @@ func New(cfg Config) *Service {
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
+	if cfg.WriteDeadlineBase <= 0 {
+		cfg.WriteDeadlineBase = DefaultWriteDeadlineBase
+	}
+	if cfg.MinClientRate <= 0 {
+		cfg.MinClientRate = DefaultMinClientRate
+	}
 	if cfg.WaitPollInterval <= 0 {
 		cfg.WaitPollInterval = DefaultWaitPollInterval
 	}
 	s := &Service{
-		store:        cfg.Store,
-		keyring:      cfg.Keyring,
-		log:          cfg.Logger,
-		registry:     cfg.Registry,
-		metrics:      newMetrics(cfg.Registry),
-		maxBodyBytes: cfg.MaxBodyBytes,
-		maxWait:      cfg.MaxWait,
+		store:             cfg.Store,
+		keyring:           cfg.Keyring,
+		log:               cfg.Logger,
+		registry:          cfg.Registry,
+		metrics:           newMetrics(cfg.Registry),
+		maxBodyBytes:      cfg.MaxBodyBytes,
+		maxWait:           cfg.MaxWait,
+		writeDeadlineBase: cfg.WriteDeadlineBase,
+		minClientRate:     cfg.MinClientRate,
 	}
 	s.waiters = newWaiters(cfg.Store, cfg.WaitPollInterval, s.metrics)
 

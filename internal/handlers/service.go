@@ -99,6 +99,9 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 		out.FailedAt = millis(rec.UpdatedAt)
 		out.Error = optional(rec.Error)
 	}
+	if d := s.writeDeadline(&out.Response); d > 0 {
+		return replayAnswer{out, d}
+	}
 	return out
 }
 
@@ -232,6 +235,9 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 	if withResponse && rec.State != statemachine.StateInProgress {
 		resp := fromResponse(rec.Response)
 		out.Response = &resp
+		if d := s.writeDeadline(&resp); d > 0 {
+			return statusAnswer{out, d}, nil
+		}
 	}
 	return out, nil
 }
