@@ -3,6 +3,7 @@ package api
 import (
 	"encoding/json"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -24,10 +25,31 @@ func visit(t *testing.T, write func(*httptest.ResponseRecorder) error) visited {
 	return visited{rec.Code, rec.Header().Get("Content-Type"), rec.Body.String()}
 }
 
+// sameAnswer reports whether got is the generated answer want except for
+// HTML escaping: the same status and Content-Type, a body that holds the
+// same JSON value as want's, written as encoding/json writes value with
+// SetEscapeHTML(false).
+func sameAnswer(t *testing.T, got, want visited, value any) bool {
+	t.Helper()
+	var plain strings.Builder
+	enc := json.NewEncoder(&plain)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(value); err != nil {
+		t.Fatal(err)
+	}
+	var gotValue, wantValue any
+	if err := json.Unmarshal([]byte(want.body), &wantValue); err != nil {
+		t.Fatal(err)
+	}
+	return json.Unmarshal([]byte(got.body), &gotValue) == nil && reflect.DeepEqual(gotValue, wantValue) &&
+		got.status == want.status && got.contentType == want.contentType && got.body == plain.String()
+}
+
 // keys that JSON must escape or not, as the encoders see them.
 var encodeKeys = []string{"k", `{}*?\`, `"quoted"`, "<a&b>", "\x01\u00e9\xff", ""}
 
-// The hand-written 201 to begin writes what the generated response writes.
+// The hand-written 201 to begin writes what the generated response writes,
+// but for HTML escaping.
 func TestBeginAcquiredResponseWritesLikeGenerated(t *testing.T) {
 	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
 	for _, key := range encodeKeys {
@@ -36,7 +58,7 @@ func TestBeginAcquiredResponseWritesLikeGenerated(t *testing.T) {
 				LeaseToken: "3f2a9c0d5b7e41c8a6d09e2f7b1c4a55", Recovered: recovered, Status: BeginAcquiredStatusAcquired}
 			got := visit(t, func(w *httptest.ResponseRecorder) error { return BeginAcquiredResponse(r).VisitBeginResponse(w) })
 			want := visit(t, func(w *httptest.ResponseRecorder) error { return Begin201JSONResponse(r).VisitBeginResponse(w) })
-			if got != want {
+			if !sameAnswer(t, got, want, r) {
 				t.Errorf("key %q:\n got %+v\nwant %+v", key, got, want)
 			}
 		}
@@ -44,7 +66,8 @@ func TestBeginAcquiredResponseWritesLikeGenerated(t *testing.T) {
 }
 
 // The hand-written 200 to complete and fail writes what the generated
-// responses write, for a completed and a failed attempt.
+// responses write but for HTML escaping, for a completed and a failed
+// attempt.
 func TestFinishedResponseWritesLikeGenerated(t *testing.T) {
 	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
 	expires := NewMilliTime(at.Add(24 * time.Hour))
@@ -57,20 +80,21 @@ func TestFinishedResponseWritesLikeGenerated(t *testing.T) {
 		} {
 			got := visit(t, func(w *httptest.ResponseRecorder) error { return FinishedResponse(r).VisitCompleteResponse(w) })
 			want := visit(t, func(w *httptest.ResponseRecorder) error { return Complete200JSONResponse(r).VisitCompleteResponse(w) })
-			if got != want {
+			if !sameAnswer(t, got, want, r) {
 				t.Errorf("complete, key %q, %s:\n got %+v\nwant %+v", key, r.Status, got, want)
 			}
 			got = visit(t, func(w *httptest.ResponseRecorder) error { return FinishedResponse(r).VisitFailResponse(w) })
 			want = visit(t, func(w *httptest.ResponseRecorder) error { return Fail200JSONResponse(r).VisitFailResponse(w) })
-			if got != want {
+			if !sameAnswer(t, got, want, r) {
 				t.Errorf("fail, key %q, %s:\n got %+v\nwant %+v", key, r.Status, got, want)
 			}
 		}
 	}
 }
 
-// The hand-written 200 to begin writes what the generated response writes,
-// for completed and failed replays and every shape of stored response.
+// The hand-written 200 to begin writes what the generated response writes
+// but for HTML escaping, for completed and failed replays and every shape
+// of stored response.
 func TestBeginReplayResponseWritesLikeGenerated(t *testing.T) {
 	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
 	text, base64 := BodyEncodingText, BodyEncodingBase64
@@ -96,7 +120,7 @@ func TestBeginReplayResponseWritesLikeGenerated(t *testing.T) {
 			} {
 				got := visit(t, func(w *httptest.ResponseRecorder) error { return BeginReplayResponse(r).VisitBeginResponse(w) })
 				want := visit(t, func(w *httptest.ResponseRecorder) error { return Begin200JSONResponse(r).VisitBeginResponse(w) })
-				if got != want {
+				if !sameAnswer(t, got, want, r) {
 					t.Errorf("key %q, %s:\n got %+v\nwant %+v", key, r.Status, got, want)
 				}
 			}
@@ -104,19 +128,22 @@ func TestBeginReplayResponseWritesLikeGenerated(t *testing.T) {
 	}
 }
 
-// appendString escapes every string as encoding/json does, and
-// JSONStringLen says how long that is.
+// appendString escapes every string as encoding/json does without HTML
+// escaping, and JSONStringLen says how long that is.
 func FuzzAppendString(f *testing.F) {
 	for _, s := range []string{"", "plain", `"\`, "\b\f\n\r\t\x00\x1f\x7f", "<a&b>", "\u00e9\u2028\u2029\U0001F600",
 		"\xff", "\xed\xa0\x80", "a\xc3", "\xe2\x80"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		want, err := json.Marshal(s)
-		if err != nil {
+		var plain strings.Builder
+		enc := json.NewEncoder(&plain)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(s); err != nil {
 			t.Fatal(err)
 		}
-		if got := appendString([]byte("x"), s); string(got) != "x"+string(want) {
+		want := strings.TrimSuffix(plain.String(), "\n")
+		if got := appendString([]byte("x"), s); string(got) != "x"+want {
 			t.Errorf("appendString(%q) = %s, want %s", s, got[1:], want)
 		}
 		if n := JSONStringLen(s); n != len(want) {
@@ -137,7 +164,7 @@ func (w *writeSizes) Write(b []byte) (int, error) {
 }
 
 // A large replay is written in chunks of bounded size, and the chunks make
-// what the generated response writes, also where multi-byte characters,
+// what the generated response writes but for HTML escaping, also where multi-byte characters,
 // invalid UTF-8 and escapes straddle the pieces the body is escaped in.
 func TestBeginReplayResponseStreamsLikeGenerated(t *testing.T) {
 	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
@@ -167,7 +194,7 @@ func TestBeginReplayResponseStreamsLikeGenerated(t *testing.T) {
 			}
 			got := visited{w.Code, w.Header().Get("Content-Type"), w.Body.String()}
 			want := visit(t, func(w *httptest.ResponseRecorder) error { return Begin200JSONResponse(r).VisitBeginResponse(w) })
-			if got != want {
+			if !sameAnswer(t, got, want, r) {
 				t.Errorf("body of %d bytes starting %q: the streamed answer differs from the generated one", len(body), body[:8])
 			}
 			if w.largest > streamBuffer {
