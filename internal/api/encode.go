@@ -11,7 +11,8 @@ import (
 
 // The most frequent answers are written by hand: an acquired lease (201 to
 // begin), a replayed outcome (200 to begin) and a finished attempt (200 to
-// complete and fail). The generated responses encode by reflection into a
+// complete and fail); so is the status (200), which may carry a stored
+// response as large as a replay's. The generated responses encode by reflection into a
 // buffer that encoding/json then validates and compacts; these write the
 // same JSON, status and Content-Type in one pass, which encode_test.go
 // checks against the generated responses. The one difference is that <, >
@@ -86,6 +87,82 @@ func (r BeginReplayResponse) VisitBeginResponse(w http.ResponseWriter) error {
 	r.Response.streamJSON(&s)
 	s.b = append(s.b, `,"status":`...)
 	s.string(string(r.Status))
+	if s.w == nil {
+		return writeJSON(w, http.StatusOK, s.b)
+	}
+	s.b = append(s.b, '}', '\n')
+	s.flush()
+	return s.err
+}
+
+// StatusResponse is the 200 answer to status.
+type StatusResponse StatusRecord
+
+// VisitGetStatusResponse writes what GetStatus200JSONResponse writes. Its
+// stored response, when asked for, is streamed as a replay's is.
+func (r StatusResponse) VisitGetStatusResponse(w http.ResponseWriter) error {
+	size := 512 + len(r.Key) + len(r.Tenant)
+	for _, v := range []*string{r.Error, r.Fingerprint, r.Owner} {
+		if v != nil {
+			size += len(*v)
+		}
+	}
+	if r.Response != nil {
+		if r.Response.Body != nil {
+			size += len(*r.Response.Body) + len(*r.Response.Body)/8
+		}
+		for name, value := range r.Response.Headers {
+			size += 6 + len(name) + len(value)
+		}
+	}
+	s := jsonStream{b: make([]byte, 0, min(size, streamBuffer))}
+	if size > streamChunk {
+		s.w = w
+		w.Header()["Content-Type"] = jsonContentType
+		w.WriteHeader(http.StatusOK)
+	}
+	s.b = append(s.b, `{"attempt":`...)
+	s.b = strconv.AppendInt(s.b, r.Attempt, 10)
+	s.b = append(s.b, `,"created_at":`...)
+	s.b = r.CreatedAt.AppendJSON(s.b)
+	if r.Error != nil {
+		s.b = append(s.b, `,"error":`...)
+		s.string(*r.Error)
+	}
+	s.b = append(s.b, `,"expires_at":`...)
+	s.b = r.ExpiresAt.AppendJSON(s.b)
+	if r.Fingerprint != nil {
+		s.b = append(s.b, `,"fingerprint":`...)
+		s.string(*r.Fingerprint)
+	}
+	s.b = append(s.b, `,"key":`...)
+	s.string(r.Key)
+	if r.LeaseExpired != nil {
+		s.b = append(s.b, `,"lease_expired":`...)
+		s.b = strconv.AppendBool(s.b, *r.LeaseExpired)
+	}
+	if r.LeaseExpiresAt != nil {
+		s.b = append(s.b, `,"lease_expires_at":`...)
+		s.b = r.LeaseExpiresAt.AppendJSON(s.b)
+	}
+	if r.Owner != nil {
+		s.b = append(s.b, `,"owner":`...)
+		s.string(*r.Owner)
+	}
+	if r.Response != nil {
+		s.b = append(s.b, `,"response":`...)
+		r.Response.streamJSON(&s)
+	}
+	if r.Retryable != nil {
+		s.b = append(s.b, `,"retryable":`...)
+		s.b = strconv.AppendBool(s.b, *r.Retryable)
+	}
+	s.b = append(s.b, `,"state":`...)
+	s.string(string(r.State))
+	s.b = append(s.b, `,"tenant":`...)
+	s.string(r.Tenant)
+	s.b = append(s.b, `,"updated_at":`...)
+	s.b = r.UpdatedAt.AppendJSON(s.b)
 	if s.w == nil {
 		return writeJSON(w, http.StatusOK, s.b)
 	}

@@ -203,3 +203,44 @@ func TestBeginReplayResponseStreamsLikeGenerated(t *testing.T) {
 		}
 	}
 }
+
+// The hand-written 200 to status writes what the generated response writes
+// but for HTML escaping, for every state, with and without a stored
+// response, small or streamed.
+func TestStatusResponseWritesLikeGenerated(t *testing.T) {
+	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
+	later := NewMilliTime(at.Add(time.Hour))
+	yes, no := true, false
+	owner, fingerprint, reason := "req-<1>", "sha256:&ab", "declined \"hard\"\n"
+	text := BodyEncodingText
+	status := 201
+	small := `{"id":"<ch_1>"}`
+	large := strings.Repeat("<a\u00e9&\"\\\t\xff\U0001F600\u2028b", 1<<13)
+	for _, key := range encodeKeys {
+		for _, r := range []StatusRecord{
+			{Attempt: 1, Key: key, Tenant: "t", State: StateInProgress, CreatedAt: at, UpdatedAt: at, ExpiresAt: later,
+				LeaseExpiresAt: &later, LeaseExpired: &no, Owner: &owner, Fingerprint: &fingerprint},
+			{Attempt: 2, Key: key, Tenant: "payments", State: StateCompleted, CreatedAt: at, UpdatedAt: later, ExpiresAt: later},
+			{Attempt: 2, Key: key, Tenant: "payments", State: StateCompleted, CreatedAt: at, UpdatedAt: later, ExpiresAt: later,
+				Response: &StoredResponse{Body: &small, BodyEncoding: &text, StatusCode: &status, Headers: map[string]string{"A": "<>"}}},
+			{Attempt: 3, Key: key, Tenant: "payments", State: StateFailed, CreatedAt: at, UpdatedAt: later, ExpiresAt: later,
+				Retryable: &yes, Error: &reason, Response: &StoredResponse{}},
+			{Attempt: 4, Key: key, Tenant: "payments", State: StateFailed, CreatedAt: at, UpdatedAt: later, ExpiresAt: later,
+				Retryable: &no, Error: &reason, Owner: &owner, Response: &StoredResponse{Body: &large, BodyEncoding: &text,
+					Headers: map[string]string{"X-Big": large[:len(large)/2]}}},
+		} {
+			w := &writeSizes{ResponseRecorder: httptest.NewRecorder()}
+			if err := StatusResponse(r).VisitGetStatusResponse(w); err != nil {
+				t.Fatal(err)
+			}
+			got := visited{w.Code, w.Header().Get("Content-Type"), w.Body.String()}
+			want := visit(t, func(w *httptest.ResponseRecorder) error { return GetStatus200JSONResponse(r).VisitGetStatusResponse(w) })
+			if !sameAnswer(t, got, want, r) {
+				t.Errorf("key %q, %s, attempt %d:\n got %.300s\nwant %.300s", key, r.State, r.Attempt, got.body, want.body)
+			}
+			if w.largest > streamBuffer {
+				t.Errorf("a write of %d bytes, want at most %d", w.largest, streamBuffer)
+			}
+		}
+	}
+}

@@ -58,7 +58,7 @@ func (a replayAnswer) VisitBeginResponse(w http.ResponseWriter) error {
 
 // statusAnswer is a status written under its own deadline, if it has one.
 type statusAnswer struct {
-	api.GetStatus200JSONResponse
+	api.StatusResponse
 	deadline time.Duration
 }
 
@@ -66,5 +66,5 @@ func (a statusAnswer) VisitGetStatusResponse(w http.ResponseWriter) error {
 	if a.deadline > 0 {
 		setWriteDeadline(w, a.deadline)
 	}
-	return a.GetStatus200JSONResponse.VisitGetStatusResponse(w)
+	return a.StatusResponse.VisitGetStatusResponse(w)
 }

@@ -213,7 +213,7 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		return nil, fmt.Errorf("status: %w", err)
 	}
 	setOutcome(ctx, t, "found")
-	out := api.GetStatus200JSONResponse{
+	out := api.StatusResponse{
 		Key:         rec.Key,
 		Tenant:      t,
 		State:       api.State(rec.State.String()),
