@@ -50,39 +50,44 @@ func TestBoundedMemory(t *testing.T) {
 	}
 	memory := []string{"IDEMSVC_TENANTS_FILE=" + tenants}
 
+	// Two waves of slow bodies: memory a process has never used is not
+	// resident until written, so a buffer allocated by the declared length
+	// but not filled counts little in the first wave; the second reuses the
+	// memory the first freed, which the runtime zeroes, making it resident.
 	t.Run("slow bodies", func(t *testing.T) {
 		p := startBinary(t, bin, memory)
-		conns := make([]net.Conn, 0, slowBodies)
-		defer func() {
+		head := "POST /v1/begin HTTP/1.1\r\nHost: idemsvc\r\nAuthorization: Bearer " + apiKey +
+			"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(slowBodyBytes) + "\r\n\r\n{"
+		for wave := 1; wave <= 2; wave++ {
+			conns := make([]net.Conn, 0, slowBodies)
+			for range slowBodies {
+				c, err := net.Dial("tcp", p.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, c)
+				if _, err := io.WriteString(c, head); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(3 * time.Second) // for every request to reach its handler
+			for i, c := range conns {
+				// Each connection is still held, its body being read.
+				_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+				if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("connection %d: read %v, want it held open", i, err)
+				}
+			}
+			rss, peak := p.memory(t)
+			t.Logf("wave %d: %d connections declaring %d bytes and sending one: VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)",
+				wave, slowBodies, slowBodyBytes, rss/1e6, peak/1e6, p.startRSS/1e6)
+			if peak > rssBound {
+				t.Errorf("VmHWM = %.0f MB, want under %.0f MB", peak/1e6, rssBound/1e6)
+			}
 			for _, c := range conns {
 				_ = c.Close()
 			}
-		}()
-		head := "POST /v1/begin HTTP/1.1\r\nHost: idemsvc\r\nAuthorization: Bearer " + apiKey +
-			"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(slowBodyBytes) + "\r\n\r\n{"
-		for range slowBodies {
-			c, err := net.Dial("tcp", p.addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			conns = append(conns, c)
-			if _, err := io.WriteString(c, head); err != nil {
-				t.Fatal(err)
-			}
-		}
-		time.Sleep(3 * time.Second) // for every request to reach its handler
-		for i, c := range conns {
-			// Each connection is still held, its body being read.
-			_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
-			if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
-				t.Fatalf("connection %d: read %v, want it held open", i, err)
-			}
-		}
-		rss, peak := p.memory(t)
-		t.Logf("%d connections declaring %d bytes and sending one: VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)",
-			slowBodies, slowBodyBytes, rss/1e6, peak/1e6, p.startRSS/1e6)
-		if peak > rssBound {
-			t.Errorf("VmHWM = %.0f MB, want under %.0f MB", peak/1e6, rssBound/1e6)
+			time.Sleep(time.Second) // for the requests to end
 		}
 	})
 
@@ -189,7 +194,7 @@ func unreadReplayTest(t *testing.T, p *process, apiKey string, bodyBytes int, re
 				return
 			}
 			status := make([]byte, len("HTTP/1.1 200"))
-			_ = c.SetReadDeadline(time.Now().Add(20 * time.Second))
+			_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
 			if _, err := io.ReadFull(c, status); err != nil || string(status) != "HTTP/1.1 200" {
 				errs <- fmt.Errorf("status line %q: %v", status, err)
 			}
@@ -197,8 +202,8 @@ func unreadReplayTest(t *testing.T, p *process, apiKey string, bodyBytes int, re
 	}
 	wg.Wait()
 	close(errs)
-	for err := range errs {
-		t.Fatal(err)
+	if len(errs) > 0 { // measured all the same
+		t.Errorf("%d clients had no answer begun within a minute; the first: %v", len(errs), <-errs)
 	}
 
 	// The answer's deadline: the base plus its size at the minimum rate,
