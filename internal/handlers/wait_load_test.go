@@ -109,7 +109,7 @@ func waitFor(t *testing.T, metrics func() string, n int, failed <-chan error) {
 			return
 		}
 		if time.Now().After(deadline) {
-			i := strings.Index(m, "idemsvc_waiters ")
+			i := strings.Index(m, "\nidemsvc_waiters ") + 1
 			t.Fatalf("waiting for %d waiters; the gauge says %s", n, m[i:i+strings.IndexByte(m[i:], '\n')])
 		}
 		time.Sleep(10 * time.Millisecond)
