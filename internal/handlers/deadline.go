@@ -24,11 +24,14 @@ const (
 // zero for a small one.
 func (s *Service) writeDeadline(r *api.StoredResponse) time.Duration {
 	size := 0
-	if r.Body != nil {
-		size = api.JSONStringLen(*r.Body)
-	}
 	for name, value := range r.Headers {
 		size += len(name) + len(value)
+	}
+	if r.Body != nil {
+		if size+6*len(*r.Body) < largeAnswer { // small even if all escaped
+			return 0
+		}
+		size += api.JSONStringLen(*r.Body)
 	}
 	if size < largeAnswer {
 		return 0
