@@ -33,6 +33,7 @@ type config struct {
 	limits              statemachine.Limits
 	maxRequestBytes     int64
 	maxWait             time.Duration
+	maxConnections      int
 	// unknownVars are IDEMSVC_* variables that name no setting: typos,
 	// most likely, reported at start.
 	unknownVars []string
@@ -70,6 +71,7 @@ func parseConfig(args, env []string) (config, error) {
 	maxRetention := fs.Int64("max-retention-s", int64(d.MaxRetention/time.Second), "longest retention")
 	defaultRetention := fs.Int64("default-retention-s", int64(d.DefaultRetention/time.Second), "retention of a record when no call gave retention_s")
 	maxWait := fs.Int64("max-wait-ms", handlers.DefaultMaxWait.Milliseconds(), "longest wait_ms")
+	maxConns := fs.Int("max-connections", 10000, "concurrent connections served; more wait to be accepted")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + envName(f.Name) + ")" })
 
 	if err := fs.Parse(args); err != nil {
@@ -116,6 +118,7 @@ func parseConfig(args, env []string) (config, error) {
 		insecureNoAuth:      *insecure,
 		maxRequestBytes:     *maxRequest,
 		maxWait:             time.Duration(*maxWait) * time.Millisecond,
+		maxConnections:      *maxConns,
 		unknownVars:         unknown,
 	}
 	c.limits = d
@@ -165,6 +168,8 @@ func (c *config) check() []error {
 		problems = append(problems, errors.New("retention: need 1 <= default-retention-s <= max-retention-s"))
 	case c.maxWait <= 0:
 		problems = append(problems, errors.New("max-wait-ms must be positive"))
+	case c.maxConnections < 1:
+		problems = append(problems, errors.New("max-connections must be positive"))
 	}
 	return problems
 }

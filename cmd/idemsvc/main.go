@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"golang.org/x/net/netutil"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
@@ -86,6 +87,10 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	// x/net's LimitListener, kept with Go itself, caps connections by
+	// holding back Accept, so that the ones over the cap wait in the
+	// kernel's backlog instead of costing memory here.
+	ln = netutil.LimitListener(ln, cfg.maxConnections)
 	srv := &http.Server{
 		Handler:           svc,
 		ReadHeaderTimeout: readHeaderTimeout,

@@ -47,12 +47,15 @@ func TestConfig(t *testing.T) {
 	if !c.usesRedis() {
 		t.Error("usesRedis = false")
 	}
+	if c.maxConnections != 10000 {
+		t.Errorf("max connections = %d, want the default 10000", c.maxConnections)
+	}
 
-	c, err = parseConfig(nil, []string{"IDEMSVC_MAX_KEY_BYTES=64", "IDEMSVC_DEFAULT_LEASE_MS=5000", "IDEMSVC_REDIS_ULR=redis://x:1", "IDEMSVC_API_KEY=k"})
+	c, err = parseConfig(nil, []string{"IDEMSVC_MAX_CONNECTIONS=5", "IDEMSVC_MAX_KEY_BYTES=64", "IDEMSVC_DEFAULT_LEASE_MS=5000", "IDEMSVC_REDIS_ULR=redis://x:1", "IDEMSVC_API_KEY=k"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.limits.MaxKeyBytes != 64 || c.limits.DefaultLease != 5*time.Second || c.maxRequestBytes != 2<<20 {
+	if c.limits.MaxKeyBytes != 64 || c.limits.DefaultLease != 5*time.Second || c.maxRequestBytes != 2<<20 || c.maxConnections != 5 {
 		t.Errorf("limits = %+v, max request %d", c.limits, c.maxRequestBytes)
 	}
 	if strings.Join(c.unknownVars, ",") != "IDEMSVC_REDIS_ULR" {
@@ -77,6 +80,7 @@ func TestConfig(t *testing.T) {
 		"argument":                   {args: []string{"serve"}},
 		"default lease over the max": {env: []string{"IDEMSVC_DEFAULT_LEASE_MS=7200000"}},
 		"key bytes":                  {args: []string{"--max-key-bytes", "0"}},
+		"no connections":             {env: []string{"IDEMSVC_MAX_CONNECTIONS=0"}},
 	} {
 		if _, err := parseConfig(tt.args, tt.env); err == nil {
 			t.Errorf("%s: accepted", name)

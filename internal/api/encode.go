@@ -1,6 +1,7 @@
 package api
 
 import (
+	"io"
 	"maps"
 	"net/http"
 	"slices"
@@ -10,10 +11,15 @@ import (
 
 // The most frequent answers are written by hand: an acquired lease (201 to
 // begin), a replayed outcome (200 to begin) and a finished attempt (200 to
-// complete and fail). The generated responses encode by reflection into a
+// complete and fail); so is the status (200), which may carry a stored
+// response as large as a replay's. The generated responses encode by reflection into a
 // buffer that encoding/json then validates and compacts; these write the
-// same bytes, status and Content-Type in one pass, which encode_test.go
-// checks against the generated responses.
+// same JSON, status and Content-Type in one pass, which encode_test.go
+// checks against the generated responses. The one difference is that <, >
+// and & are not escaped for HTML (as encoding/json/v2 does not by
+// default): an HTML body stored by a proxy replays up to six times
+// shorter, and a replay of 1 MiB of '<' is 1 MiB of JSON, which the socket
+// buffers take whole, instead of 6.3 MB held until the client reads it.
 
 // BeginAcquiredResponse is the 201 answer to a begin that acquired the key.
 type BeginAcquiredResponse BeginAcquired
@@ -39,7 +45,11 @@ func (r BeginAcquiredResponse) VisitBeginResponse(w http.ResponseWriter) error {
 // BeginReplayResponse is the 200 answer to a begin on a finished key.
 type BeginReplayResponse BeginReplay
 
-// VisitBeginResponse writes what Begin200JSONResponse writes.
+// VisitBeginResponse writes what Begin200JSONResponse writes. A large
+// stored body is escaped and written in chunks of about streamChunk
+// bytes, so that the answer is never held whole in memory: escaping can
+// make a body six times longer, and a client that reads slowly would
+// hold that much for as long as it takes.
 func (r BeginReplayResponse) VisitBeginResponse(w http.ResponseWriter) error {
 	size := 256 + len(r.Key)
 	if r.Error != nil {
@@ -51,73 +61,215 @@ func (r BeginReplayResponse) VisitBeginResponse(w http.ResponseWriter) error {
 	for name, value := range r.Response.Headers {
 		size += 6 + len(name) + len(value)
 	}
-	b := make([]byte, 0, size)
-	b = append(b, `{"attempt":`...)
-	b = strconv.AppendInt(b, r.Attempt, 10)
+	s := jsonStream{b: make([]byte, 0, min(size, streamBuffer))}
+	if size > streamChunk {
+		s.w = w
+		w.Header()["Content-Type"] = jsonContentType
+		w.WriteHeader(http.StatusOK)
+	}
+	s.b = append(s.b, `{"attempt":`...)
+	s.b = strconv.AppendInt(s.b, r.Attempt, 10)
 	if r.CompletedAt != nil {
-		b = append(b, `,"completed_at":`...)
-		b = r.CompletedAt.AppendJSON(b)
+		s.b = append(s.b, `,"completed_at":`...)
+		s.b = r.CompletedAt.AppendJSON(s.b)
 	}
 	if r.Error != nil {
-		b = append(b, `,"error":`...)
-		b = appendString(b, *r.Error)
+		s.b = append(s.b, `,"error":`...)
+		s.string(*r.Error)
 	}
 	if r.FailedAt != nil {
-		b = append(b, `,"failed_at":`...)
-		b = r.FailedAt.AppendJSON(b)
+		s.b = append(s.b, `,"failed_at":`...)
+		s.b = r.FailedAt.AppendJSON(s.b)
 	}
-	b = append(b, `,"key":`...)
-	b = appendString(b, r.Key)
-	b = append(b, `,"response":`...)
-	b = r.Response.appendJSON(b)
-	b = append(b, `,"status":`...)
-	b = appendString(b, string(r.Status))
-	return writeJSON(w, http.StatusOK, b)
+	s.b = append(s.b, `,"key":`...)
+	s.string(r.Key)
+	s.b = append(s.b, `,"response":`...)
+	r.Response.streamJSON(&s)
+	s.b = append(s.b, `,"status":`...)
+	s.string(string(r.Status))
+	if s.w == nil {
+		return writeJSON(w, http.StatusOK, s.b)
+	}
+	s.b = append(s.b, '}', '\n')
+	s.flush()
+	return s.err
 }
 
-// appendJSON appends r as encoding/json does: members in field order, the
+// StatusResponse is the 200 answer to status.
+type StatusResponse StatusRecord
+
+// VisitGetStatusResponse writes what GetStatus200JSONResponse writes. Its
+// stored response, when asked for, is streamed as a replay's is.
+func (r StatusResponse) VisitGetStatusResponse(w http.ResponseWriter) error {
+	size := 512 + len(r.Key) + len(r.Tenant)
+	for _, v := range []*string{r.Error, r.Fingerprint, r.Owner} {
+		if v != nil {
+			size += len(*v)
+		}
+	}
+	if r.Response != nil {
+		if r.Response.Body != nil {
+			size += len(*r.Response.Body) + len(*r.Response.Body)/8
+		}
+		for name, value := range r.Response.Headers {
+			size += 6 + len(name) + len(value)
+		}
+	}
+	s := jsonStream{b: make([]byte, 0, min(size, streamBuffer))}
+	if size > streamChunk {
+		s.w = w
+		w.Header()["Content-Type"] = jsonContentType
+		w.WriteHeader(http.StatusOK)
+	}
+	s.b = append(s.b, `{"attempt":`...)
+	s.b = strconv.AppendInt(s.b, r.Attempt, 10)
+	s.b = append(s.b, `,"created_at":`...)
+	s.b = r.CreatedAt.AppendJSON(s.b)
+	if r.Error != nil {
+		s.b = append(s.b, `,"error":`...)
+		s.string(*r.Error)
+	}
+	s.b = append(s.b, `,"expires_at":`...)
+	s.b = r.ExpiresAt.AppendJSON(s.b)
+	if r.Fingerprint != nil {
+		s.b = append(s.b, `,"fingerprint":`...)
+		s.string(*r.Fingerprint)
+	}
+	s.b = append(s.b, `,"key":`...)
+	s.string(r.Key)
+	if r.LeaseExpired != nil {
+		s.b = append(s.b, `,"lease_expired":`...)
+		s.b = strconv.AppendBool(s.b, *r.LeaseExpired)
+	}
+	if r.LeaseExpiresAt != nil {
+		s.b = append(s.b, `,"lease_expires_at":`...)
+		s.b = r.LeaseExpiresAt.AppendJSON(s.b)
+	}
+	if r.Owner != nil {
+		s.b = append(s.b, `,"owner":`...)
+		s.string(*r.Owner)
+	}
+	if r.Response != nil {
+		s.b = append(s.b, `,"response":`...)
+		r.Response.streamJSON(&s)
+	}
+	if r.Retryable != nil {
+		s.b = append(s.b, `,"retryable":`...)
+		s.b = strconv.AppendBool(s.b, *r.Retryable)
+	}
+	s.b = append(s.b, `,"state":`...)
+	s.string(string(r.State))
+	s.b = append(s.b, `,"tenant":`...)
+	s.string(r.Tenant)
+	s.b = append(s.b, `,"updated_at":`...)
+	s.b = r.UpdatedAt.AppendJSON(s.b)
+	if s.w == nil {
+		return writeJSON(w, http.StatusOK, s.b)
+	}
+	s.b = append(s.b, '}', '\n')
+	s.flush()
+	return s.err
+}
+
+// Sizes of a streamed answer: it is written whenever streamChunk bytes
+// are buffered, and a string is escaped streamSegment bytes at a time,
+// which escaping makes at most six times longer, so the buffer never
+// grows past streamBuffer.
+const (
+	streamChunk   = 32 << 10
+	streamSegment = 4 << 10
+	streamBuffer  = streamChunk + 6*streamSegment + 1<<10
+)
+
+// jsonStream is an answer being encoded into b. With w set, b is written
+// to w whenever it holds streamChunk bytes; after a failed write the rest
+// of the answer is skipped and err says why.
+type jsonStream struct {
+	w   io.Writer
+	b   []byte
+	err error
+}
+
+// string appends v as a JSON string, as appendString does, streamSegment
+// bytes of v at a time.
+func (s *jsonStream) string(v string) {
+	s.b = append(s.b, '"')
+	for len(v) > 0 && s.err == nil {
+		n := segment(v, streamSegment)
+		s.b = appendEscaped(s.b, v[:n])
+		v = v[n:]
+		if s.w != nil && len(s.b) >= streamChunk {
+			s.flush()
+		}
+	}
+	s.b = append(s.b, '"')
+}
+
+// flush writes what is buffered.
+func (s *jsonStream) flush() {
+	if s.err == nil && len(s.b) > 0 {
+		_, s.err = s.w.Write(s.b)
+	}
+	s.b = s.b[:0]
+}
+
+// segment is the length of a prefix of v of about n bytes that does not
+// end inside a UTF-8 sequence, so that escaping v in such pieces writes
+// what escaping it whole writes.
+func segment(v string, n int) int {
+	if len(v) <= n {
+		return len(v)
+	}
+	// A sequence is one leading byte and up to three continuation bytes:
+	// cut before a leading byte, or within a run of four continuation
+	// bytes, which no sequence spans.
+	for i := n; i > n-utf8.UTFMax; i-- {
+		if utf8.RuneStart(v[i]) {
+			return i
+		}
+	}
+	return n
+}
+
+// streamJSON appends r as encoding/json does: members in field order, the
 // empty ones left out, headers sorted by name.
-func (r *StoredResponse) appendJSON(b []byte) []byte {
-	open := len(b)
-	b = append(b, '{')
+func (r *StoredResponse) streamJSON(s *jsonStream) {
+	next := byte('{') // what comes before the next member
+	member := func(name string) {
+		s.b = append(s.b, next, '"')
+		s.b = append(s.b, name...)
+		s.b = append(s.b, '"', ':')
+		next = ','
+	}
 	if r.Body != nil {
-		b = appendMember(b, open, "body")
-		b = appendString(b, *r.Body)
+		member("body")
+		s.string(*r.Body)
 	}
 	if r.BodyEncoding != nil {
-		b = appendMember(b, open, "body_encoding")
-		b = appendString(b, string(*r.BodyEncoding))
+		member("body_encoding")
+		s.string(string(*r.BodyEncoding))
 	}
 	if len(r.Headers) > 0 {
-		b = appendMember(b, open, "headers")
-		headers := len(b)
-		b = append(b, '{')
-		for _, name := range slices.Sorted(maps.Keys(r.Headers)) {
-			if len(b) > headers+1 {
-				b = append(b, ',')
+		member("headers")
+		s.b = append(s.b, '{')
+		for i, name := range slices.Sorted(maps.Keys(r.Headers)) {
+			if i > 0 {
+				s.b = append(s.b, ',')
 			}
-			b = appendString(b, name)
-			b = append(b, ':')
-			b = appendString(b, r.Headers[name])
+			s.string(name)
+			s.b = append(s.b, ':')
+			s.string(r.Headers[name])
 		}
-		b = append(b, '}')
+		s.b = append(s.b, '}')
 	}
 	if r.StatusCode != nil {
-		b = appendMember(b, open, "status_code")
-		b = strconv.AppendInt(b, int64(*r.StatusCode), 10)
+		member("status_code")
+		s.b = strconv.AppendInt(s.b, int64(*r.StatusCode), 10)
 	}
-	return append(b, '}')
-}
-
-// appendMember appends a member's name to the object that starts at
-// b[open], after a comma unless it is the first.
-func appendMember(b []byte, open int, name string) []byte {
-	if len(b) > open+1 {
-		b = append(b, ',')
+	if next == '{' {
+		s.b = append(s.b, '{')
 	}
-	b = append(b, '"')
-	b = append(b, name...)
-	return append(b, '"', ':')
+	s.b = append(s.b, '}')
 }
 
 // FinishedResponse is the 200 answer to complete and fail.
@@ -173,16 +325,51 @@ func writeJSON(w http.ResponseWriter, status int, b []byte) error {
 }
 
 // appendString appends s as a JSON string, escaped as encoding/json escapes
-// it: quotes, backslashes and control characters; <, > and & as \u003c,
-// \u003e and \u0026; invalid UTF-8 as \ufffd; U+2028 and U+2029.
+// it with SetEscapeHTML(false): quotes, backslashes and control characters;
+// invalid UTF-8 as \ufffd; U+2028 and U+2029.
 func appendString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
 	b = append(b, '"')
+	b = appendEscaped(b, s)
+	return append(b, '"')
+}
+
+// JSONStringLen is the length of s as appendString writes it.
+func JSONStringLen(s string) int {
+	n := 2
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c >= 0x20 && c != '"' && c != '\\':
+				n++
+			case c == '"' || c == '\\' || c == '\b' || c == '\f' || c == '\n' || c == '\r' || c == '\t':
+				n += 2
+			default:
+				n += 6
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		if r == utf8.RuneError && size == 1 || r == '\u2028' || r == '\u2029' {
+			n += 6
+		} else {
+			n += size
+		}
+		i += size
+	}
+	return n
+}
+
+// appendEscaped appends s escaped as appendString escapes it, without the
+// quotes.
+func appendEscaped(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
 	start := 0 // s[start:i] is yet to be copied
 	for i := 0; i < len(s); {
 		c := s[i]
 		if c < utf8.RuneSelf {
-			if c >= 0x20 && c != '"' && c != '\\' && c != '<' && c != '>' && c != '&' {
+			if c >= 0x20 && c != '"' && c != '\\' {
 				i++
 				continue
 			}
@@ -220,6 +407,5 @@ func appendString(b []byte, s string) []byte {
 		}
 		i += size
 	}
-	b = append(b, s[start:]...)
-	return append(b, '"')
+	return append(b, s[start:]...)
 }

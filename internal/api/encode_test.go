@@ -3,6 +3,8 @@ package api
 import (
 	"encoding/json"
 	"net/http/httptest"
+	"reflect"
+	"strings"
 	"testing"
 	"time"
 )
@@ -23,10 +25,31 @@ func visit(t *testing.T, write func(*httptest.ResponseRecorder) error) visited {
 	return visited{rec.Code, rec.Header().Get("Content-Type"), rec.Body.String()}
 }
 
+// sameAnswer reports whether got is the generated answer want except for
+// HTML escaping: the same status and Content-Type, a body that holds the
+// same JSON value as want's, written as encoding/json writes value with
+// SetEscapeHTML(false).
+func sameAnswer(t *testing.T, got, want visited, value any) bool {
+	t.Helper()
+	var plain strings.Builder
+	enc := json.NewEncoder(&plain)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(value); err != nil {
+		t.Fatal(err)
+	}
+	var gotValue, wantValue any
+	if err := json.Unmarshal([]byte(want.body), &wantValue); err != nil {
+		t.Fatal(err)
+	}
+	return json.Unmarshal([]byte(got.body), &gotValue) == nil && reflect.DeepEqual(gotValue, wantValue) &&
+		got.status == want.status && got.contentType == want.contentType && got.body == plain.String()
+}
+
 // keys that JSON must escape or not, as the encoders see them.
 var encodeKeys = []string{"k", `{}*?\`, `"quoted"`, "<a&b>", "\x01\u00e9\xff", ""}
 
-// The hand-written 201 to begin writes what the generated response writes.
+// The hand-written 201 to begin writes what the generated response writes,
+// but for HTML escaping.
 func TestBeginAcquiredResponseWritesLikeGenerated(t *testing.T) {
 	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
 	for _, key := range encodeKeys {
@@ -35,7 +58,7 @@ func TestBeginAcquiredResponseWritesLikeGenerated(t *testing.T) {
 				LeaseToken: "3f2a9c0d5b7e41c8a6d09e2f7b1c4a55", Recovered: recovered, Status: BeginAcquiredStatusAcquired}
 			got := visit(t, func(w *httptest.ResponseRecorder) error { return BeginAcquiredResponse(r).VisitBeginResponse(w) })
 			want := visit(t, func(w *httptest.ResponseRecorder) error { return Begin201JSONResponse(r).VisitBeginResponse(w) })
-			if got != want {
+			if !sameAnswer(t, got, want, r) {
 				t.Errorf("key %q:\n got %+v\nwant %+v", key, got, want)
 			}
 		}
@@ -43,7 +66,8 @@ func TestBeginAcquiredResponseWritesLikeGenerated(t *testing.T) {
 }
 
 // The hand-written 200 to complete and fail writes what the generated
-// responses write, for a completed and a failed attempt.
+// responses write but for HTML escaping, for a completed and a failed
+// attempt.
 func TestFinishedResponseWritesLikeGenerated(t *testing.T) {
 	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
 	expires := NewMilliTime(at.Add(24 * time.Hour))
@@ -56,20 +80,21 @@ func TestFinishedResponseWritesLikeGenerated(t *testing.T) {
 		} {
 			got := visit(t, func(w *httptest.ResponseRecorder) error { return FinishedResponse(r).VisitCompleteResponse(w) })
 			want := visit(t, func(w *httptest.ResponseRecorder) error { return Complete200JSONResponse(r).VisitCompleteResponse(w) })
-			if got != want {
+			if !sameAnswer(t, got, want, r) {
 				t.Errorf("complete, key %q, %s:\n got %+v\nwant %+v", key, r.Status, got, want)
 			}
 			got = visit(t, func(w *httptest.ResponseRecorder) error { return FinishedResponse(r).VisitFailResponse(w) })
 			want = visit(t, func(w *httptest.ResponseRecorder) error { return Fail200JSONResponse(r).VisitFailResponse(w) })
-			if got != want {
+			if !sameAnswer(t, got, want, r) {
 				t.Errorf("fail, key %q, %s:\n got %+v\nwant %+v", key, r.Status, got, want)
 			}
 		}
 	}
 }
 
-// The hand-written 200 to begin writes what the generated response writes,
-// for completed and failed replays and every shape of stored response.
+// The hand-written 200 to begin writes what the generated response writes
+// but for HTML escaping, for completed and failed replays and every shape
+// of stored response.
 func TestBeginReplayResponseWritesLikeGenerated(t *testing.T) {
 	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
 	text, base64 := BodyEncodingText, BodyEncodingBase64
@@ -95,7 +120,7 @@ func TestBeginReplayResponseWritesLikeGenerated(t *testing.T) {
 			} {
 				got := visit(t, func(w *httptest.ResponseRecorder) error { return BeginReplayResponse(r).VisitBeginResponse(w) })
 				want := visit(t, func(w *httptest.ResponseRecorder) error { return Begin200JSONResponse(r).VisitBeginResponse(w) })
-				if got != want {
+				if !sameAnswer(t, got, want, r) {
 					t.Errorf("key %q, %s:\n got %+v\nwant %+v", key, r.Status, got, want)
 				}
 			}
@@ -103,19 +128,119 @@ func TestBeginReplayResponseWritesLikeGenerated(t *testing.T) {
 	}
 }
 
-// appendString escapes every string as encoding/json does.
+// appendString escapes every string as encoding/json does without HTML
+// escaping, and JSONStringLen says how long that is.
 func FuzzAppendString(f *testing.F) {
 	for _, s := range []string{"", "plain", `"\`, "\b\f\n\r\t\x00\x1f\x7f", "<a&b>", "\u00e9\u2028\u2029\U0001F600",
 		"\xff", "\xed\xa0\x80", "a\xc3", "\xe2\x80"} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, s string) {
-		want, err := json.Marshal(s)
-		if err != nil {
+		var plain strings.Builder
+		enc := json.NewEncoder(&plain)
+		enc.SetEscapeHTML(false)
+		if err := enc.Encode(s); err != nil {
 			t.Fatal(err)
 		}
-		if got := appendString([]byte("x"), s); string(got) != "x"+string(want) {
+		want := strings.TrimSuffix(plain.String(), "\n")
+		if got := appendString([]byte("x"), s); string(got) != "x"+want {
 			t.Errorf("appendString(%q) = %s, want %s", s, got[1:], want)
 		}
+		if n := JSONStringLen(s); n != len(want) {
+			t.Errorf("JSONStringLen(%q) = %d, want %d", s, n, len(want))
+		}
 	})
+}
+
+// writeSizes is a recorder that notes the size of each write.
+type writeSizes struct {
+	*httptest.ResponseRecorder
+	largest int
+}
+
+func (w *writeSizes) Write(b []byte) (int, error) {
+	w.largest = max(w.largest, len(b))
+	return w.ResponseRecorder.Write(b)
+}
+
+// A large replay is written in chunks of bounded size, and the chunks make
+// what the generated response writes but for HTML escaping, also where multi-byte characters,
+// invalid UTF-8 and escapes straddle the pieces the body is escaped in.
+func TestBeginReplayResponseStreamsLikeGenerated(t *testing.T) {
+	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
+	text := BodyEncodingText
+	status := 200
+	reason := "declined"
+	var bodies []string
+	for _, piece := range []string{"<", "\x01", "\u00e9", "\u20ac", "\U0001F600", "\u2028", "\xff", "\xe2\x80", "\xf0\x9f\x98"} {
+		for offset := range 4 {
+			bodies = append(bodies, strings.Repeat("a", streamSegment-offset)+strings.Repeat(piece, 10*streamSegment/len(piece)))
+		}
+	}
+	bodies = append(bodies, strings.Repeat("<a\u00e9&\"\\\t\xff\U0001F600b", 1<<16))
+	for _, body := range bodies {
+		for _, r := range []BeginReplay{
+			{Attempt: 1, Key: "k", Status: FinishedStateCompleted, CompletedAt: &at,
+				Response: StoredResponse{Body: &body, BodyEncoding: &text}},
+			{Attempt: 2, Key: "<k>", Status: FinishedStateFailed, FailedAt: &at, Error: &reason,
+				Response: StoredResponse{Body: &body, BodyEncoding: &text, StatusCode: &status,
+					Headers: map[string]string{"Content-Type": "text/html", "X-Big": body[:len(body)/2]}}},
+			{Attempt: 3, Key: "k", Status: FinishedStateCompleted, CompletedAt: &at,
+				Response: StoredResponse{Headers: map[string]string{"X-Big": body, "X-Small": "<>"}}},
+		} {
+			w := &writeSizes{ResponseRecorder: httptest.NewRecorder()}
+			if err := BeginReplayResponse(r).VisitBeginResponse(w); err != nil {
+				t.Fatal(err)
+			}
+			got := visited{w.Code, w.Header().Get("Content-Type"), w.Body.String()}
+			want := visit(t, func(w *httptest.ResponseRecorder) error { return Begin200JSONResponse(r).VisitBeginResponse(w) })
+			if !sameAnswer(t, got, want, r) {
+				t.Errorf("body of %d bytes starting %q: the streamed answer differs from the generated one", len(body), body[:8])
+			}
+			if w.largest > streamBuffer {
+				t.Errorf("a write of %d bytes, want at most %d", w.largest, streamBuffer)
+			}
+		}
+	}
+}
+
+// The hand-written 200 to status writes what the generated response writes
+// but for HTML escaping, for every state, with and without a stored
+// response, small or streamed.
+func TestStatusResponseWritesLikeGenerated(t *testing.T) {
+	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
+	later := NewMilliTime(at.Add(time.Hour))
+	yes, no := true, false
+	owner, fingerprint, reason := "req-<1>", "sha256:&ab", "declined \"hard\"\n"
+	text := BodyEncodingText
+	status := 201
+	small := `{"id":"<ch_1>"}`
+	large := strings.Repeat("<a\u00e9&\"\\\t\xff\U0001F600\u2028b", 1<<13)
+	for _, key := range encodeKeys {
+		for _, r := range []StatusRecord{
+			{Attempt: 1, Key: key, Tenant: "t", State: StateInProgress, CreatedAt: at, UpdatedAt: at, ExpiresAt: later,
+				LeaseExpiresAt: &later, LeaseExpired: &no, Owner: &owner, Fingerprint: &fingerprint},
+			{Attempt: 2, Key: key, Tenant: "payments", State: StateCompleted, CreatedAt: at, UpdatedAt: later, ExpiresAt: later},
+			{Attempt: 2, Key: key, Tenant: "payments", State: StateCompleted, CreatedAt: at, UpdatedAt: later, ExpiresAt: later,
+				Response: &StoredResponse{Body: &small, BodyEncoding: &text, StatusCode: &status, Headers: map[string]string{"A": "<>"}}},
+			{Attempt: 3, Key: key, Tenant: "payments", State: StateFailed, CreatedAt: at, UpdatedAt: later, ExpiresAt: later,
+				Retryable: &yes, Error: &reason, Response: &StoredResponse{}},
+			{Attempt: 4, Key: key, Tenant: "payments", State: StateFailed, CreatedAt: at, UpdatedAt: later, ExpiresAt: later,
+				Retryable: &no, Error: &reason, Owner: &owner, Response: &StoredResponse{Body: &large, BodyEncoding: &text,
+					Headers: map[string]string{"X-Big": large[:len(large)/2]}}},
+		} {
+			w := &writeSizes{ResponseRecorder: httptest.NewRecorder()}
+			if err := StatusResponse(r).VisitGetStatusResponse(w); err != nil {
+				t.Fatal(err)
+			}
+			got := visited{w.Code, w.Header().Get("Content-Type"), w.Body.String()}
+			want := visit(t, func(w *httptest.ResponseRecorder) error { return GetStatus200JSONResponse(r).VisitGetStatusResponse(w) })
+			if !sameAnswer(t, got, want, r) {
+				t.Errorf("key %q, %s, attempt %d:\n got %.300s\nwant %.300s", key, r.State, r.Attempt, got.body, want.body)
+			}
+			if w.largest > streamBuffer {
+				t.Errorf("a write of %d bytes, want at most %d", w.largest, streamBuffer)
+			}
+		}
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"maps"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -149,18 +150,21 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("a completed key replays a text body byte for byte", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
-			text := "{\"charge_id\":\"ch_123\",\"note\":\"naïve ☃ 😀\"}\r\n\t\x00\x01 \\ end"
-			lease := c.acquire(idem.BeginRequest{Key: key})
-			c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: lease.LeaseToken, Response: &idem.StoredResponse{
-				StatusCode: ptr(200), Headers: map[string]string{"Content-Type": "application/json; charset=utf-8"}, Body: &text,
-			}})
-			r := c.begin(idem.BeginRequest{Key: key})
-			requireJSON(t, r.HTTPResponse, r.Body, http.StatusOK)
-			resp := r.JSON200.Response
-			if resp.Body == nil || *resp.Body != text || resp.BodyEncoding == nil || *resp.BodyEncoding != idem.BodyEncodingText ||
-				resp.StatusCode == nil || *resp.StatusCode != 200 || resp.Headers["Content-Type"] != "application/json; charset=utf-8" {
-				t.Fatalf("replayed response: %s", r.Body)
+			small := "{\"charge_id\":\"ch_123\",\"note\":\"naïve ☃ 😀 <b>&amp;</b>\"}\r\n\t\x00\x01 \\ end"
+			// A large body is escaped and written in pieces.
+			for _, text := range []string{small, strings.Repeat(small, 12000)} {
+				key := unique("order")
+				lease := c.acquire(idem.BeginRequest{Key: key})
+				c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: lease.LeaseToken, Response: &idem.StoredResponse{
+					StatusCode: ptr(200), Headers: map[string]string{"Content-Type": "application/json; charset=utf-8"}, Body: &text,
+				}})
+				r := c.begin(idem.BeginRequest{Key: key})
+				requireJSON(t, r.HTTPResponse, r.Body, http.StatusOK)
+				resp := r.JSON200.Response
+				if resp.Body == nil || *resp.Body != text || resp.BodyEncoding == nil || *resp.BodyEncoding != idem.BodyEncodingText ||
+					resp.StatusCode == nil || *resp.StatusCode != 200 || resp.Headers["Content-Type"] != "application/json; charset=utf-8" {
+					t.Fatalf("replayed response of a body of %d bytes differs", len(text))
+				}
 			}
 		})
 

@@ -41,6 +41,10 @@ type Config struct {
 	// when the store pushes the end of attempts, against lost pushes
 	// (default 5 s; at least 1 s).
 	WaitFallbackInterval time.Duration
+	// A large answer must be written within WriteDeadlineBase plus its
+	// size at MinClientRate bytes per second (defaults 5 s, 1 MiB/s).
+	WriteDeadlineBase time.Duration
+	MinClientRate     int64
 }
 
 // Defaults of Config.
@@ -62,7 +66,11 @@ type Service struct {
 	limiter      quota.Limiter
 	maxBodyBytes int64
 	maxWait      time.Duration
-	handler      http.Handler
+	// writeDeadlineBase and minClientRate bound the writing of a large
+	// answer.
+	writeDeadlineBase time.Duration
+	minClientRate     int64
+	handler           http.Handler
 }
 
 var _ api.StrictServerInterface = (*Service)(nil)
@@ -81,6 +89,12 @@ func New(cfg Config) *Service {
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
+	if cfg.WriteDeadlineBase <= 0 {
+		cfg.WriteDeadlineBase = DefaultWriteDeadlineBase
+	}
+	if cfg.MinClientRate <= 0 {
+		cfg.MinClientRate = DefaultMinClientRate
+	}
 	if cfg.WaitPollInterval <= 0 {
 		cfg.WaitPollInterval = DefaultWaitPollInterval
 	}
@@ -88,14 +102,16 @@ func New(cfg Config) *Service {
 		cfg.WaitFallbackInterval = DefaultWaitFallbackInterval
 	}
 	s := &Service{
-		store:        cfg.Store,
-		keyring:      cfg.Keyring,
-		log:          cfg.Logger,
-		registry:     cfg.Registry,
-		metrics:      newMetrics(cfg.Registry),
-		maxBodyBytes: cfg.MaxBodyBytes,
-		maxWait:      cfg.MaxWait,
-		limiter:      cfg.Limiter,
+		store:             cfg.Store,
+		keyring:           cfg.Keyring,
+		log:               cfg.Logger,
+		registry:          cfg.Registry,
+		metrics:           newMetrics(cfg.Registry),
+		maxBodyBytes:      cfg.MaxBodyBytes,
+		maxWait:           cfg.MaxWait,
+		writeDeadlineBase: cfg.WriteDeadlineBase,
+		minClientRate:     cfg.MinClientRate,
+		limiter:           cfg.Limiter,
 	}
 	if cfg.Limiter != nil {
 		cfg.Registry.MustRegister(cfg.Limiter)

@@ -227,14 +227,37 @@ func isJSON(ct string) bool {
 	return err == nil && mt == "application/json"
 }
 
-// readAll reads a body whose length is known in one allocation.
+// firstRead is how much of a body is allocated before its bytes arrive:
+// a body that declares no more is read in one allocation; a longer one
+// grows as its bytes come, so a client that declares a large body and
+// sends little holds little memory.
+const firstRead = 16 << 10
+
+// readAll reads a body as it arrives: its declared length (-1 when
+// unknown) is allocated at once only up to firstRead, and beyond that the
+// buffer doubles as bytes fill it.
 func readAll(r io.Reader, length int64) ([]byte, error) {
-	if length < 0 {
-		return io.ReadAll(r)
+	size := length
+	if size < 0 || size > firstRead {
+		size = firstRead
 	}
-	b := make([]byte, length)
-	if _, err := io.ReadFull(r, b); err != nil {
-		return nil, err
+	b := make([]byte, 0, size)
+	for int64(len(b)) != length {
+		if len(b) == cap(b) {
+			grown := int64(2 * cap(b))
+			if length > 0 {
+				grown = min(grown, length)
+			}
+			b = append(make([]byte, 0, grown), b...)
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			return nil, err
+		}
 	}
 	return b, nil
 }

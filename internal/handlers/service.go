@@ -110,6 +110,9 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 		out.FailedAt = millis(rec.UpdatedAt)
 		out.Error = optional(rec.Error)
 	}
+	if d := s.writeDeadline(&out.Response); d > 0 {
+		return replayAnswer{out, d}
+	}
 	return out
 }
 
@@ -223,7 +226,7 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		return nil, fmt.Errorf("status: %w", err)
 	}
 	setOutcome(ctx, t, "found")
-	out := api.GetStatus200JSONResponse{
+	out := api.StatusResponse{
 		Key:         rec.Key,
 		Tenant:      t,
 		State:       api.State(rec.State.String()),
@@ -245,6 +248,9 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 	if withResponse && rec.State != statemachine.StateInProgress {
 		resp := fromResponse(rec.Response)
 		out.Response = &resp
+		if d := s.writeDeadline(&resp); d > 0 {
+			return statusAnswer{out, d}, nil
+		}
 	}
 	return out, nil
 }

@@ -1,0 +1,326 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/idemsvc/idemsvc/internal/api"
+	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/redistest"
+)
+
+// The contract's bound on idemsvc's memory under hostile or slow clients.
+const (
+	rssBound = 300e6 // bytes
+	// slowBodies connections each declare a body of slowBodyBytes and
+	// send one byte of it.
+	slowBodies    = 1000
+	slowBodyBytes = 2 << 20
+	// unreadReplays clients each ask for a replay of a stored body of
+	// replayBodyBytes and read none of it.
+	unreadReplays   = 300
+	replayBodyBytes = 1 << 20
+)
+
+// TestBoundedMemory runs the idemsvc binary, so that its memory is its own,
+// and holds its resident set (VmHWM, the peak) under the contract's 300 MB
+// while slow and non-reading clients of a valid tenant press on it. With
+// IDEMSVC_TEST_BINARY set it runs that binary instead of building one, to
+// measure another build the same way.
+func TestBoundedMemory(t *testing.T) {
+	bin := idemsvcBinary(t)
+	tenants := filepath.Join(t.TempDir(), "tenants.yaml")
+	const apiKey = "memory-test-key"
+	if err := os.WriteFile(tenants, []byte(`{"tenants":[{"name":"t","api_key_sha256":["`+auth.Digest(apiKey)+`"]}]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	memory := []string{"IDEMSVC_TENANTS_FILE=" + tenants}
+
+	// Two waves of slow bodies: memory a process has never used is not
+	// resident until written, so a buffer allocated by the declared length
+	// but not filled counts little in the first wave; the second reuses the
+	// memory the first freed, which the runtime zeroes, making it resident.
+	t.Run("slow bodies", func(t *testing.T) {
+		p := startBinary(t, bin, memory)
+		head := "POST /v1/begin HTTP/1.1\r\nHost: idemsvc\r\nAuthorization: Bearer " + apiKey +
+			"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(slowBodyBytes) + "\r\n\r\n{"
+		for wave := 1; wave <= 2; wave++ {
+			conns := make([]net.Conn, 0, slowBodies)
+			for range slowBodies {
+				c, err := net.Dial("tcp", p.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				conns = append(conns, c)
+				if _, err := io.WriteString(c, head); err != nil {
+					t.Fatal(err)
+				}
+			}
+			time.Sleep(3 * time.Second) // for every request to reach its handler
+			for i, c := range conns {
+				// Each connection is still held, its body being read.
+				_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
+				if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("connection %d: read %v, want it held open", i, err)
+				}
+			}
+			rss, peak := p.memory(t)
+			t.Logf("wave %d: %d connections declaring %d bytes and sending one: VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)",
+				wave, slowBodies, slowBodyBytes, rss/1e6, peak/1e6, p.startRSS/1e6)
+			if peak > rssBound {
+				t.Errorf("VmHWM = %.0f MB, want under %.0f MB", peak/1e6, rssBound/1e6)
+			}
+			for _, c := range conns {
+				_ = c.Close()
+			}
+			time.Sleep(time.Second) // for the requests to end
+		}
+	})
+
+	// A stored body of 1 MiB of '<' replays as 1 MiB of JSON (it would be
+	// 6 MiB with <, > and & escaped for HTML), which the socket buffers take
+	// whole where they may grow to 4 MB, as Linux's do by default
+	// (net.ipv4.tcp_wmem): the answer is written and its memory freed at
+	// once. Where they are smaller, the answers wait for their clients,
+	// each holding a chunk of its encoding and, on Redis, the record read
+	// for it: 300 records of 1 MiB, over the bound on their own, until the
+	// write deadline lets go of them.
+	//
+	// An answer that the socket buffers cannot take, 6 MiB (allowed by a
+	// larger max-response-bytes), to clients with 4 KiB receive buffers,
+	// half of them asking for the status with the stored response, shows
+	// the write deadline cutting them off, with memory bounded meanwhile.
+	// It runs on the memory store only, as on Redis the 300 records alone
+	// would take 1.9 GB.
+	t.Run("unread replays", func(t *testing.T) {
+		redisEnv := append([]string{"IDEMSVC_REDIS_URL=redis://" + redistest.SharedServer(t).Addr(),
+			// 300 replays of 1 MiB in a burst take Redis longer than
+			// the default store timeout of 1 s to send.
+			"IDEMSVC_REDIS_TIMEOUT_MS=30000"}, memory...)
+		large := []string{"IDEMSVC_MAX_RESPONSE_BYTES=" + strconv.Itoa(6*replayBodyBytes), "IDEMSVC_MAX_REQUEST_BYTES=" + strconv.Itoa(7*replayBodyBytes)}
+		for _, tt := range []struct {
+			name       string
+			env        []string
+			bodyBytes  int
+			redis      bool
+			slowClient bool
+		}{
+			{"memory", memory, replayBodyBytes, false, false},
+			{"redis", redisEnv, replayBodyBytes, true, false},
+			{"memory/6 MiB to small windows", append(large, memory...), 6 * replayBodyBytes, false, true},
+		} {
+			t.Run(tt.name, func(t *testing.T) {
+				t.Parallel()
+				unreadReplayTest(t, startBinary(t, bin, tt.env), apiKey, tt.bodyBytes, tt.redis, tt.slowClient)
+			})
+		}
+	})
+}
+
+// unreadReplayTest stores a body of bodyBytes of '<' and has
+// unreadReplays clients ask for its replay and read nothing past the
+// status line until the answer's write deadline has passed. With
+// slowClient, their receive buffers are 4 KiB and every other one asks for
+// the status with the stored response. Then each client reads what it can:
+// the whole answer, or what the socket buffers held and then the end of
+// the connection, which (every tenth) slow client must meet. The peak resident set
+// stays under rssBound meanwhile; on Redis, when some answers waited for
+// their clients, under rssBound plus the records read for them.
+func unreadReplayTest(t *testing.T, p *process, apiKey string, bodyBytes int, redis, slowClient bool) {
+	url := "http://" + p.addr
+	key := fmt.Sprintf("replay-%d", time.Now().UnixNano())
+	code, lease := post(t, url+"/v1/begin", apiKey, `{"key":"`+key+`"}`)
+	if code != 201 {
+		t.Fatalf("begin = %d %v", code, lease)
+	}
+	body := strings.Repeat("<", bodyBytes)
+	// Sent unescaped, as JSON allows.
+	complete := `{"key":"` + key + `","lease_token":"` + lease["lease_token"].(string) + `","response":{"body":"` + body + `"}}`
+	if code, out := post(t, url+"/v1/complete", apiKey, complete); code != 200 {
+		t.Fatalf("complete = %d %v", code, out)
+	}
+	escaped := api.JSONStringLen(body)
+
+	begin := `{"key":"` + key + `"}`
+	requests := []string{"POST /v1/begin HTTP/1.1\r\nHost: idemsvc\r\nAuthorization: Bearer " + apiKey +
+		"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(begin)) + "\r\n\r\n" + begin}
+	dialer := net.Dialer{}
+	if slowClient {
+		requests = append(requests, "GET /v1/status?include_response=true&key="+key+" HTTP/1.1\r\nHost: idemsvc\r\nAuthorization: Bearer "+apiKey+"\r\n\r\n")
+		dialer.Control = func(_, _ string, c syscall.RawConn) error {
+			var err error
+			if cerr := c.Control(func(fd uintptr) {
+				err = syscall.SetsockoptInt(int(fd), syscall.SOL_SOCKET, syscall.SO_RCVBUF, 4<<10)
+			}); cerr != nil {
+				return cerr
+			}
+			return err
+		}
+	}
+	conns := make([]net.Conn, unreadReplays)
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}()
+	started := time.Now()
+	var wg sync.WaitGroup
+	errs := make(chan error, unreadReplays)
+	for i := range conns {
+		c, err := dialer.Dial("tcp", p.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+		wg.Go(func() {
+			if _, err := io.WriteString(c, requests[i%len(requests)]); err != nil {
+				errs <- err
+				return
+			}
+			status := make([]byte, len("HTTP/1.1 200"))
+			_ = c.SetReadDeadline(time.Now().Add(60 * time.Second))
+			if _, err := io.ReadFull(c, status); err != nil || string(status) != "HTTP/1.1 200" {
+				errs <- fmt.Errorf("status line %q: %v", status, err)
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	if len(errs) > 0 { // measured all the same
+		t.Errorf("%d clients had no answer begun within a minute; the first: %v", len(errs), <-errs)
+	}
+
+	// The answer's deadline: the base plus its size at the minimum rate,
+	// from when it started; and a margin.
+	cutOff := handlers.DefaultWriteDeadlineBase + time.Duration(float64(escaped)/handlers.DefaultMinClientRate*float64(time.Second)) + 3*time.Second
+	time.Sleep(time.Until(started.Add(cutOff)))
+	_, peak := p.memory(t)
+	t.Logf("%d clients not reading a replay of %d bytes of '<' (%d bytes of JSON): VmHWM %.0f MB (at start %.0f MB)",
+		unreadReplays, len(body), escaped, peak/1e6, p.startRSS/1e6)
+
+	whole, cut := 0, 0
+	for i, c := range conns {
+		if slowClient && i%10 != 0 {
+			// Through a 4 KiB window, what the buffers hold takes
+			// long to read: a tenth of the clients tell.
+			continue
+		}
+		n, ended, err := readAnswer(c)
+		switch {
+		case ended && !slowClient:
+			whole++
+		case !ended && err != nil && (errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET)):
+			cut++
+		default:
+			t.Fatalf("client %d read %d bytes and then %v: want the answer whole, or cut short by the write deadline (%v)", i, n, err, cutOff)
+		}
+	}
+	t.Logf("after %v: %d clients had their answer whole, %d were cut off", cutOff, whole, cut)
+	limit := rssBound
+	if redis && cut > 0 {
+		limit += float64(cut * bodyBytes)
+	}
+	if peak > limit {
+		t.Errorf("VmHWM = %.0f MB, want under %.0f MB", peak/1e6, limit/1e6)
+	}
+}
+
+// readAnswer reads the rest of a chunked answer, and reports whether it
+// ended, or else the error that ended the reading.
+func readAnswer(c net.Conn) (n int, ended bool, err error) {
+	const end = "}\n\r\n0\r\n\r\n" // a JSON answer's last chunk
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	buf := make([]byte, 64<<10)
+	var last []byte
+	for {
+		m, err := c.Read(buf)
+		n += m
+		last = append(last, buf[:m]...)
+		last = last[max(0, len(last)-len(end)):]
+		if string(last) == end {
+			return n, true, nil
+		}
+		if err != nil {
+			return n, false, err
+		}
+	}
+}
+
+// idemsvcBinary is IDEMSVC_TEST_BINARY, or idemsvc built from this
+// package without the race detector, which would inflate its memory.
+func idemsvcBinary(t *testing.T) string {
+	if bin := os.Getenv("IDEMSVC_TEST_BINARY"); bin != "" {
+		return bin
+	}
+	bin := filepath.Join(t.TempDir(), "idemsvc")
+	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+// process is an idemsvc binary started by a test.
+type process struct {
+	cmd      *exec.Cmd
+	addr     string
+	startRSS float64
+}
+
+// startBinary starts bin with env and no other environment, listening on
+// a free loopback port, and kills it (by its PID) when the test ends.
+func startBinary(t *testing.T, bin string, env []string) *process {
+	t.Helper()
+	cmd := exec.Command(bin)
+	cmd.Env = append([]string{"IDEMSVC_LISTEN=127.0.0.1:0"}, env...)
+	logs := &syncBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	p := &process{cmd: cmd, addr: waitListening(t, logs.lines)}
+	p.startRSS, _ = p.memory(t)
+	return p
+}
+
+// memory is the process's resident set now and its peak, in bytes.
+func (p *process) memory(t *testing.T) (rss, peak float64) {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(status))
+	for sc.Scan() {
+		name, value, _ := strings.Cut(sc.Text(), ":")
+		kB, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 64)
+		switch {
+		case err != nil:
+		case name == "VmRSS":
+			rss = kB * 1024
+		case name == "VmHWM":
+			peak = kB * 1024
+		}
+	}
+	return rss, peak
+}
