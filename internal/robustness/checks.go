@@ -165,6 +165,12 @@ func checkKey(v *Violations, key string, g []Op) {
 	}
 }
 
+// unknownSpan bounds how long after its call a call with an unknown
+// outcome can take effect. It is far longer than any fault lasts (a
+// paused Redis runs the scripts in its buffers when it resumes) plus
+// idemsvc's and the traffic's timeouts.
+const unknownSpan = 30 * time.Second
+
 // Linearizability is the outcome of checking every key against Model.
 type Linearizability struct {
 	Keys    int
@@ -179,8 +185,9 @@ type Linearizability struct {
 func (l Linearizability) OK() bool { return len(l.Illegal) == 0 && len(l.TimedOut) == 0 }
 
 // porcupineOps turns the history into porcupine operations. An operation
-// with an unknown outcome may take effect at any time after its call, so
-// it returns at the end of the history, in a row of its own.
+// with an unknown outcome may take effect at any time after its call up
+// to unknownSpan later, so it returns then (or at the end of the
+// history), in a row of its own.
 func porcupineOps(ops []Op, clients int) []porcupine.Operation {
 	var end int64
 	for _, op := range ops {
@@ -191,7 +198,7 @@ func porcupineOps(ops []Op, clients int) []porcupine.Operation {
 	for _, op := range ops {
 		p := porcupine.Operation{ClientId: op.Client, Input: op.In, Output: op.Out, Call: op.Call, Return: op.Return, Metadata: op.Key}
 		if op.Out.Result == Unknown {
-			p.Return = end + 1
+			p.Return = min(end+1, op.Call+int64(unknownSpan))
 			p.ClientId = extra
 			extra++
 		}
@@ -203,17 +210,33 @@ func porcupineOps(ops []Op, clients int) []porcupine.Operation {
 // CheckLinearizable checks each key's history against Model, with timeout
 // per key. When a key fails, it writes porcupine's visualization of the
 // failing keys into dir.
+//
+// Calls with an unknown outcome make the search exponential, so each key
+// is first checked without them, then with only the first call of each
+// chain of retries, and only then whole. Dropping calls with an unknown
+// outcome is sound in one direction: if the history without them is
+// linearizable, so is the whole history, where they take effect last as
+// no-ops. Only the whole history can show a key non-linearizable.
 func CheckLinearizable(ops []Op, clients int, timeout time.Duration, dir string) (Linearizability, error) {
 	var l Linearizability
 	model := Model.ToModel()
 	var bad []porcupine.Operation
 	for key, g := range byKey(ops) {
 		l.Keys++
-		res := porcupine.CheckOperationsTimeout(model, porcupineOps(g, clients), timeout)
+		res := porcupine.Unknown
+		for _, reduced := range [][]Op{withoutUnknown(g), firstOfRetries(g)} {
+			if len(reduced) < len(g) && porcupine.CheckOperationsTimeout(model, porcupineOps(reduced, clients), timeout/4) == porcupine.Ok {
+				res = porcupine.Ok
+				break
+			}
+		}
+		if res != porcupine.Ok {
+			res = porcupine.CheckOperationsTimeout(model, porcupineOps(g, clients), timeout)
+		}
 		switch res {
 		case porcupine.Illegal:
 			l.Illegal = append(l.Illegal, key)
-			bad = append(bad, g2p(g, clients)...)
+			bad = append(bad, porcupineOps(g, clients)...)
 		case porcupine.Unknown:
 			l.TimedOut = append(l.TimedOut, key)
 		}
@@ -234,7 +257,38 @@ func CheckLinearizable(ops []Op, clients int, timeout time.Duration, dir string)
 	return l, nil
 }
 
-func g2p(g []Op, clients int) []porcupine.Operation { return porcupineOps(g, clients) }
+func withoutUnknown(g []Op) []Op {
+	out := make([]Op, 0, len(g))
+	for _, op := range g {
+		if op.Out.Result != Unknown {
+			out = append(out, op)
+		}
+	}
+	return out
+}
+
+// firstOfRetries drops the retries of a call with an unknown outcome
+// that are themselves unknown: same client, same call.
+func firstOfRetries(g []Op) []Op {
+	out := make([]Op, 0, len(g))
+	type call struct {
+		client      int
+		kind        Kind
+		owner, toke string
+	}
+	last := map[int]call{}
+	for _, op := range g {
+		c := call{op.Client, op.In.Kind, op.In.Owner, op.In.Token}
+		prev, seen := last[op.Client]
+		last[op.Client] = c
+		if op.Out.Result == Unknown && seen && prev == c && (c.owner != "" || c.toke != "") {
+			continue
+		}
+		out = append(out, op)
+	}
+	return out
+}
+
 
 // Recovery is the time from a fault to the first definite answer for
 // every key it disturbed.
@@ -250,7 +304,8 @@ type Recovery struct {
 // MeasureAvailability computes each fault's recovery time from the
 // history: for each key that got an unknown answer to a call made after
 // the fault (and before the next) and was called again, the time from
-// the fault until a call to that key got a definite answer again.
+// the fault until a call to that key got a definite answer again. Calls
+// still running at end, when the traffic stopped, are left out.
 func MeasureAvailability(ops []Op, faults []Fault, end int64) []Recovery {
 	sort.SliceStable(faults, func(i, j int) bool { return faults[i].At < faults[j].At })
 	groups := byKey(ops)
@@ -265,7 +320,7 @@ func MeasureAvailability(ops []Op, faults []Fault, end int64) []Recovery {
 			disturbed, calledAgain := false, false
 			recovered := int64(-1)
 			for _, op := range g {
-				if op.Call < f.At || op.Call >= until {
+				if op.Call < f.At || op.Call >= until || op.Return >= end {
 					continue
 				}
 				calledAgain = disturbed

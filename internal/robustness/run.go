@@ -101,6 +101,7 @@ func RunScenario(t *testing.T, sc Scenario, d time.Duration) Summary {
 		time.Sleep(quiet)
 	}
 	time.Sleep(settle)
+	stopped := rec.Now()
 	cancel()
 	<-done
 
@@ -115,7 +116,7 @@ func RunScenario(t *testing.T, sc Scenario, d time.Duration) Summary {
 		}
 	}
 	s.Violations = CheckInvariants(ops)
-	s.Recoveries = MeasureAvailability(ops, faults, rec.Now())
+	s.Recoveries = MeasureAvailability(ops, faults, stopped)
 	s.Artifacts = artifactDir(t, sc.Name)
 	lin, err := CheckLinearizable(ops, clients, checkTimeout, s.Artifacts)
 	if err != nil {

@@ -70,6 +70,9 @@ func (t *Traffic) pick(rng *rand.Rand) string {
 	return name
 }
 
+// beginTries bounds the tries of a begin with an unknown outcome.
+const beginTries = 4
+
 type worker struct {
 	t   *Traffic
 	id  int
@@ -144,8 +147,8 @@ func (w *worker) hold(ctx context.Context, key string, lease Output, leaseMs int
 // allows) and for at most RetryFor. It returns the last answer.
 func (w *worker) do(ctx context.Context, key string, in Input, retry bool) Output {
 	deadline := time.Now().Add(w.t.RetryFor)
-	backoff := 50 * time.Millisecond
-	for {
+	backoff := 100 * time.Millisecond
+	for tries := 1; ; tries++ {
 		inst := w.rng.IntN(len(w.t.Targets))
 		call := w.t.Rec.Now()
 		in.CallMs = time.Now().UnixMilli()
@@ -160,10 +163,13 @@ func (w *worker) do(ctx context.Context, key string, in Input, retry bool) Outpu
 			}
 			w.t.Rec.Add(Op{Key: key, Client: w.id, Instance: inst, In: in, Out: out, Call: call, Return: w.t.Rec.Now()})
 		}
-		if out.Result != Unknown || !retry || ctx.Err() != nil || time.Now().After(deadline) {
+		// A caller gives up a begin after a few tries (its lease, if it
+		// got one, runs out); it keeps trying to store an outcome.
+		if out.Result != Unknown || !retry || ctx.Err() != nil || time.Now().After(deadline) ||
+			in.Kind == Begin && tries >= beginTries {
 			return out
 		}
 		w.sleep(ctx, int(backoff/time.Millisecond))
-		backoff = min(2*backoff, 500*time.Millisecond)
+		backoff = min(2*backoff, time.Second)
 	}
 }
