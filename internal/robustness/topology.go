@@ -51,6 +51,7 @@ func Scenarios() []Scenario {
 		{Name: "cluster-wait1", WaitReplicas: 1, Start: startCluster},
 		{Name: "cluster-wait0", WaitReplicas: 0, ExpectLoss: true, Start: startCluster},
 		{Name: "sentinel-wait1", WaitReplicas: 1, Start: startSentinel},
+		{Name: "sentinel-wait0", WaitReplicas: 0, ExpectLoss: true, Start: startSentinel},
 		{Name: "standalone-aof", Start: startStandalone(true)},
 		{Name: "standalone-volatile", ExpectLoss: true, Start: startStandalone(false)},
 	}
@@ -148,12 +149,14 @@ func startCluster(tb testing.TB) Topology {
 			c.WaitHealthy(tb)
 		}},
 		{Name: "replica-lag-kill", Inject: func(tb testing.TB, rec *Recorder) {
-			// The replica stops taking the replication stream; the master
-			// acknowledges writes it alone holds (unless WAIT refuses
-			// them), then dies, and the stale replica takes over.
+			// The replica is cut off: paused, and its replication link
+			// closed so the stream does not wait in its socket buffer. The
+			// master acknowledges writes it alone holds (unless WAIT
+			// refuses them), then dies, and the stale replica takes over.
 			m, r := someMaster()
 			rec.AddFault("replica-lag-kill")
 			resume := r.Pause(tb)
+			cutReplicas(tb, m.Addr())
 			sleep(1500 * time.Millisecond)
 			m.Kill(tb)
 			resume()
@@ -200,6 +203,7 @@ func startSentinel(tb testing.TB) Topology {
 			m, r := st.Master(tb), st.Replica(tb)
 			rec.AddFault("replica-lag-kill")
 			resume := r.Pause(tb)
+			cutReplicas(tb, m.Addr())
 			sleep(1500 * time.Millisecond)
 			m.Kill(tb)
 			resume()
@@ -306,4 +310,12 @@ func servedWithout(addr, gone string) bool {
 		covered += s.End - s.Start + 1
 	}
 	return covered == 16384
+}
+
+// cutReplicas closes the replication links of the master at addr.
+func cutReplicas(tb testing.TB, addr string) {
+	tb.Helper()
+	if err := command(addr, "CLIENT", "KILL", "TYPE", "replica"); err != nil {
+		tb.Fatalf("client kill type replica on %s: %v", addr, err)
+	}
 }
