@@ -272,23 +272,22 @@ func withoutUnknown(g []Op) []Op {
 func firstOfRetries(g []Op) []Op {
 	out := make([]Op, 0, len(g))
 	type call struct {
-		client      int
-		kind        Kind
-		owner, toke string
+		client       int
+		kind         Kind
+		owner, token string
 	}
 	last := map[int]call{}
 	for _, op := range g {
 		c := call{op.Client, op.In.Kind, op.In.Owner, op.In.Token}
 		prev, seen := last[op.Client]
 		last[op.Client] = c
-		if op.Out.Result == Unknown && seen && prev == c && (c.owner != "" || c.toke != "") {
+		if op.Out.Result == Unknown && seen && prev == c && (c.owner != "" || c.token != "") {
 			continue
 		}
 		out = append(out, op)
 	}
 	return out
 }
-
 
 // Recovery is the time from a fault to the first definite answer for
 // every key it disturbed.

@@ -63,7 +63,7 @@ func summaryLine(ss []Summary) string {
 	var v Violations
 	var worst Recovery
 	var worstIn string
-	lin, keys := true, 0
+	lin, keys, undecided := true, 0, 0
 	var losses []string
 	for _, s := range ss {
 		ops += s.Ops
@@ -79,7 +79,8 @@ func summaryLine(ss []Summary) string {
 			continue
 		}
 		keys += s.Lin.Keys
-		lin = lin && s.Lin.OK()
+		undecided += len(s.Lin.TimedOut)
+		lin = lin && len(s.Lin.Illegal) == 0
 		v.LostCompletions += s.Violations.LostCompletions
 		v.DoubleCompletions += s.Violations.DoubleCompletions
 		v.AttemptOrder += s.Violations.AttemptOrder
@@ -88,9 +89,9 @@ func summaryLine(ss []Summary) string {
 	}
 	line := fmt.Sprintf("ROBUSTNESS SUMMARY: %d scenarios, %d operations, %d acknowledged completions, %d faults; "+
 		"violations: lost=%d double-complete=%d attempt-order=%d superseded-token=%d unexpected/500=%d; "+
-		"every key linearizable: %t (%d keys); worst recovery from a fault: %.1fs (%s, %s)",
+		"every key linearizable: %t (%d keys, %d undecided); worst recovery from a fault: %.1fs (%s, %s)",
 		len(ss), ops, acked, faults, v.LostCompletions, v.DoubleCompletions, v.AttemptOrder, v.SupersededToken,
-		v.Unexpected, lin, keys, worst.Worst.Seconds(), worstIn, worst.Fault.Name)
+		v.Unexpected, lin, keys, undecided, worst.Worst.Seconds(), worstIn, worst.Fault.Name)
 	if len(losses) > 0 {
 		line += "; expected by Redis's design: " + strings.Join(losses, ", ")
 	}

@@ -54,14 +54,19 @@ func (s Summary) Worst() Recovery {
 	return w
 }
 
-// Safe reports whether the run kept every safety promise.
-func (s Summary) Safe() bool { return s.Violations.Total() == 0 && s.Lin.OK() }
+// Safe reports whether the run found no safety violation: no invariant
+// broken and no key shown non-linearizable. A key the checker could not
+// decide in time is reported, not counted as a violation.
+func (s Summary) Safe() bool { return s.Violations.Total() == 0 && len(s.Lin.Illegal) == 0 }
 
 // Line describes the scenario on one line.
 func (s Summary) Line() string {
 	lin := "all"
-	if !s.Lin.OK() {
+	switch {
+	case len(s.Lin.Illegal) > 0:
 		lin = fmt.Sprintf("NO(%d illegal, %d undecided)", len(s.Lin.Illegal), len(s.Lin.TimedOut))
+	case len(s.Lin.TimedOut) > 0:
+		lin = fmt.Sprintf("all-decided(%d undecided)", len(s.Lin.TimedOut))
 	}
 	v := s.Violations
 	w := s.Worst()
@@ -123,7 +128,7 @@ func RunScenario(t *testing.T, sc Scenario, d time.Duration) Summary {
 		t.Errorf("%s: %v", sc.Name, err)
 	}
 	s.Lin = lin
-	if !s.Safe() {
+	if !s.Safe() || !s.Lin.OK() {
 		if err := writeHistory(filepath.Join(s.Artifacts, "history.txt"), ops, faults); err != nil {
 			t.Errorf("%s: %v", sc.Name, err)
 		}
