@@ -66,7 +66,7 @@ func (s Summary) Line() string {
 	case len(s.Lin.Illegal) > 0:
 		lin = fmt.Sprintf("NO(%d illegal, %d undecided)", len(s.Lin.Illegal), len(s.Lin.TimedOut))
 	case len(s.Lin.TimedOut) > 0:
-		lin = fmt.Sprintf("all-decided(%d undecided)", len(s.Lin.TimedOut))
+		lin = fmt.Sprintf("no-illegal(%d undecided)", len(s.Lin.TimedOut))
 	}
 	v := s.Violations
 	w := s.Worst()
