@@ -21,6 +21,8 @@ type Violations struct {
 	SupersededToken   int // a 200 for a token after a later attempt was acquired
 	Unexpected        int // a 500 or another answer the contract does not allow
 	Examples          []string
+	// Keys are the keys with a violation.
+	Keys map[string]bool
 }
 
 // Total returns the number of violations.
@@ -30,7 +32,11 @@ func (v Violations) Total() int {
 
 const maxExamples = 20
 
-func (v *Violations) note(format string, args ...any) {
+func (v *Violations) note(key, format string, args ...any) {
+	if v.Keys == nil {
+		v.Keys = map[string]bool{}
+	}
+	v.Keys[key] = true
 	if len(v.Examples) < maxExamples {
 		v.Examples = append(v.Examples, fmt.Sprintf(format, args...))
 	}
@@ -71,7 +77,7 @@ func checkKey(v *Violations, key string, g []Op) {
 	for _, op := range g {
 		if op.Out.Result == Unexpected {
 			v.Unexpected++
-			v.note("unexpected answer: %s", op)
+			v.note(key, "unexpected answer: %s", op)
 		}
 	}
 
@@ -94,7 +100,7 @@ func checkKey(v *Violations, key string, g []Op) {
 			}
 			if op.Out.Result != want || op.Out.Attempt != first.Out.Attempt || op.Out.Body != first.In.Body {
 				v.LostCompletions++
-				v.note("lost acknowledged outcome: %s acknowledged by\n    %s\n  then\n    %s", key, first, op)
+				v.note(key, "lost acknowledged outcome: %s acknowledged by\n    %s\n  then\n    %s", key, first, op)
 				break
 			}
 		}
@@ -114,7 +120,7 @@ func checkKey(v *Violations, key string, g []Op) {
 			lines = append(lines, op.String())
 		}
 		slices.Sort(lines)
-		v.note("two attempts acknowledged as finished: %s\n    %s", key, strings.Join(lines, "\n    "))
+		v.note(key, "two attempts acknowledged as finished: %s\n    %s", key, strings.Join(lines, "\n    "))
 	}
 
 	// Each token has one attempt, and attempts grow with Redis's clock of
@@ -132,7 +138,7 @@ func checkKey(v *Violations, key string, g []Op) {
 		if a, ok := seen[op.Out.Token]; ok {
 			if a != op.Out.Attempt {
 				v.AttemptOrder++
-				v.note("one token, two attempts (%d, %d): %s", a, op.Out.Attempt, op)
+				v.note(key, "one token, two attempts (%d, %d): %s", a, op.Out.Attempt, op)
 			}
 			continue
 		}
@@ -145,7 +151,7 @@ func checkKey(v *Violations, key string, g []Op) {
 			earlier := a.now < b.now || a.op.Return < b.op.Call
 			if i != j && earlier && a.op.Out.Attempt >= b.op.Out.Attempt {
 				v.AttemptOrder++
-				v.note("attempts not increasing: %s\n    %s\n  then\n    %s", key, a.op, b.op)
+				v.note(key, "attempts not increasing: %s\n    %s\n  then\n    %s", key, a.op, b.op)
 			}
 		}
 	}
@@ -158,7 +164,7 @@ func checkKey(v *Violations, key string, g []Op) {
 		for _, a := range acqs {
 			if a.op.Out.Attempt > op.Out.Attempt && a.op.Return < op.Call {
 				v.SupersededToken++
-				v.note("200 for a superseded token: %s\n    %s\n  after\n    %s", key, op, a.op)
+				v.note(key, "200 for a superseded token: %s\n    %s\n  after\n    %s", key, op, a.op)
 				break
 			}
 		}
@@ -217,7 +223,12 @@ func porcupineOps(ops []Op, clients int) []porcupine.Operation {
 // outcome is sound in one direction: if the history without them is
 // linearizable, so is the whole history, where they take effect last as
 // no-ops. Only the whole history can show a key non-linearizable.
-func CheckLinearizable(ops []Op, clients int, timeout time.Duration, dir string) (Linearizability, error) {
+//
+// A key in broken (one that broke an invariant) cannot be linearizable,
+// since the invariants follow from the model: it is checked whole, for
+// the visualization, and counted non-linearizable even if the check times
+// out.
+func CheckLinearizable(ops []Op, broken map[string]bool, clients int, timeout time.Duration, dir string) (Linearizability, error) {
 	var l Linearizability
 	model := Model.ToModel()
 	var bad []porcupine.Operation
@@ -225,13 +236,23 @@ func CheckLinearizable(ops []Op, clients int, timeout time.Duration, dir string)
 		l.Keys++
 		res := porcupine.Unknown
 		for _, reduced := range [][]Op{withoutUnknown(g), firstOfRetries(g)} {
+			if broken[key] {
+				break
+			}
 			if len(reduced) < len(g) && porcupine.CheckOperationsTimeout(model, porcupineOps(reduced, clients), timeout/4) == porcupine.Ok {
 				res = porcupine.Ok
 				break
 			}
 		}
 		if res != porcupine.Ok {
-			res = porcupine.CheckOperationsTimeout(model, porcupineOps(g, clients), timeout)
+			to := timeout
+			if broken[key] {
+				to = timeout / 4
+			}
+			res = porcupine.CheckOperationsTimeout(model, porcupineOps(g, clients), to)
+			if res == porcupine.Unknown && broken[key] {
+				res = porcupine.Illegal
+			}
 		}
 		switch res {
 		case porcupine.Illegal:
@@ -246,7 +267,7 @@ func CheckLinearizable(ops []Op, clients int, timeout time.Duration, dir string)
 	if len(bad) == 0 {
 		return l, nil
 	}
-	_, info := porcupine.CheckOperationsVerbose(model, bad, time.Minute)
+	_, info := porcupine.CheckOperationsVerbose(model, bad, timeout)
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return l, fmt.Errorf("artifact directory: %w", err)
 	}

@@ -173,7 +173,7 @@ func TestCheckers(t *testing.T) {
 				}
 			}
 			dir := t.TempDir()
-			lin, err := CheckLinearizable(tt.ops, 2, 10*time.Second, dir)
+			lin, err := CheckLinearizable(tt.ops, nil, 2, 10*time.Second, dir)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -123,7 +123,7 @@ func RunScenario(t *testing.T, sc Scenario, d time.Duration) Summary {
 	s.Violations = CheckInvariants(ops)
 	s.Recoveries = MeasureAvailability(ops, faults, stopped)
 	s.Artifacts = artifactDir(t, sc.Name)
-	lin, err := CheckLinearizable(ops, clients, checkTimeout, s.Artifacts)
+	lin, err := CheckLinearizable(ops, s.Violations.Keys, clients, checkTimeout, s.Artifacts)
 	if err != nil {
 		t.Errorf("%s: %v", sc.Name, err)
 	}
@@ -170,6 +170,19 @@ func writeHistory(path string, ops []Op, faults []Fault) error {
 // where its artifacts are.
 func Report(t *testing.T, s Summary) {
 	t.Log(s.Line())
+	counts := map[string]int{}
+	var names []string
+	for _, r := range s.Recoveries {
+		if counts[r.Fault.Name] == 0 {
+			names = append(names, r.Fault.Name)
+		}
+		counts[r.Fault.Name]++
+	}
+	var parts []string
+	for _, n := range names {
+		parts = append(parts, fmt.Sprintf("%s x%d", n, counts[n]))
+	}
+	t.Logf("  faults: %s", strings.Join(parts, ", "))
 	for _, r := range s.Recoveries {
 		if r.Affected > 0 {
 			t.Logf("  %s at %.1fs: %d keys disturbed, all answered again after %.1fs (%d not before the next fault)",
