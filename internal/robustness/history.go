@@ -109,8 +109,8 @@ type Op struct {
 }
 
 func (op Op) String() string {
-	return fmt.Sprintf("%s %s(owner=%q fp=%q token=%.8s lease=%d) -> %s status=%d attempt=%d token=%.8s exp=%d at=%d body=%q %s",
-		op.Key, op.In.Kind, op.In.Owner, op.In.Fingerprint, op.In.Token, op.In.LeaseMs,
+	return fmt.Sprintf("%s %s(owner=%q fp=%q token=%.8s lease=%d body=%q) -> %s status=%d attempt=%d token=%.8s exp=%d at=%d body=%q %s",
+		op.Key, op.In.Kind, op.In.Owner, op.In.Fingerprint, op.In.Token, op.In.LeaseMs, op.In.Body,
 		op.Out.Result, op.Out.Status, op.Out.Attempt, op.Out.Token, op.Out.LeaseExp, op.Out.At, op.Out.Body, op.Out.Detail)
 }
 
