@@ -23,6 +23,8 @@ type Violations struct {
 	Examples          []string
 	// Keys are the keys with a violation.
 	Keys map[string]bool
+	// LostAcks are the return times of the acknowledgements later lost.
+	LostAcks []int64
 }
 
 // Total returns the number of violations.
@@ -100,6 +102,7 @@ func checkKey(v *Violations, key string, g []Op) {
 			}
 			if op.Out.Result != want || op.Out.Attempt != first.Out.Attempt || op.Out.Body != first.In.Body {
 				v.LostCompletions++
+				v.LostAcks = append(v.LostAcks, first.Return)
 				v.note(key, "lost acknowledged outcome: %s acknowledged by\n    %s\n  then\n    %s", key, first, op)
 				break
 			}
@@ -364,6 +367,31 @@ func MeasureAvailability(ops []Op, faults []Fault, end int64) []Recovery {
 			r.Worst = max(r.Worst, time.Duration(recovered-f.At))
 		}
 		out = append(out, r)
+	}
+	return out
+}
+
+// Blame attributes each lost acknowledgement to a fault: the last one
+// that began at most window before it (a fault in progress, such as a
+// replica cut off), or else the first one after it (such as a restart).
+func Blame(lostAcks []int64, faults []Fault, window time.Duration) map[string]int {
+	out := map[string]int{}
+	for _, at := range lostAcks {
+		name := "none"
+		for _, f := range faults {
+			if f.At <= at && at-f.At <= int64(window) {
+				name = f.Name
+			}
+		}
+		if name == "none" {
+			for _, f := range faults {
+				if f.At > at {
+					name = f.Name
+					break
+				}
+			}
+		}
+		out[name]++
 	}
 	return out
 }

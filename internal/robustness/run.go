@@ -40,7 +40,9 @@ type Summary struct {
 	Violations   Violations
 	Lin          Linearizability
 	Recoveries   []Recovery
-	Artifacts    string
+	// LostBy counts lost acknowledged outcomes by the fault blamed.
+	LostBy    map[string]int
+	Artifacts string
 }
 
 // Worst returns the slowest recovery from a fault.
@@ -121,6 +123,7 @@ func RunScenario(t *testing.T, sc Scenario, d time.Duration) Summary {
 		}
 	}
 	s.Violations = CheckInvariants(ops)
+	s.LostBy = Blame(s.Violations.LostAcks, faults, 10*time.Second)
 	s.Recoveries = MeasureAvailability(ops, faults, stopped)
 	s.Artifacts = artifactDir(t, sc.Name)
 	lin, err := CheckLinearizable(ops, s.Violations.Keys, clients, checkTimeout, s.Artifacts)
@@ -183,6 +186,9 @@ func Report(t *testing.T, s Summary) {
 		parts = append(parts, fmt.Sprintf("%s x%d", n, counts[n]))
 	}
 	t.Logf("  faults: %s", strings.Join(parts, ", "))
+	if len(s.LostBy) > 0 {
+		t.Logf("  lost acknowledged outcomes by fault: %v", s.LostBy)
+	}
 	for _, r := range s.Recoveries {
 		if r.Affected > 0 {
 			t.Logf("  %s at %.1fs: %d keys disturbed, all answered again after %.1fs (%d not before the next fault)",
