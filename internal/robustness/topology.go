@@ -199,6 +199,26 @@ func startSentinel(tb testing.TB) Topology {
 			r.Start(tb)
 			st.WaitHealthy(tb)
 		}},
+		{Name: "pause-replica", Inject: func(tb testing.TB, rec *Recorder) {
+			r := st.Replica(tb)
+			rec.AddFault("pause-replica")
+			resume := r.Pause(tb)
+			sleep(2 * time.Second)
+			resume()
+			st.WaitHealthy(tb)
+		}},
+		{Name: "sentinel-failover", Inject: func(tb testing.TB, rec *Recorder) {
+			sc := redis.NewSentinelClient(&redis.Options{Addr: st.Addrs()[0]})
+			defer sc.Close()
+			rec.AddFault("sentinel-failover")
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := sc.Failover(ctx, st.MasterName()).Err(); err != nil {
+				tb.Fatalf("sentinel failover: %v", err)
+			}
+			st.WaitFailover(tb)
+			st.WaitHealthy(tb)
+		}},
 		{Name: "replica-lag-kill", Inject: func(tb testing.TB, rec *Recorder) {
 			m, r := st.Master(tb), st.Replica(tb)
 			rec.AddFault("replica-lag-kill")
