@@ -1,4 +1,4 @@
-.PHONY: generate test bench load lint
+.PHONY: generate test bench load lint robustness
 
 # Regenerate code from its sources (api/openapi.yaml).
 generate:
@@ -19,3 +19,10 @@ load:
 
 lint:
 	scripts/lint.sh
+
+# Every Redis topology under every failpoint, checked for linearizability
+# and the promise's invariants; ROBUSTNESS_DURATION is shared between the
+# scenarios, ROBUSTNESS_SCENARIOS picks some (comma-separated).
+ROBUSTNESS_DURATION ?= 10m
+robustness:
+	ROBUSTNESS_DURATION=$(ROBUSTNESS_DURATION) go test -count=1 -v -timeout 60m -run 'TestRobustness$$' ./internal/robustness/
