@@ -82,6 +82,45 @@ func (e HealthStatus) Valid() bool {
 	}
 }
 
+// Defines values for ReadinessStatus.
+const (
+	ReadinessStatusUnavailable ReadinessStatus = "unavailable"
+)
+
+// Valid indicates whether the value is a known member of the ReadinessStatus enum.
+func (e ReadinessStatus) Valid() bool {
+	switch e {
+	case ReadinessStatusUnavailable:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ReadinessFailureCheck.
+const (
+	ReadinessFailureCheckEvictionPolicy ReadinessFailureCheck = "eviction_policy"
+	ReadinessFailureCheckReachable      ReadinessFailureCheck = "reachable"
+	ReadinessFailureCheckReplicas       ReadinessFailureCheck = "replicas"
+	ReadinessFailureCheckWritable       ReadinessFailureCheck = "writable"
+)
+
+// Valid indicates whether the value is a known member of the ReadinessFailureCheck enum.
+func (e ReadinessFailureCheck) Valid() bool {
+	switch e {
+	case ReadinessFailureCheckEvictionPolicy:
+		return true
+	case ReadinessFailureCheckReachable:
+		return true
+	case ReadinessFailureCheckReplicas:
+		return true
+	case ReadinessFailureCheckWritable:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for State.
 const (
 	StateCompleted  State = "completed"
@@ -519,6 +558,36 @@ type Problem struct {
 	Type string `json:"type"`
 }
 
+// Readiness A readiness check that failed, with each failed check of each node.
+type Readiness struct {
+	Failures []ReadinessFailure `json:"failures"`
+	Status   ReadinessStatus    `json:"status"`
+}
+
+// ReadinessStatus defines model for Readiness.Status.
+type ReadinessStatus string
+
+// ReadinessFailure One failed check of one Redis node.
+type ReadinessFailure struct {
+	// Check `reachable`: the node did not answer in time; `writable`: it
+	// refuses writes for want of memory; `eviction_policy`: its
+	// `maxmemory-policy` may drop records; `replicas`: fewer replicas
+	// are connected than `IDEMSVC_REDIS_WAIT_REPLICAS`.
+	Check ReadinessFailureCheck `json:"check"`
+
+	// Detail What was found.
+	Detail string `json:"detail"`
+
+	// Node The node as `host:port`.
+	Node string `json:"node"`
+}
+
+// ReadinessFailureCheck `reachable`: the node did not answer in time; `writable`: it
+// refuses writes for want of memory; `eviction_policy`: its
+// `maxmemory-policy` may drop records; `replicas`: fewer replicas
+// are connected than `IDEMSVC_REDIS_WAIT_REPLICAS`.
+type ReadinessFailureCheck string
+
 // RetentionS How long the record lives after its last transition, in seconds.
 //
 // Example: 86400
@@ -825,7 +894,13 @@ type ClientInterface interface {
 
 	// Readyz Readiness
 	//
-	// Answers 200 when the store can be reached, 503 otherwise.
+	// Answers 200 only when every Redis master that holds records answers,
+	// accepts writes (is not out of memory), has the `noeviction` policy
+	// (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set) and, with
+	// `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N replicas
+	// connected; otherwise 503 naming each failed check and node. It
+	// answers within 500 ms, also while Redis hangs. The in-memory store
+	// is always ready.
 	//
 	// Corresponds with GET /readyz (the `Readyz` operationId).
 	Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1011,7 +1086,13 @@ func (c *APIClient) Metrics(ctx context.Context, reqEditors ...RequestEditorFn) 
 
 // Readyz Readiness
 //
-// Answers 200 when the store can be reached, 503 otherwise.
+// Answers 200 only when every Redis master that holds records answers,
+// accepts writes (is not out of memory), has the `noeviction` policy
+// (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set) and, with
+// `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N replicas
+// connected; otherwise 503 naming each failed check and node. It
+// answers within 500 ms, also while Redis hangs. The in-memory store
+// is always ready.
 //
 // Corresponds with GET /readyz (the `Readyz` operationId).
 func (c *APIClient) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -1711,7 +1792,13 @@ type ClientWithResponsesInterface interface {
 
 	// ReadyzWithResponse Readiness
 	//
-	// Answers 200 when the store can be reached, 503 otherwise.
+	// Answers 200 only when every Redis master that holds records answers,
+	// accepts writes (is not out of memory), has the `noeviction` policy
+	// (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set) and, with
+	// `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N replicas
+	// connected; otherwise 503 naming each failed check and node. It
+	// answers within 500 ms, also while Redis hangs. The in-memory store
+	// is always ready.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -1954,11 +2041,6 @@ func (r MetricsResponse) ContentType() string {
 	return ""
 }
 
-// ReadyzResponse503Headers the declared response headers of an HTTP 503 response for Readyz
-type ReadyzResponse503Headers struct {
-	RetryAfter int
-}
-
 type ReadyzResponse struct {
 	Body         []byte
 	HTTPResponse *http.Response
@@ -1966,10 +2048,8 @@ type ReadyzResponse struct {
 	JSON200 *Health
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *Internal
-	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
-	ApplicationproblemJSON503 *StoreUnavailable
-	// Headers503 the parsed response headers for an HTTP 503 response
-	Headers503 *ReadyzResponse503Headers
+	// JSON503 the response for an HTTP 503 `application/json` response
+	JSON503 *Readiness
 }
 
 // GetJSON200 returns the response for an HTTP 200 `application/json` response
@@ -1982,9 +2062,9 @@ func (r ReadyzResponse) GetApplicationproblemJSON500() *Internal {
 	return r.ApplicationproblemJSON500
 }
 
-// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
-func (r ReadyzResponse) GetApplicationproblemJSON503() *StoreUnavailable {
-	return r.ApplicationproblemJSON503
+// GetJSON503 returns the response for an HTTP 503 `application/json` response
+func (r ReadyzResponse) GetJSON503() *Readiness {
+	return r.JSON503
 }
 
 // GetBody returns the raw response body bytes
@@ -2730,7 +2810,13 @@ func (c *ClientWithResponses) MetricsWithResponse(ctx context.Context, reqEditor
 
 // ReadyzWithResponse Readiness
 //
-// Answers 200 when the store can be reached, 503 otherwise.
+// Answers 200 only when every Redis master that holds records answers,
+// accepts writes (is not out of memory), has the `noeviction` policy
+// (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set) and, with
+// `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N replicas
+// connected; otherwise 503 naming each failed check and node. It
+// answers within 500 ms, also while Redis hangs. The in-memory store
+// is always ready.
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -3037,25 +3123,12 @@ func ParseReadyzResponse(rsp *http.Response) (*ReadyzResponse, error) {
 		response.ApplicationproblemJSON500 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
-		var dest StoreUnavailable
+		var dest Readiness
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
 			return nil, err
 		}
-		response.ApplicationproblemJSON503 = &dest
+		response.JSON503 = &dest
 
-	}
-
-	switch {
-	case rsp.StatusCode == 503:
-		var headers ReadyzResponse503Headers
-		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
-			var value int
-			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
-				return nil, err
-			}
-			headers.RetryAfter = value
-		}
-		response.Headers503 = &headers
 	}
 
 	return response, nil

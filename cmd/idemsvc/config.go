@@ -25,6 +25,7 @@ type config struct {
 	redisSentinelMaster string
 	redisPassword       string
 	redisWaitReplicas   int
+	redisAllowEviction  bool
 	redisWaitTimeout    time.Duration
 	redisTimeout        time.Duration
 	tenantsFile         string
@@ -58,6 +59,7 @@ func parseConfig(args, env []string) (config, error) {
 	master := fs.String("redis-sentinel-master", "", "the master name Sentinel manages")
 	password := fs.String("redis-password", "", "password for Cluster or Sentinel-managed Redis")
 	waitReplicas := fs.Int("redis-wait-replicas", 0, "replicas that must confirm each transition")
+	allowEviction := fs.Bool("redis-allow-eviction", false, "serve on a Redis whose maxmemory-policy may drop records")
 	waitTimeout := fs.Int("redis-wait-timeout-ms", 1000, "how long to wait for them before answering 503")
 	timeout := fs.Int("redis-timeout-ms", 1000, "how long one store operation may take before answering 503")
 	tenants := fs.String("tenants-file", "", "the tenants file (YAML)")
@@ -112,6 +114,7 @@ func parseConfig(args, env []string) (config, error) {
 		redisSentinelMaster: *master,
 		redisPassword:       *password,
 		redisWaitReplicas:   *waitReplicas,
+		redisAllowEviction:  *allowEviction,
 		redisWaitTimeout:    time.Duration(*waitTimeout) * time.Millisecond,
 		redisTimeout:        time.Duration(*timeout) * time.Millisecond,
 		tenantsFile:         *tenants,

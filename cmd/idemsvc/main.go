@@ -18,6 +18,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
 	"golang.org/x/net/netutil"
 
@@ -81,7 +82,16 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	for _, name := range cfg.unknownVars {
 		log.Warn("ignoring an environment variable that names no setting", "variable", name)
 	}
-	svc := handlers.New(handlers.Config{Store: store, Keyring: keyring, Logger: log,
+	registry := prometheus.NewRegistry()
+	evictionAllowed := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "idemsvc_redis_eviction_allowed",
+		Help: "1 when IDEMSVC_REDIS_ALLOW_EVICTION lets idemsvc serve on a Redis whose eviction policy may drop records.",
+	})
+	if cfg.redisAllowEviction {
+		evictionAllowed.Set(1)
+	}
+	registry.MustRegister(evictionAllowed)
+	svc := handlers.New(handlers.Config{Store: store, Keyring: keyring, Logger: log, Registry: registry,
 		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait, Limiter: limiter})
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
@@ -143,18 +153,24 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 	}
 	redis.SetLogger(redisLogger{log})
 	store := statemachine.NewRedisStore(client, statemachine.RedisOptions{
-		Limits:       limits,
-		Timeout:      cfg.redisTimeout,
-		WaitReplicas: cfg.redisWaitReplicas,
-		WaitTimeout:  cfg.redisWaitTimeout,
+		Limits:        limits,
+		Timeout:       cfg.redisTimeout,
+		WaitReplicas:  cfg.redisWaitReplicas,
+		WaitTimeout:   cfg.redisWaitTimeout,
+		AllowEviction: cfg.redisAllowEviction,
 	})
 	log.Info("store: Redis", "mode", desc, "wait_replicas", cfg.redisWaitReplicas)
 	if cfg.redisWaitReplicas == 0 {
 		log.Warn("IDEMSVC_REDIS_WAIT_REPLICAS is 0: transitions are acknowledged before any replica has them, so a Redis failover can lose acknowledged transitions")
 	}
+	checker := &redisChecker{store: store, allowEviction: cfg.redisAllowEviction, log: log, warned: map[string]bool{}}
 	if err := store.Ping(ctx); err != nil {
 		log.Warn("Redis is not reachable yet; answering 503 until it is", "error", err.Error())
+	} else if err := checker.check(ctx, true); err != nil {
+		_ = client.Close()
+		return nil, nil, nil, err
 	}
+	go checker.watch(ctx)
 	limiter := quota.NewRedis(client, quota.Options{Logger: log, Timeout: cfg.redisTimeout})
 	return store, limiter, func() { _ = client.Close() }, nil
 }

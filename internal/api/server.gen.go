@@ -87,6 +87,45 @@ func (e HealthStatus) Valid() bool {
 	}
 }
 
+// Defines values for ReadinessStatus.
+const (
+	ReadinessStatusUnavailable ReadinessStatus = "unavailable"
+)
+
+// Valid indicates whether the value is a known member of the ReadinessStatus enum.
+func (e ReadinessStatus) Valid() bool {
+	switch e {
+	case ReadinessStatusUnavailable:
+		return true
+	default:
+		return false
+	}
+}
+
+// Defines values for ReadinessFailureCheck.
+const (
+	ReadinessFailureCheckEvictionPolicy ReadinessFailureCheck = "eviction_policy"
+	ReadinessFailureCheckReachable      ReadinessFailureCheck = "reachable"
+	ReadinessFailureCheckReplicas       ReadinessFailureCheck = "replicas"
+	ReadinessFailureCheckWritable       ReadinessFailureCheck = "writable"
+)
+
+// Valid indicates whether the value is a known member of the ReadinessFailureCheck enum.
+func (e ReadinessFailureCheck) Valid() bool {
+	switch e {
+	case ReadinessFailureCheckEvictionPolicy:
+		return true
+	case ReadinessFailureCheckReachable:
+		return true
+	case ReadinessFailureCheckReplicas:
+		return true
+	case ReadinessFailureCheckWritable:
+		return true
+	default:
+		return false
+	}
+}
+
 // Defines values for State.
 const (
 	StateCompleted  State = "completed"
@@ -523,6 +562,36 @@ type Problem struct {
 	// Example: https://idemsvc.dev/problems/in-progress
 	Type string `json:"type"`
 }
+
+// Readiness A readiness check that failed, with each failed check of each node.
+type Readiness struct {
+	Failures []ReadinessFailure `json:"failures"`
+	Status   ReadinessStatus    `json:"status"`
+}
+
+// ReadinessStatus defines model for Readiness.Status.
+type ReadinessStatus string
+
+// ReadinessFailure One failed check of one Redis node.
+type ReadinessFailure struct {
+	// Check `reachable`: the node did not answer in time; `writable`: it
+	// refuses writes for want of memory; `eviction_policy`: its
+	// `maxmemory-policy` may drop records; `replicas`: fewer replicas
+	// are connected than `IDEMSVC_REDIS_WAIT_REPLICAS`.
+	Check ReadinessFailureCheck `json:"check"`
+
+	// Detail What was found.
+	Detail string `json:"detail"`
+
+	// Node The node as `host:port`.
+	Node string `json:"node"`
+}
+
+// ReadinessFailureCheck `reachable`: the node did not answer in time; `writable`: it
+// refuses writes for want of memory; `eviction_policy`: its
+// `maxmemory-policy` may drop records; `replicas`: fewer replicas
+// are connected than `IDEMSVC_REDIS_WAIT_REPLICAS`.
+type ReadinessFailureCheck string
 
 // RetentionS How long the record lives after its last transition, in seconds.
 //
@@ -1343,18 +1412,15 @@ func (response Readyz500ApplicationProblemPlusJSONResponse) VisitReadyzResponse(
 	return err
 }
 
-type Readyz503ApplicationProblemPlusJSONResponse struct {
-	StoreUnavailableApplicationProblemPlusJSONResponse
-}
+type Readyz503JSONResponse Readiness
 
-func (response Readyz503ApplicationProblemPlusJSONResponse) VisitReadyzResponse(w http.ResponseWriter) error {
+func (response Readyz503JSONResponse) VisitReadyzResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
-	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
 		return err
 	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(503)
 	_, err := buf.WriteTo(w)
 	return err
@@ -2605,138 +2671,146 @@ func (sh *strictHandler) GetStatus(w http.ResponseWriter, r *http.Request, param
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H2Lchu3suCvdM25VRaTIUVSD1tUpbaUXHvjm5evrFR2byarAWdAEUdDgBmAkhhbVfsP+4f7JVvdAGYw",
-	"5JCiLDk5e+9JVVwShWd3o9/d/BBlajZXkkujo9GHaMpZzkv68Zybcnk2MbzE33Kus1LMjVAyGkXveaZk",
-	"roHhn+F2KrIpMChxBszYEvQiyzjPYe/8zTdwMhj0IecFW3a1ndfpRXHE79hsXvBodBBHJf99IUqeRyNT",
-	"Lngc6WzKZwz3nQkpZotZNOrHkVnOeTSKhDT8ipfR/X0c/fLLL2cLM+XSiIwZvn7SiykHVo8QSgItzsEo",
-	"WGjeOEn0NWclL6NtB3KH0KYU8iq6x0PMWclm3Di4vZVZscj5OddzJTX/9wUvl+vncqPATDloo0qeQ1q6",
-	"KSmoCTCYCCn0lOdQ8kyVOZ5U4NTfacU4kmxmwUErXfrZUXjanE/YojDRaMIKzSsQjpUqOJMEwu/4csMZ",
-	"EXYi57O5MlxmS7jmyya4VJnzsvtycsD2sykrr/iGI17z5VaY/kvJJ9Eo+tt+TYz79q96/zu+pGNecMmk",
-	"2XJSQwMQrSwzMFHlKShZLIFJYPlMSDw+ESceCpgfr8yUl4k0UyZBGA3qVsLeYf/A/uFWaN7pwb9aMGpc",
-	"3dR7qQn9dvbuLcEmkQ3ozNlyRu+qHSh2jWhXONj7W4LzqCZ6eyPkFS/npZDmB6FnzGRT/DhT0nBp8Ec2",
-	"nxeO+PfnpRoXfPbl3zUC7kN9XASpYaLAk005AeuWaXwiOdwKg+87F5MJL7k0SJp+T7yAYWaho9HhcBhH",
-	"Rhi6fXAsmPlzVQQ4NWauR/v7SF76Juvl/MYfTe8Hq3erqfe7AuqdXcZCap1MxvxKyBca0mCX1F1Nw6RU",
-	"M8KpfXMvNOy5YyUybTtX2hlBCK+SE8QmqmwADGmfa4Mkch9Hb1Q5FnnO5ZMRJbSnPkvaynjq9zSaRGqu",
-	"kyhEU/8gQFN1lB1xU41/LoRsPP+U01PN/U08JiCtDpF2eniOt/Jdqa5KrvWnAZQZw2dzE40GcQ1c9yEM",
-	"YKqKXNN5Cs40h4U0ooBhf3jcHQy6w8HFYDjq90cH/d5gePAfURzRsEt+Nxcl15fMRKNoy+gaLyc1Xt5K",
-	"mPs77YYZIbvVjOfAzZkkDggZKwpeOiAwKMSNh4OSFenXuAmOkcaJJNaBo3A+L/HhOcCmwGQO6Sqs0k4P",
-	"UtI9uqR8pIm8Ejfcwt/pDw4DZsqMO4qbb1nwqhLTrbSYNlC40fuBvkPQeCsNLyUrnvhGUay4lYCXpSpB",
-	"ZdmiRDlYo/6o3w9RHw7fGfvutM+DelhIfjfnmeG5O3WIYbtV2jklpNiramAlh0JdXfE8podccrMoJc/d",
-	"E71hhcjPLR98Ikyv+XIEs4U2MOYwQKE8PDqC8dJwjTL5RmgxLjicvf/m7dsojiaCF3mlhtTPrQFzOp7n",
-	"0zsDnWZ1/aznYoluPRAa3BYN8Dc2RQGEuiIvclAL1EkSiXpMIWbC6BgYSl8t5BV4/csOjlExWshriQqP",
-	"/wTGKl/Su0qk0ITFf3v/0489lJa8yFNiyPYpqsmEyxzXtXvfTjmxg5LjsZXkvUT+qMwUR2RTJq947qTf",
-	"9/hiv1dPpoKaIRt1zSW4A+PH9MCkAcdqXuhNbJbOAoXaGeW0YZcmPBe2d71DDE4qIsP1xkEimePTtyxk",
-	"w/U5kaG2I+JHZd6ohcyfiAepnLbkxLbQsPrSDmuI/6hQvOOuuwFcKtO1458J3pZAVw/txJiVIzlCOucF",
-	"Nzw/hQqm1VGc2vEe7bafJbthomBjC5Un0jOZgpCL3KpCUt/yEoQEI2a8IS8CFY6OAYvgHLtBlvbqhvOe",
-	"i6LtLTK1KOw9xsjSWDZ1gG29Xahor50MaRgXRl2EFEVVVvrilN1wMAxfD59MeGZOQSDrTKRmEzLzrV/C",
-	"+ioaqkWlT1RaikbbMFW3khSPPTIWOrib01PolaawhzBB8ohhwkTReU6940Kp78mWfjo1eTsRCX5w9HL4",
-	"6vjQSskY1A23ZE9yAqXmoH/46ujlcfhuBwGVXSgFhbPxd6Euo1TXjn9uqUgyCmUMXmEIP4ivK85YXdgo",
-	"R4R7NJpwn8icZwpFVgzzYqHBYaBTLTbAxQImWt0h4KGJbDLRC6V+YHLpFJtPMEBoyu8LZViX32Wc55wY",
-	"sl7MZqxcRqPoJ48q6yfqWj1nvMivOEqtG1Ys1lFvbaYX2juXKpcBqWl0W9QS7CoW/S8PXh4OXg0diTTs",
-	"+kBi/jueFKqT7kYMK9cjHwYzvEvEt/G+9PoABz5wzQqBdKVqFtj3qy/nvLzUMOj3+zGMF6U2MOz3+51N",
-	"VzzHuf5ou12wcRui32ch+ZXrKYl6F9Tqnb8hIZW0MlksiUvqRJZ8EvgiaMIpeMZFxhfyLpAcl2Yl7/Tg",
-	"XcWCwwulo3bopiF40xhSgm1K/FIYnchMSa/F3DJheKlhL3U/pfV2kDbpI9gvkS1ED3tWQuSX9GnaiUEr",
-	"VF7pbGQV3pLsYRlpvKTLOmjEcDsVBXKKecGWZC64F6IWJlMz90C0EUUBmpc39NBX9KfTFTGybqC2OMbp",
-	"FLeqNFOYsWshr55TaPws2cJMVSn+4E9V5xhYi8P7ZQh2znMb6nSD+sE0dt/twSzCKc/tShK6MnpUCbel",
-	"klcBVw+3TikUEeDgl19+6a5GFLYhYjUA4bChF/O5Kg3Pf+C5YBcEkGcQ54EA9OZvuBAtEMrvoxBH1Zlg",
-	"hocCQtOu2Komd2lyl2Z9LsmOal26erG0gcK285BaXp2J0HnmPXutcSHn4ZOL2ZiXIxhUtsBEoJAg9qEF",
-	"BY0oInPNlzF8CQNQEpBrLhMp+W04rgfvTSkyUyxByKzkjIhwzks7VytYaFRogWm02rnMSKWwxp/f3Xrc",
-	"XthYBHIndsVXgguDOJqockauRSHN8WEU16GywXqoLI6+RuZ4lvkQTBs8Gp4+ZxK90NY+xWcyL9Wcl0ZY",
-	"lYXVoN2Geo+B+5j8L7tEe9ocqA8ER8SMa8Nm83oygfSheWT+X9BICqtkKHfawHMmwZuGzvc5ASaBs7IQ",
-	"KD0dJd0y7UwRXKgXrQfc6tf5IeISsfVrxDxWfovXwoth2OxXPzd2riyPguadW8AX3q3eRI3/zjNTEcc5",
-	"icR20mjKyJX4pDtGD1KvXeSXzKT4kucl11yaRJJ7KLXnp7/UY9NTSFETcbPIK0w+xxT2vFcpkThiUXK4",
-	"QnNPSd6xHicy9fz8tBcGUYUmFM3mZgn2qu4YJnj77mLSOqyegchDEDyKbK23txX67u4vNMy41uyKE6vA",
-	"czKjSh3QmaebOKog+qhD7P5Eq3DzA8PJO5H7aHjzAWyb98ZR13tjxeqOD6E61hYyr1zQLM+Ja7PiXYB1",
-	"FypvEkIY8VznDpCLKxRgLiDs5dmcLQvF8hiYgZlCs+Po2FpXPTiDgqGOSEqri5NsCLHCFTcaDofD1Qiz",
-	"nrLh0fHoZPLqOO+/Grx6dZi9zI+PUBawu++5vDLTaDQ8Om4hj8fy4pneiZf+QLEn8p+0gclKmG42VRrf",
-	"bg57vHfVIw3ZebzzzgZoOTiNl9bOwR08uIOQlI056DA0xK6YkKuQK/nv3f7g2//4Hwe7AKvkqLYJJS8f",
-	"hMK5H/oeJ7oY/46h/ThC28iBusrc6K9qTN+qWyhQpTWKzKoYhISZKArhrI/YmnyyYnKiDiaCUYm0nBvG",
-	"fKJK7vxwqKcc9k9WANVv0zPYndUzDvpoUT+UohM+W6S61oep8uVraZ0zjctHht/hs16HQIrKIjF5jhN5",
-	"PoIUB6ewZ4NStEIHMlaWwlln1hekQeg4kemYaX58mFYjGIyFZOXSqaGoejGZszIHO9JmMx0eH75y/j4v",
-	"v90Z7agWIR5H3zih8Gm857Fv9ZNUn0/l5n/S22ghpOZ128jq9Z3hMv9zgP4oBvnJePoTgPaGieLTQLZB",
-	"gzkDPVWl2ay71Gw5w9eW86wQMvQkfLrY+rOfQrn0gaCKhdlktyZIUvwwhZLTKXUdf6KkF35nnC/LWQYa",
-	"hOmcJjIlsKdWadWUw1bOhGSF1xCt3HM+OuvhWmHoG/IA/xzKIrFzzjXB5UOrIwD/hnK9Mg9Sir7g/dIt",
-	"BgYZAxQ52tHAqHCVBnYEQZgMCdirR4zAYmvGmdQryV505bzzV5sOn2Yof34TofEeQmT/MuUUtDa1dVNB",
-	"04P4IfP5M1gPASA3E7BfdYOhzMwm+zhQGSpURx4NrXrDt5wVZrrBe2XDp7TVlMbhSyk5y4VERS+b8ux6",
-	"3W2z7n5Q1zs7HtqA8h3f4DPICsEpBLWSQzx6KGUnkXv9u+Hg//7v/9O/e/m604MzSSnlU7Cnw9f994U2",
-	"3iOXfkhjSO/xny/wn//m3niSpIl06dH5qgXQlrvcMASOSLP1vw/iaI54LPF2/+vXJLkbDrpJcvfy9W9f",
-	"/kubpCKh0iYMa2vlP79PrVVM7Oy1aqM2r0SFEtbZIW2ZNYi8ykwkc3DFVmpWItiFtlg8x/0Vm2fQ77d5",
-	"WwMgtL4NNWe/L3zSj5pQZK9K9HHUEcjA2ElApOtEppz02tTGALwEbM0ZsjuM4GAIU35HseuSZYaX+hSY",
-	"XNqoFi80dz6Gfn/1nRxMhuwk6+dH45f8cJC9Ysd5/4QPJy/Hg+yQHR1FzYfR756w7uSs++a3DwfD+9aX",
-	"4YMBbU5Wqhc5PHpZJd3YAEjsQnFovKWbQidpL5Gk8WuhJMz4bMxLDWw+56y0gdEqzeNayNw5CSzDNlM+",
-	"ex4h7iM27R7kgknm4wmUKeWSQWW2UonyhOzjdVegzX9cPdFaJuGo4byyaX3MAL2yGEHvix1sFqAwzn2T",
-	"egsobRb21JZRy6GERPM6a2WRP5+/hZKTIyxzOq3I0XScWEt+DW7Vi12UolvNbNv2SVywlp3rL/rbi4t3",
-	"YAdApvImOinnsOIiRycnD3MQF7fbZEy5dAnP25Cg8Wf3Hk7rZCa0tihWFYDMRbOEzJv4ak06r2FnXBhz",
-	"7USGQlqINclmyFFajjRKZLo1xpgs+v2DDGfRT8j0bqdKcygYuVLNFDS/mnFpNXW/xQtN5DhKZCI/2k0/",
-	"ejx8JJ0dD/QxkR+73W71P45do3/4iAwQPq7k00J7Oq0qt6TPQpA9C3vEd1wKbQfs5o0oNO08gI9hOVFr",
-	"FNvOresfaOLBysQHKynsKnU6I61yCB/bsyIpuypIFiZU2CVm3ExV3sWVWFGoW3+VI3ciGpor7rJa2TW3",
-	"r9fOqyDRGszFhQZ+oR0jxHbBOm2L1jhoW2NjwliYSmRz4zyx1HUNdMcTJJS2GonKmLdo9+UOcVutg1s8",
-	"yNat1n5MerOni7YCJVxwOHQL7lzW5VZspAHRSng062BAkTqCh7OwbDYQtCUDWQiFuTQeIisZQY/Zui1j",
-	"CO2BOqWskR207RTriajwEY6qB+fyXJncOcnV05KroKDViOO0VFx8XNHEdq7+acrD6CHbzueBkMCJa+PY",
-	"aTJtWnjgyQ0V8VfHh/0t4YqqrI5sIJ8kRQ8NWbwpmbRZFBTRaFPQ3QabFfTh0clwRUFvE667GfCu7hbO",
-	"oPJkVM6KIOhM7yiRaw4jS6Bt3jzv4GhEEYS8DDC4o4PgPSHrnA7aJpptBoe/yDoDWq/BylNKgAsC96Lg",
-	"Ie7w5sFZ09OGMy2M3rc51k59drUd2SjCrILzFlwU6UfF/JSAW9VGkyaPQ5m+dumN9gWvVkJ/RWh4Jt9c",
-	"ydlfH9T/VEfftuA1nSUMNosbLsHFWYOUSgeBgBR6z+Ghd1TXfi4X1GWSVDGkGKlIfE8biTaw5KbdW/gk",
-	"dX9DGPuiij+3gMrp4ysSuhVSzxZo2EBZj3Co7nAG8qM+PqK9mOePfzetbqO6Xt7YjPDajxQ8zsaODzp0",
-	"V0D7ULhr1YfNrDpm3yxa9fNS5YuM57GLvvCcXJz0sukHo3ziYL6wyivvwWsyz+astHrM3O4/QlvDcYZM",
-	"Sb2YcVv0YrUOZIOJtCaHLY6pKx3AFzrYOgcqv7X5qrQA6eEuySKRVPTQxiRxvXYCw7/EPu5OPhn85JK7",
-	"CH4Kmi1XInsfksi6WS9FnkQj/O1yMDxIovu2p9FY7iHCaSQP3Deyedux+WF9wxWVhVZwbg6nOooSqASh",
-	"ea8P0Tc2p7drc3yjtXTc+xaysyrWJYJvN2dCnVhkKbVxhmF/8DjnQtuRLqp3vapCVJUkCI7epg4Xgev8",
-	"+HCb55x1/+h3Ty67G9zmNRdo86BZp5GJyU94cHBwgorizxffWAUg8Oui/pIJLZRsnnjNbdav3GaVUons",
-	"o+sK7prni6O77pXqug9/wO3wvDbpmGeLUpjle+ouYx8QdZM5W7RFcNIzZ/0TqYzAdp4B6wRhc4H82vlB",
-	"evCaZdPAup9THxIlvfVzmsi1Jife9mdyWXVGmZZqcTWF1P6eomJbOxgSaT0MuIDzBQ+cXrWaE+9Pm/Zg",
-	"7wxyfsMLNZ+Rtui9er43gJDdGZ+p0nMtXBBFeabkRFwtysonoYFlGZ8bnUjrGfGb5bachdyP9h6pszfS",
-	"Xoe4lu3ng0LNd+8JUtptyrmQE+UT8FlGZO6751hjCuVGWbQbWev8wf2RMkwh49KUrBB/8LwR6dK8vBEZ",
-	"RyjjDRDK7iMYlyy75nhXROJ4oW3ErpYj1lF9q+zdybcFAFbF2Lvmyw5A11IHeKsiB4ARlAvZFEkx/iqr",
-	"sp+9Xq9H9TmoI9AvduXwv2rlygbBlXMFP/50QRsIc+rkW9i+yPOmLQtaG4A+22HBPZ/d0PEazZalgxS3",
-	"EWg14whZCmwIjXuQF1AYKMXV1IBUt7B32D/pIGTfKFtZtWfpKwYCcFOwlwupcQ+fmojj5wXLSI4ysu1j",
-	"fIU5KKT+IPcONdUakHsO9ET39nbFsuMctJQQmkirSFoHHDP1gzTredi+D0bQr6bKx0okR/MZb/jFF98o",
-	"eWM/1r0vvgBfrUjCrS4NXEgUe+n+zcAagf/2/qcfE7m37mjrnAY5m6R3WF+Sd4dZmUgVJo6ZDI5ir60E",
-	"hZv+jwetzlNbh0QuVFXWaXoSWUTgeK1DV/AazS1bwbUhkqRX79OIIMWguTV2UxelSm27MNbpAYmmam2U",
-	"PoncLntgL90kcNIOwZ6wOCnVzDq0Cb0vNGSFyq5PIV9Y8rO7OvldVyuLEhZSUHqnd/Hi7apoTEyWuc/O",
-	"Szs9+MnplrXfkyDoQmFUSS2V1XMSSYWiM2EMJx+IFQ/Oc6skMAjcwQ4FR60uYSufGu5jN/4w9EI7Uv2e",
-	"PO1IpRe+PFlbr0xubyo05CpbUCQAmaEL88Y+31fmiazuDWNcW8eWurT4g+tOVS3pBAnFQivLm8RnJZ8S",
-	"S9L+HVk1iU73gFCOXfWf5k6HtLWD2inuvtWYfbd6VAdscDn7EFEAeOnoGm/cKljIkiOnoFvS5B6c7SD+",
-	"x0sfnbEk49WARO65t+eCHlbVfPfT+4uaAVLkgxqYQdXtzo+0AOoglv1eeAwiKa9CW77g/uqQf9CDX5w6",
-	"4M8SA8NbWb7CMqOrOETdcQ0hZ51niJBzbpArEEKIiVKLAKGhUfyPtpStVk3pA+G93x7qifRuqTqD3OGD",
-	"qComFLLWtLTGiu4dUxuBRssA6wjWPoxqK8zosLnIGwQibbFpL5Fn5Gtu80Lbol3DSTPy4QejkNllnOc2",
-	"/ldX69hTVd0Txty/xrjyjLs17F3omGysblxRTCEy7gxkpzehPVUKbhi1tNuoO+37mXVEM1C5bniprUY1",
-	"6PV7ffK5zLlkcxGNooNev3dgswumpE7v2yynP/DnK95mqzgQD/t9qN2WBBKtSVkrxA2n9hBVTIos68LU",
-	"whXthYrs3+bWGqRtV/ruDfv9LTWdLbWcPnocqevdKyddBtiGwsnVu1FbkiN7sLZVqwvsV92tQtslGv36",
-	"WxxU4n8vbrh0wWB2pSlZrOII0W84dX+GBJPpjUj5wf7dC6l3pUIJwReozt8Z4Hdz5UosrQGGEgz/sj8v",
-	"mJCn4Gjkq36v3ztEGWafud3W9nLUhpVGeze8I69L5/ht4tKd5mFc1kdoYDH6G3z7+vt34DdBkr90DEtf",
-	"GmVYYY13/xmy3VItDI+r54gvLkwUSOTf4OJ/vnu9ddFMLSRph1sGfXA7fJVUJYVJFNPuXyXR/s1g3xbR",
-	"RLHd/qskGvYHSXQPh8PaktrU5XSd+hzqn5noAgqZVdjaSH4lZ/lyV5bgwgtV2C6I2cXEaquen+tc4Nxu",
-	"9A/IBNqu8yk4wQkHD09Y63q0DZnnPh11Gw49YeLec9cXbAWNK5GzlVJp2Bv2B53Y5r8G4rthLCWyNSsX",
-	"5/b93LkqjVOGN4X2E0mxfTQeSQXpwhlIfmsTJSghtfa7j5e++UMYO7T5FDYUP1XWYA67GFKIzT9gn5M1",
-	"p74evlAJN1xVL3Jcp8o26MEFNZmwxhZbLV/WqIKlVVGwT3F3q1wL1CtIhShym37Qszd18XPKy/EaE/99",
-	"wfzwsCzPx0DqhFdcu1GhVytYtkyPEBnbj2lb97O7FUIc4Gvb8sS7klB1p22tTkRJD4CvwL7mtoPv2PrV",
-	"l13GuOvtlBnuO9NUQ8gu6UHQ7NbaavhyGBGfj1biGmPlVE4XSm1mJSB6l65zXpdUY0hdQWAKzs/Rj5t9",
-	"TiYukdG+irDOD2dq3LT2EXiKd09A+yQYHAqcrCRyFgWqKumAp7gMc1kbiC7En0NynYLCpSP4+UJPLTTP",
-	"eS50TJgSBIBBH2Ya9uYnJx1rQnqPWGj2a2bQ7vUp2002TMh3zaS5Nl+7GMXuDLgRC91SQUtxzNYs8bre",
-	"y+ULuzhhs6i0URfn8haq8s7+zqy/UbJ834yM4Zu9f4pAct2qfKZBowvTWeC1qiNtVRemsGVus25lm499",
-	"M1DDYKgNPG0PGa1EiHwNZhD72SEw04jDDPuDIMUzAMt9VSqzCqHV8qtWAA2rLIC18ragAKcFage9w6Pj",
-	"T4EabWchFm64FXANUBz2hyEo3OUf0dYq7CexQWsJm1j6PhrkFKbWsatubCsefFg1cJZV4r23qbuEz+9q",
-	"lI51EuntdxqyXkoXu+BHe2eKjuv+NuwPHsd+wnfzEIvZtYF0ozhjl4T9oNGJi2xXuK56kTwO11VjmQ3Y",
-	"bkuQ3BKtYEURuFpqXKW116ap/rhS9pYEpz1VBhUTVVKlR+Dhbjpyo3kxTRs8PO3nlR5Xh7uo12/CBuuH",
-	"/ZNdTvcu6Pt9ONhhk6rHJE042uUqLR2tcPJwuMOVWr6hgOae7HTSRnvFP9msqZj91zaDr4rreIOhYMvQ",
-	"qFCSB5bONV8GNo6n581mzntb19tITG7qWdQyyloWjQdw6tNKgqYiVY87YbYGikj1sykk1hVq843dcdGG",
-	"cLo5qzyd+EA7QVQKdXRXu0smxKorE85c/3ef0t/I6xovDH4+C5K7EtnM7nKJL6IoKrWkTTv0fRaeoiA+",
-	"xJUfxWf/EZSanTn5apeK51Y3P11vbJeEw0fol2163a5wadStb2xhV7fa9fFrVcIt0zFZRXWvMBJuzYbD",
-	"RFK2p/Q/ujw6fHhG1VZ8VwFWN4T/0+XXXyJL/DtryxS1lCGMhuD7nNrlidVpNkuTdwsy8nETej/LZiHs",
-	"BkkCRlF6xJeJDCPJdW4yxaPJXkf1rVAo24G+PklJX9jcwpptL5bPyZjRsD62FvkjOfXOnKDZUOZz88en",
-	"2AeDgCt+LmjYEvet32qAlMSpIa5pUc7/yfH+i3A8+25Wm7XtTTkrzZgz09nI5CaumLqdxb323s8H1GNf",
-	"6uZs+15Ltc5K27DV1jyrxTyJDHrzwJ7f/0sYdHoQLr6pZU/d0XK9Z88O6noi39jmsS6Fy0XtS+osi8y6",
-	"Np/buPEbBOsTePEmj9ZnV563+rZanFhBqQRhYnelL2iD9VkZ/fBB9bZyBD6Dv7AJjRYn33MqxUGxnKXj",
-	"f2rF/5QRm2QEPrg2jXijaKDfSCR4r0qTAv+VPtdhwK3u4l2F86rsQtgLkgATuZDaiIxCqDTFfdlZe3M2",
-	"287bhYF7QDtTY28mgY21/QZIOoH7ZlwNRqk2xmwP/R1VPIXfK/trO3TrIfvV97jexw+ODb9M9f63NVZ2",
-	"uKk7my8AvaJ8afuS3QX/f3iofw1dq5Iq0Bu1uBuJum4x0prPch6kN6zRdKN+1KYUkttd9+BNneabSBdk",
-	"QQG19N9o24xoQ5D7e9rsqV131Ap66mwtvW0S+H/n5r2vMP98BN76JcxPfxifL7bqwk2tcNwYdw1qkp/g",
-	"PRv2jvr97XrDhgj3s3g3NwRhecNXVxeehkVnYXFpCwDcxZ4ev90Z0Bu04l31u8cqbrzW2z4JQG5jWyFV",
-	"dx9oQqm1jfRnJsm6KO+ZsjWqKnMHvccFWFvJ3yOg2bfhE7DgtnlEeL3R9WGjQ9qW6P/n057/Eil+zln+",
-	"sAxvZkI2K0B//Q0FCvWxc/Ku/dv2qbDQl1HaLDmco5uVL64oNOfzQhGhUaEZpXypWwksz5EgqbClWqwQ",
-	"2nCpQUlIR6/6r/opLGRBvULrcsw6BZaEt83s3ydh6G67evC3zfaeYcW0L1Cpv/WeIIWCeK3iujDTOGhf",
-	"iou4/N+q+1+V8lfXh7oKX7d6kFp6/9v9/wsAAP//",
+	"7H2LchtHkuCvZPRshAm7AQLgQyIYjgvaI521I0tail7drVvHLnYXiBo2quCuAklYYsT9w/3hfclFZlV1",
+	"VwMNEBQpe253JmIcFFDPzKx8Z+JTlKnpTEkujY5Gn6IJZzkv6c9TbsrFydjwEv+Vc52VYmaEktEoes8z",
+	"JXMNDL+Gm4nIJsCgxBkwZQvQ8yzjPIed05c/wtFg0IecF2zR1XZepxfFEb9l01nBo9FeHJX8t7koeR6N",
+	"TDnncaSzCZ8y3HcqpJjOp9GoH0dmMePRKBLS8EteRnd3cfThw4eTuZlwaUTGDF896dmEA6tHCCWBFudg",
+	"FMw1b5wk+oGzkpfRpgO5Q2hTCnkZ3eEhZqxkU24c3F7JrJjn/JTrmZKa/9ucl4vVc7lRYCYctFElzyEt",
+	"3ZQU1BgYjIUUesJzKHmmyhxPKnDqb7RiHEk2teCglc797Cg8bc7HbF6YaDRmheYVCC+UKjiTBMK/8cWa",
+	"MyLsRM6nM2W4zBZwxRdNcKky52X32XiP7WYTVl7yNUe84ouNMP2Xko+jUfSX3ZoYd+23evdvfEHHPOOS",
+	"SbPhpIYGIFpZZmCsymNQslgAk8DyqZB4fCJOPBQwP16ZCS8TaSZMgjAa1I2Enf3+nv3iRmje6cFfLRg1",
+	"rm7qvdSY/nXy7hXBJpEN6MzYYkrvqh0odo1oWzjY+1uC86gmensp5CUvZ6WQ5mehp8xkE/w4U9JwafBP",
+	"NpsVjvh3Z6W6KPj0u79rBNyn+rgIUsNEgSebcALWDdP4RHK4EQbfdy7GY15yaZA0/Z54AcPMXEej/eEw",
+	"jowwdPvgWDD156oIcGLMTI92d5G89HXWy/m1P5reDVbvVlPvtgXUO7uMhdQqmVzwSyG/0ZAGu6TuahrG",
+	"pZoSTu2b+0bDjjtWItO2c6WdEYTwKjlBbKzKBsCQ9rk2SCJ3cfRSlRciz7l8NKKE9tRnSVsZT/2eRpNI",
+	"zXQShWjq7wVoqo6yJW6q8U+FkLXnn3B6qrm/iccEpNUh0k4Pz/FKvivVZcm1/jKAMmP4dGai0SCuges+",
+	"hAFMVJFrOk/BmeYwl0YUMOwPD7uDQXc4OBsMR/3+aK/fGwz3/iOKIxp2zm9nouT6nJloFG0YXePlqMbL",
+	"Kwkzf6ftMCNkt5rxFLg5kcQBIWNFwUsHBAaFuPZwULIi/Ro3wTHSOJHEOnAUzuclPjwH2BSYzCFdhlXa",
+	"6UFKukeXlI80kZfimlv4O/3BYcBMmHFHcfMtC15WYrqVFtMGCjd6N9B3CBqvpOGlZMUj3yiKFbcS8LJU",
+	"Jagsm5coB2vUH/T7IerD4Vtj3532aVAPc8lvZzwzPHenDjFst0o7x4QUe1UNrORQqMtLnsf0kEtu5qXk",
+	"uXui16wQ+anlg4+E6RVfjGA61wYuOAxQKA8PDuBiYbhGmXwttLgoOJy8//HVqyiOxoIXeaWG1M+tAXM6",
+	"nufTWwOdZnX9rKdiiW49EBrcFg3wNzZFAYS6Ii9yUHPUSRKJekwhpsLoGBhKXy3kJXj9yw6OUTGayyuJ",
+	"Co//BC5UvqB3lUihCYv/+v7tmx5KS17kKTFk+xTVeMxljuvavW8mnNhByfHYSvJeIt8oM8ER2YTJS547",
+	"6fcaX+xr9WgqqBmyUVdcgjswfkwPTBpwrOYbvY7N0lmgUFujnDbs0oSnwva2d4jBSUVkuN44SCRzfPqG",
+	"hWy4Picy1HZEvFHmpZrL/JF4kMppS05sCw3LL22/hvgbheIdd90O4FKZrh3/RPC2BLp8aCfGrBzJEdI5",
+	"L7jh+TFUMK2O4tSO92i3/SLZNRMFu7BQeSQ9kykIucitKiT1DS9BSDBiyhvyIlDh6BgwD86xHWRpr244",
+	"76ko2t4iU/PC3uMCWRrLJg6wrbcLFe2VkyEN48Koi5CiqMpKX5ywaw6G4evh4zHPzDEIZJ2J1GxMZr71",
+	"S1hfRUO1qPSJSkvRaBum6kaS4rFDxkIHd3N6Cr3SFHYQJkgeMYyZKDpPqXecKfWabOnHU5O3E5HgBwfP",
+	"hs8P962UjEFdc0v2JCdQag76+88Pnh2G73YQUNmZUlA4G38b6jJKde34p5aKJKNQxuAVhvCz+KHijNWF",
+	"jXJEuEOjCfeJzHmmUGTFMCvmGhwGOtViA1wsYKLVHQIemsgmEz1T6mcmF06x+QIDhKb8NleGdfltxnnO",
+	"iSHr+XTKykU0it56VFk/UdfqORfz/JKj1LpmxXwV9dZm+kZ751LlMiA1jW6LWoJdxaL/2d6z/cHzoSOR",
+	"hl0fSMx/w5NCddLtiGHpeuTDYIZ3ifjW3pdeH+DAe65ZIZCuVM0C+371+YyX5xoG/X4/hot5qQ0M+/1+",
+	"Z90VT3GuP9p2F2zchuj3SUh+6XpKot4FtXrnb0hIJa1MFgvikjqRJR8HvgiacAyecZHxhbwLJMelWck7",
+	"PXhXseDwQumoHbppCN40hpRgmxK/FEYnMlPSazE3TBheathJ3V9pvR2kTfoI9ktkC9HDjpUQ+Tl9mnZi",
+	"0AqVVzobWYU3JHtYRhov6bIOGjHcTESBnGJWsAWZC+6FqLnJ1NQ9EG1EUYDm5TU99CX96XhJjKwaqC2O",
+	"cTrFjSrNBKbsSsjLpxQav0g2NxNVit/5Y9U5Btbi8H4Zgp3z3IY63aB+MI3dt3sw83DKU7uShK6MHlXC",
+	"TankZcDVw61TCkUEOPjw4UN3OaKwCRHLAQiHDT2fzVRpeP4zzwU7I4A8gTgPBKA3f8OFaIFQfh+EOKrO",
+	"BFM8FBCatsVWNblLk7s062tJdlTr0uWLpQ0Utp2H1PLqTITOE+/Za40LOQ+fnE8veDmCQWULjAUKCWIf",
+	"WlDQiCIyV3wRw3cwACUBueYikZLfhON68N6UIjPFAoTMSs6ICGe8tHO1grlGhRaYRqudy4xUCmv8+d2t",
+	"x+0bG4tA7sQu+VJwYRBHY1VOybUopDncj+I6VDZYDZXF0Q/IHE8yH4Jpg0fD0+dMom+0tU/xmcxKNeOl",
+	"EVZlYTVoN6HeY+AuJv/LNtGeNgfqPcERMeXasOmsnkwgvW8emf9nNJLCKhnKnTbwnEjwpqHzfY6BSeCs",
+	"LARKT0dJN0w7UwQX6kWrAbf6dX6KuERs/Roxj5WP8Up4MQyb/ernxs6V5VHQvHML+MK71Zuoi7/zzFTE",
+	"cUoisZ00mjJyKT7pjtGD1GsX+TkzKb7kWck1lyaR5B5K7fnpm3psegwpaiJuFnmFyeeYwo73KiUSR8xL",
+	"Dpdo7inJO9bjRKaen5/2wiCq0ISi6cwswF7VHcMEb99dTFqH1RMQeQiCB5Gt9fa2Qt/d/RsNU641u+TE",
+	"KvCczKhSB3Tm6SaOKog+6BDbP9Eq3HzPcPJO5D4a3nwAm+a9dNT13lixuuVDqI61gcwrFzTLc+LarHgX",
+	"YN2FypuEEEY8V7kD5OISBZgLCHt5NmOLQrE8BmZgqtDsODi01lUPTqBgqCOS0uriJGtCrHDJjYb94XA5",
+	"wqwnbHhwODoaPz/M+88Hz5/vZ8/ywwOUBez2NZeXZhKNhgeHLeTxUF481Vvx0p8p9kT+kzYwWQnTzSZK",
+	"49vNYYf3LnukITuPd95ZAy0Hp4uFtXNwBw/uICRlYw46DA2xSybkMuRK/lu3P/jpP/7H3jbAKjmqbULJ",
+	"83uhcOqHvseJLsa/ZWg/jtA2cqCuMjf6yxrTT+oGClRpjSKzKgYhYSqKQjjrI7Ymn6yYnKiDiWBUIi3n",
+	"hgs+ViV3fjjUU/b7R0uA6rfpGezW6hl7fbSo70vRCZ8tUl3rw1T54oW0zpnG5SPDb/FZr0IgRWWRmDzH",
+	"iTwfQYqDU9ixQSlaoQMZK0vhrDPrC9IgdJzI9IJpfrifViMYXAjJyoVTQ1H1YjJnZQ52pM1m2j/cf+78",
+	"fV5+uzPaUS1CPI5+dELhy3jPQ9/qF6k+X8rN/6C30UJIzeu2kdWLW8Nl/scA/UEM8ovx9AcA7SUTxZeB",
+	"bI0GcwJ6okqzXnep2XKGry3nWSFk6En4crH1Rz+FcuEDQRULs8luTZCk+GEKJadT6jr+REkv/NY4X5az",
+	"DDQI0zlOZEpgT63SqimHrZwKyQqvIVq553x01sO1xNDX5AH+MZRFYueUa4LLp1ZHAH6Hcr0yD1KKvuD9",
+	"0g0GBhkDFDna0sCocJUGdgRBmAwJ2KlHjMBia8qZ1EvJXnTlvPNnmw5fZih/fROh8R5CZH+YcApam9q6",
+	"qaDpQXyf+fwVrIcAkOsJ2K+6xlBmZp19HKgMFaojj4ZWveEnzgozWeO9suFT2mpC4/CllJzlQqKil014",
+	"drXqtll1P6irrR0PbUD5G1/jM8gKwSkEtZRDPLovZSeRO/3b4eD//u//07999qLTgxNJKeUTsKfD1/33",
+	"uTbeI5d+SmNI7/A/3+J//pt740mSJtKlR+fLFkBb7nLDEDggzdb/exBHM8Rjibf7X78mye1w0E2S22cv",
+	"Pn73L22SioRKmzCsrZX//D61VjGxtdeqjdq8EhVKWGeHtGXWIPIqM5HMwSVbqVmJYBfaYPEc9pdsnkG/",
+	"3+ZtDYDQ+jbUjP0290k/akyRvSrRx1FHIANjJwGRrhOZctJrUxsD8BKwNWfI7jCCvSFM+C3FrkuWGV7q",
+	"Y2ByYaNavNDc+Rj6/eV3sjcesqOsnx9cPOP7g+w5O8z7R3w4fnYxyPbZwUHUfBj97hHrjk+6Lz9+2hve",
+	"tb4MHwxoc7JSvcj+wbMq6cYGQGIXikPjLV0XOkl7iSSNXwslYcqnF7zUwGYzzkobGK3SPK6EzJ2TwDJs",
+	"M+HTpxHiPmLT7kEumGQ+nkCZUi4ZVGZLlSiPyD5edQXa/MflE61kEo4aziub1scM0CuLEfS+2MFmAQrj",
+	"3Dept4DSZmFPbRm1HEpINK+zVhb5y+krKDk5wjKn04ocTcexteRX4Fa92HkputXMtm0fxQVr2bn6on86",
+	"O3sHdgBkKm+ik3IOKy5ycHR0Pwdxcbt1xpRLl/C8DQka/3bv4bhOZkJri2JVAchcNEvIvImv1qTzGnbG",
+	"hTFXTmQopIVYk2yKHKXlSKNEphtjjMm839/LcBb9hUzvZqI0h4KRK9VMQPPLKZdWU/dbfKOJHEeJTORn",
+	"u+lnj4fPpLPjgT4n8nO3263+j2NX6B8+IwOEz0v5tNCeTqvKDemzEGTPwg7xHZdC2wG7eSMKTTsP4HNY",
+	"TtQaxbZz6/oHmri3NPHeSgq7Sp3OSKvsw+f2rEjKrgqShQkVdokpNxOVd3ElVhTqxl/lwJ2IhuaKu6xW",
+	"dsXt67XzKki0BnNxoYFfaMsIsV2wTtuiNfba1libMBamEtncOE8sdV0D3fEICaWtRqIy5i3afblD3Fbr",
+	"4BYPsnWrtR+S3uzpoq1ACRccDt2CW5d1uRUbaUC0Eh7NOhhQpI7g/iwsmw0EbclAFkJhLo2HyFJG0EO2",
+	"bssYQnugTilrZAdtOsVqIip8hoPqwbk8Vya3TnL1tOQqKGg14jgtFReflzSxrat/mvIwus+283kgJHDi",
+	"2jh2mkybFn7qrcw2cbBkglp+aI3c2NIcgsl94saosf1QOsm5FHyzHgL6Wxg+3cLT7I7w0s6spVfEypIt",
+	"2uPwYSr09qH46nAbAeUPsgKvt5KvgAKtgVOe04tvgwcNbFHoiP6ITO3jwNlrKPEY0ptSGDdYGJ8uqAE/",
+	"5poEwI0rcp3yqSoXx5Dya5GRr3+mCpEtaKZOZDplt3ZM131BMigv1czJE30MacmJXet0BGOOR/EfJJJR",
+	"uriUlvypFjd99dcXP7//9x/PT1/89dX78w8nr87OT1+8e/3qx5P3aTP+Ul07iiN/Kfy6eVgKDtsNW30t",
+	"6xT3D5RPyLStWmiNtSOc27VCwgAaLROlzQiFXNq790Fa9Lpl73mHVUQlNIifH+73N4QNq/JW8kX4ZEUS",
+	"eKhqmZJJm81EkcU2Q9ltsN5QHh4cDZcM5TYldztHmqt/hxOoPIqV0zBI/iDeksgVx617Cy1ede9obFCT",
+	"kOcBJ93SUfeeuMEpHbSNJ9pMKn+RVUVgtRYyTykRNUigEQUPcYc3D86aHjec2mEWTZuD+9hXOdiRjWLo",
+	"KknGgosybtBAPibgVj0KyKLGoUxfuTRjK0mXOxJ8T2h4Ih95ydmfn1zzpQ73TUkkdJYw6UNccwku3yFI",
+	"bXYQCEih9xSRMkd17edyyRVMkkmEFCMVqdGTRsIbLLhp99o/yuxek05yVuWBtIDK2cVLmnIrpJ4s4LeG",
+	"sh4Q2NjiDBTPeHhmyXyWP/zdtLpv674VxlZm1P7c4HE2drw3sLIE2vvCzi0CmpKC6M0KRV6MfJ6hvmmj",
+	"oDynUAO9bPrDKJ/Am8+tEcl78ILcJDNWWntiZvcfoc3vOEOmpJ5PuS0+s9o/ssFEWtPfFqnVFUfgC45s",
+	"vRGVwdu8cVqA7GGX7JRIKj5qY5K4XjuB4Texz38hNQM/OecukyYFzRZLEfZPSWTDHeciT6IR/ut8MNxL",
+	"oru2p9FY7j7CaSTx3DWy6tux+alNCWuoLLSCczc6E06UQKVAzXt9in60ufXdM6fmL6fF37WQndXhz7O1",
+	"6tuyU69O8LOU2jjDsD94mJOv7Uhn1bteViGqii4ER29dp5kghHW4vymCxbq/97tH59014auaC7R5sq3z",
+	"1sTkr9/b2ztCRfGXsx+tAhDEV1B/yYQWSjZPvOK+7lfu60qpRPbRdYWvzfPF0W33UnXdhz/jdnhem/zP",
+	"s3kpzOI9dXmyD4i6Op3M2yKp6YnzwhGpjMB2gALrjGQzgfza+SN78AJN1NrLNqN+QGisWdwcJ3Kl2ZD3",
+	"wTG5qDoUTUo1v5xAav+domJbO/oSaT19uICLyQycXrVcm+JPm/Zg5wRyfs0LNZuStui9675Hh5Bda6A5",
+	"roULoijPlByLy3lZ+QY1sCzjM7TqrIfSb5bbsjIKA9h7pM7eSHsd4lq2rxYKNd9FKygtsaUfQo6VL4Rh",
+	"GZG572JlnRooN8qi3dmxyh/cl5TpDRmXpmSF+J3njYiz5uW1yDhCGW+AUHYfwUXJsiuOd0UkXsy1dVvU",
+	"csQGjG6UvTv5mAHAqhg7V3zRAeha6gBvVeQAMIJyLpsiKcZ/yqr8bqfX61GdHOoI9A+7cvi/auXKBsGV",
+	"cwVv3p7RBsIcO/kWthHzvGnDgs7fALDVgjs+y6jjNZoNSweppiPQasoRshRgFBr3IG+8MFCKy4kBqW5g",
+	"Z79/1EHIvlS2wnHH0lcMBOCmYC/nUuMePkUYx88KlpEcZeTZiPEV5qCQ+oMcWNRUa0DuONAT3dvbFYuO",
+	"C5RQYnYirSJpHeHM1A/SrNZD+H40Qd+oKi8ykRzNZ7zht9/+qOS1/Vj3vv0WfNUwCbe6RHcuUeylu9cD",
+	"awT+6/u3bxK5s+rw7hwHudOkd1ifrndLW5lIlV6OmQwOYq+tBAXU/su91iCGrQekUIYq63RZiSwiCIDU",
+	"IWR4geaWraRcE9HVy/dpRHJj0Nwau6mLFqe2bR/r9IBEU7U2Sp9EbpY9sJOuEzhph2BPWByXamoDS4Te",
+	"bzRkhcqujiGfW/Kzuzr5XXcNECXMpaA0ax9qwdtVUdGYLHOfJZt2evDW6ZZ1/IEg6ELS1NFAKqvnWOeY",
+	"mgpjOPlArHhwERQlgUEQlnEoOGgNzVj51AjjuPH7YTTIkepringhlZ75NgHaemVye1OhIVfZnCJyyAxd",
+	"ukXs8+5lnsjq3nCBa+vYUpcWv3PdqaqWnSChnITK8ibxWcmnxJK0f0dWTaLT3SOUY1eFq7nTIW0Nr3aK",
+	"u2/559yUozpwisvZh4gCwEtH1wDnRsFclhw5Bd2SJvfgZAvxf7HwUVJLMl4NSOSOe3su+GhVzXdv35/V",
+	"DJAikNRIEKquk36kBVAHsez3wmMQSXkV2vIF961D/l4PPjh1wJ8lBoa3snyFZUZX8cC68yFCzjrPECGn",
+	"3CBXIIQQE6VWHUJDowkH2lK2ajylD4SPQnmoJ9K7pepKDocPoqqYUMha00MbK7p3TO08Gq07rBtc+3QG",
+	"W+lJh81F3iAQaYu+e4k8oZhPWzTIFs8bTpqRDwMahcwu4zy3cfi6as6equpicsH9a4yrCJVbw96Fjsku",
+	"1LUrTitExp2B7PQmtKdKwQ2j1pJrdaddP7POLAhUrmteaqtRDXr9Xp98LjMu2UxEo2iv1+/t2SyfCanT",
+	"uzbb8Hf8+5K32SoOxMN+H2q3JYFEa1LWCnHNqU1LFRsmy7owtXBFe6Ei+1e5tQZp26X+l8N+f0NtdUtN",
+	"tQ/8ROpq+wpml4m5poB5+W7UHujAHqxt1eoCu1WXudB2iUa/foyDjhivxTWXLimDXWpK2qw4QvQRp+5O",
+	"kWAyvRYpP9vvvZB6VyqUEHyO6vytAX47U67U2RpgKMHwm91ZwYQ8Bkcj3/d7/d4+yjD7zO22tqeqNqw0",
+	"2rvhHXmdO8dvE5fuNPfjsj5CA4vRX+CnF6/fgd8ESf7cMSx9bpRhhTXe/WfIdks1NzyuniO+uDBhJ5F/",
+	"gbP/+e7FxkUzNZekHW4Y9Mnt8H1SlfYmUUy7f59Eu9eDXVvMFsV2+++TaNgfJNEd7A9rS2pdt+FV6nOo",
+	"f2KiCyhkWmFrLfmVnOWL7VhCHTiw6raNdE6ZNtyp2jaPwklVz7FRb7WmqQ9R7jj91KXpWAO3E1unNOqO",
+	"UvkYYAo2CJjInbks8KkuxRdPXr9+++H8xb+/+vHs1ds3VECguSHlMPYUvSkiCd/DG7uzKzw08CYIcFbB",
+	"zeO6rzAJFacKrEbErZM95z14ZVBvs/DDkwhJSQNT1AUKrRyLtVBE0aWtG3LJ5Kf2I6y4YQtNEfpF27M8",
+	"tVj8B+SwVaqFzQT9ElrHCXsPu0idePBrFXUPQ8xVew7Kp3Hg9rkoVVB85AmWUTCA+tD48O4oGiBH7fcO",
+	"Rod7z46iu491ZkL0Rb3Z6tyMts6enjhRQbaEZqmut5EX1GtuYAGer+EBZ66949LuS4HXpY4XsDPsDzqx",
+	"LWMItL+GrZ3I1uIKnNv3c2eqNM6WWpehlUhK0drvH3VIg+3CCUh+Y/PdqK6gDttcLHwPnzD0bNPibEbV",
+	"RFl/S9iMliK0nv/71NoZtWfy9aa44bJ2muM6VdJYD86oV5ClKLbchUKjBp9WvR18pZJb5UqgWkoaaJHb",
+	"LLKevalLg6L0Sq9w89/mzA8Pq6t9CK2uW8C1G4XWtX5uq60JkbH9mLZ1f7tbIcQBfrCdq7wnEi0/2taq",
+	"1JS7ZtkiIbDt4Ft28PbV8zHuejNhhvsGY9UQMmt7EPQst48Vnxcj4vMyC9e4UM5icZH4ZnIZonfhGqB2",
+	"ybKC1NV1p+DcZP242a5q7PLR7asIy7VxpsZNaxeTp3j3BLTPZcShwMnIJl9jYOmQCXGMyzCXfIfoQvw5",
+	"JNeZhFw6gp/N9cRCk0RL7GQPLjJA6QM7s6OjjvVAeIdq6DXSzMxLtI/bBA0h3/0mANfmBxfiegBnDkPp",
+	"GxohUBi8tdinLtt1ZR8uzNzsDdAob3ZpL1WVfn9rptzoPHHXDKzim717jMh1TQd9okqjmd5J4PSsA7VV",
+	"M72w83mz/HBTiGY9UMNYuo1bbo44LgUYfSl9EDrcIq7XCOMN+4MguS8Ay11V8bgMoeUq2lYADaskkpUq",
+	"5aCOsgVqe739g8MvgRptZyEWbrgRcA1Q7PeHISjc5R/QnTBsC7RGLwt7Eft2SBRToA7gy1EQKx58VD7w",
+	"tVbivbeuSZBP021UAHcS6d0/NGS1ItplnK5pMNRxTTyH/cHD2E/4bu5jMdv+DkCjxm6buqugX5VLjKhw",
+	"XbWUehiuq/5ga7Ddlue+IdjFiiLw1NW4SmunX1P9cR1JWvLjdlQZFL5VufEegfvbmQKNHvQ0bXD/tF+W",
+	"WhXuWyti86SX4e9k7PePtjndu+DnG/YHW2xStQqmCQfbXKWlMSFOHg63uFLLD83Q3KOtTtrokvsI623z",
+	"hJWe3MTtKmb/g00ArcKC3mAo2CI0KpTkgaVzxReBjePpeb2Z8962Z2jUlzT1LOr8Zy2LxgM49llJQW+o",
+	"qlWpMBvjjKT6WdPfetJt2Yg7LtoQTjdnlaMcH2gnCGqiju5aMJAJsewJhxP3Mx6+MquRFngxN/j5NMgN",
+	"TGQzOdDlTYmiqNSSNu3Qt8t5jIJ4H1d+EJ/9R1Bqtubky82Gnlrd/HK9sV0SDh+gX7bpddvCpdF+ZG0n",
+	"0rpjuk9/oEIIHZNVVLd8JOHW7BtPJGV/GuAfXR7t3z+j+nWIbQVY/bsef7j8+lNkiX9nbYnGljKE0RD8",
+	"LF+7PLE6zXpp8m5ORj5uQu9n0exnsEaSgFGUXfNdIsNEhDq1ndIZyF5H9a1QKNtt5Y2Svj9FC2u2LbW+",
+	"JmNGw/rQWuQP5NRbc4JmX7CvzR8fYx8MAq74taBhO5Vs/HEapCROfc1Ni3L+T473X4Tj2Xez3HNzZ8JZ",
+	"aS44M521TG7sSuvaWdwL7/28Rz32FcvOtu+1FHstdX9c7rC2XAuWyKDFGuz4/b+DQacH4eLrOq/VjYlX",
+	"W69toa4n8qXtAe4yAF3SR0lFg8isa/O5jRu/RLA+ghev82h9deV5o2+rxYkVVNoQJrZX+oJuhl+V0Q/v",
+	"VW8rR+AT+Aub0Ghx8j2lUhzUWlo6/qdW/E8ZsU5G4INr04jXigb6F4kE71VpUuBf6XMdBtzqH2OownlV",
+	"cirsBDmkiZxLbURGIVSa4n6zsr3Hpv1VBhcG7gHtTL/PwCSwC21/yJdO4H7gXINRqo0x20P/jQrmwp8H",
+	"/7UduvWQ3ernuO/ie8eGv4l993GFle2va7Lp64cvKd3evmR3wf8fHuqfQ9eqpEYijVLutURdN5doTYc6",
+	"DdIbVmi6UX5sM1LJ7a578LLOEk+kC7KggFr4HyZvRrQhSB0/bv40Qt0YMWiNtrFyu0ng/52b974Dxtcj",
+	"8Nbf0n/8w/h6sVUXbmqF49q4a1DS/gjv2bB30O9v1hvWRLifxLu5JgjLG766um45rFkMa5NbAOAu9vj4",
+	"7daAXqMVb6vfPVRx47Xe9kUAchvbAru6eUUTSq2/BvCVSbKu6XyibI2qSYGD3sMCrK3k7xHQbPvxBVhw",
+	"2zwgvN5oGrLWIW07PPzn057/FCl+yll+vwxvZkI2C4h//Ugpmry89vJuFWlVXaqvwrVZcjhHNwunXE1x",
+	"zmeFIkKjFGJK+VI3ElieI0FSXVS1WCG04VKDkpCOnvef91NwOc1BNW+VZWyFty0M2SVh6G67fPBXzS7N",
+	"YcG9r2+KYl92QpBCQbxSsF+YSRy0AMNFXPp41cS1Svmry4tdgbhbPUgtvft49/8CAAD//w==",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -273,12 +273,20 @@ func (s *Service) Healthz(context.Context, api.HealthzRequestObject) (api.Health
 	return api.Healthz200JSONResponse{Status: api.HealthStatusOk}, nil
 }
 
-// Readyz answers once the store can be reached.
+// Readyz answers 200 while the store can serve, and otherwise 503 naming
+// each failed check and node.
 func (s *Service) Readyz(ctx context.Context, _ api.ReadyzRequestObject) (api.ReadyzResponseObject, error) {
-	if err := s.store.Ping(ctx); err != nil {
-		return nil, fmt.Errorf("readyz: %w", err)
+	failures := s.store.Readiness(ctx)
+	if len(failures) == 0 {
+		return api.Readyz200JSONResponse{Status: api.HealthStatusOk}, nil
 	}
-	return api.Readyz200JSONResponse{Status: api.HealthStatusOk}, nil
+	setOutcome(ctx, "", "not-ready")
+	out := api.Readyz503JSONResponse{Status: api.ReadinessStatusUnavailable,
+		Failures: make([]api.ReadinessFailure, len(failures))}
+	for i, f := range failures {
+		out.Failures[i] = api.ReadinessFailure{Check: api.ReadinessFailureCheck(f.Check), Node: f.Node, Detail: f.Detail}
+	}
+	return out, nil
 }
 
 // Metrics serves the Prometheus metrics.

@@ -31,6 +31,9 @@ type RedisOptions struct {
 	// to it): a try that hangs on a failing master is abandoned and the
 	// operation tried again within Timeout (see redisfailover.go).
 	AttemptTimeout time.Duration
+	// AllowEviction keeps an evicting maxmemory-policy from failing
+	// Readiness: the operator accepted that records may be dropped.
+	AllowEviction bool
 }
 
 // RedisStore keeps records in Redis: one node, Sentinel or Cluster. Every
@@ -49,6 +52,8 @@ type RedisStore struct {
 	suspectUntil atomic.Int64
 	scripts      *lua.Scripts // Sharded in a Cluster, else Plain
 	watch        *redisWatcher
+	// allowEviction: see RedisOptions.AllowEviction.
+	allowEviction bool
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -65,6 +70,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 		waitReplicas:   opts.WaitReplicas,
 		waitTimeout:    opts.WaitTimeout,
 		scripts:        lua.Plain,
+		allowEviction:  opts.AllowEviction,
 	}
 	if _, ok := client.(*redis.ClusterClient); ok {
 		s.scripts = lua.Sharded

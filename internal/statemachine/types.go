@@ -150,4 +150,7 @@ type Store interface {
 	Delete(ctx context.Context, tenant, key string) error
 	// Ping reports whether the store can be reached.
 	Ping(ctx context.Context) error
+	// Readiness reports every failed readiness check, within 500 ms:
+	// none when the store can serve.
+	Readiness(ctx context.Context) []Failure
 }

@@ -1,0 +1,146 @@
+package statemachine_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemsvc/idemsvc/internal/redistest"
+	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+)
+
+// mustConfigSet sets a server's configuration, failing the test otherwise.
+func mustConfigSet(t *testing.T, rdb *redis.Client, name, value string) {
+	t.Helper()
+	if err := rdb.ConfigSet(context.Background(), name, value).Err(); err != nil {
+		t.Fatalf("CONFIG SET %s %s: %v", name, value, err)
+	}
+}
+
+// wantFailures checks that the store's readiness reports exactly want, as
+// "check node" pairs.
+func wantFailures(t *testing.T, store sm.Store, want ...string) []sm.Failure {
+	t.Helper()
+	failures := store.Readiness(context.Background())
+	var got []string
+	for _, f := range failures {
+		if f.Detail == "" {
+			t.Errorf("failure %+v has no detail", f)
+		}
+		got = append(got, f.Check+" "+f.Node)
+	}
+	if strings.Join(got, ", ") != strings.Join(want, ", ") {
+		t.Errorf("readiness = %q, want %q", got, want)
+	}
+	return failures
+}
+
+// TestReadinessStandalone drives a real node into each state /readyz
+// reports: an evicting policy, out of memory, too few replicas for WAIT,
+// paused and stopped.
+func TestReadinessStandalone(t *testing.T) {
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	admin := srv.Client(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	store := sm.NewRedisStore(client, sm.RedisOptions{})
+	node := srv.Addr()
+
+	wantFailures(t, store)
+	if nodes := store.Inspect(context.Background()); len(nodes) != 1 || nodes[0].Addr != node ||
+		!nodes[0].PersistenceKnown || nodes[0].Persistent || nodes[0].Policy != "noeviction" {
+		t.Errorf("inspect = %+v, want %s with noeviction and no persistence", nodes, node)
+	}
+
+	for _, policy := range []string{"allkeys-lru", "volatile-lru"} {
+		mustConfigSet(t, admin, "maxmemory-policy", policy)
+		f := wantFailures(t, store, "eviction_policy "+node)
+		if len(f) == 1 && !strings.Contains(f[0].Detail, policy) {
+			t.Errorf("detail %q does not name the policy %s", f[0].Detail, policy)
+		}
+	}
+	allowing := sm.NewRedisStore(client, sm.RedisOptions{AllowEviction: true})
+	wantFailures(t, allowing)
+	mustConfigSet(t, admin, "maxmemory-policy", "noeviction")
+
+	// Out of memory: small writes, scripts included, are refused.
+	mustConfigSet(t, admin, "maxmemory", "4mb")
+	value := strings.Repeat("x", 512)
+	for i := 0; ; i++ {
+		err := admin.Set(context.Background(), fmt.Sprintf("fill-%d", i), value, 0).Err()
+		if err != nil && strings.HasPrefix(err.Error(), "OOM") {
+			break
+		}
+		if err != nil || i > 100_000 {
+			t.Fatalf("filling to OOM: %v after %d writes", err, i)
+		}
+	}
+	if _, err := store.Begin(context.Background(), "t", sm.BeginRequest{Key: "oom"}); err == nil {
+		t.Error("begin on a Redis out of memory succeeded")
+	}
+	wantFailures(t, store, "writable "+node)
+	mustConfigSet(t, admin, "maxmemory", "0")
+	wantFailures(t, store)
+
+	waiting := sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 1})
+	wantFailures(t, waiting, "replicas "+node)
+
+	resume := srv.Pause(t)
+	start := time.Now()
+	wantFailures(t, store, "reachable "+node)
+	paused := time.Since(start)
+	resume()
+	srv.Stop(t)
+	start = time.Now()
+	wantFailures(t, store, "reachable "+node)
+	stopped := time.Since(start)
+	t.Logf("readiness answered in %v with the node paused, %v with it stopped", paused, stopped)
+	// The contract's bound is 500 ms; the margin is for a busy machine.
+	if paused > time.Second || stopped > time.Second {
+		t.Errorf("readiness took %v paused, %v stopped; want well under 1 s", paused, stopped)
+	}
+}
+
+// TestReadinessCluster: an evicting policy on one master of a Cluster is
+// reported for that master alone.
+func TestReadinessCluster(t *testing.T) {
+	t.Parallel()
+	c := redistest.NewCluster(t)
+	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	store := sm.NewRedisStore(client, sm.RedisOptions{})
+	wantFailures(t, store)
+	if nodes := store.Inspect(context.Background()); len(nodes) != 3 {
+		t.Errorf("inspected %d masters, want 3: %+v", len(nodes), nodes)
+	}
+	master := c.Nodes()[0]
+	mustConfigSet(t, master.Client(t), "maxmemory-policy", "allkeys-lfu")
+	wantFailures(t, store, "eviction_policy "+master.Addr())
+	mustConfigSet(t, master.Client(t), "maxmemory-policy", "noeviction")
+	addrs := []string{c.Nodes()[0].Addr(), c.Nodes()[1].Addr(), c.Nodes()[2].Addr()}
+	slices.Sort(addrs)
+	wantFailures(t, sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 2}),
+		"replicas "+addrs[0], "replicas "+addrs[1], "replicas "+addrs[2])
+}
+
+// TestReadinessSentinel: the master Sentinel names is the one read, by its
+// own address.
+func TestReadinessSentinel(t *testing.T) {
+	t.Parallel()
+	st := redistest.NewSentinel(t)
+	client := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName: st.MasterName(), SentinelAddrs: st.Addrs(), ContextTimeoutEnabled: true,
+	})
+	t.Cleanup(func() { _ = client.Close() })
+	store := sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 1})
+	wantFailures(t, store)
+	master := st.Master(t)
+	mustConfigSet(t, master.Client(t), "maxmemory-policy", "volatile-ttl")
+	wantFailures(t, store, "eviction_policy "+master.Addr())
+}
