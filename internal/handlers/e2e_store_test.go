@@ -59,9 +59,9 @@ func requireUnavailable(t *testing.T, e *env, key, token string) {
 
 	rr, err := c.c.ReadyzWithResponse(bg)
 	must(t, err)
-	check("readyz", rr.HTTPResponse, rr.Body)
-	if rr.ApplicationproblemJSON503 == nil {
-		t.Fatalf("readyz 503 not parsed by the client")
+	if rr.StatusCode() != http.StatusServiceUnavailable || rr.JSON503 == nil ||
+		len(rr.JSON503.Failures) != 1 || rr.JSON503.Failures[0].Check != idem.ReadinessFailureCheckReachable {
+		t.Fatalf("readyz with the store down: %d %s, want 503 naming the unreachable node", rr.StatusCode(), rr.Body)
 	}
 	hr, err := c.c.HealthzWithResponse(bg)
 	must(t, err)
