@@ -13,6 +13,10 @@
 -- Taking over an expired lease publishes the ended attempt on
 -- KEYS[1] .. ':end', so that waiters elsewhere wake and wait for the new one.
 --
+-- A re-run of this call (the same call sent again) changes nothing but
+-- still writes the record's expiry again (reaffirm, in record.lua), so that
+-- WAIT on its connection confirms the first run's write.
+--
 -- Reply {code, now_ms, record}:
 --   OK          acquired (or re-begun by the same owner, or this call ran before)
 --   BUSY        someone else holds a live lease
@@ -22,17 +26,23 @@
 local REFUSED = 6
 local now = now_ms()
 local raw = redis.call('GET', KEYS[1])
-local state, attempt, created, lease, token, owner, fingerprint, retryable, _
+local state, attempt, created, lease, expires, token, owner, fingerprint, retryable, _
 if raw then
-  state, _, retryable, attempt, created, _, lease, _, _, token, _, owner,
+  state, _, retryable, attempt, created, _, lease, expires, _, token, _, owner,
     fingerprint = decode(raw)
   if ARGV[3] ~= '' and fingerprint ~= '' and fingerprint ~= ARGV[3] then
     return {MISMATCH, now}
   end
   if state == IN_PROGRESS then
-    if token == ARGV[1] then return {OK, now, raw} end -- go-redis re-sent this call
+    if token == ARGV[1] then -- this call, sent again
+      reaffirm(expires)
+      return {OK, now, raw}
+    end
     if lease > now then
-      if ARGV[2] ~= '' and owner == ARGV[2] then return {OK, now, raw} end
+      if ARGV[2] ~= '' and owner == ARGV[2] then
+        reaffirm(expires)
+        return {OK, now, raw}
+      end
       return {BUSY, now, raw}
     end
   elseif retryable == 0 then
@@ -58,7 +68,7 @@ else
   attempt, created, fingerprint = 1, now, ARGV[3]
 end
 lease = now + lease_ms
-local expires = lease + retention * 1000
+expires = lease + retention * 1000
 local head = pack(IN_PROGRESS, recovered, 0, attempt, created, now, lease,
   expires, retention, ARGV[1], NO_CALL, ARGV[2], fingerprint, ARGV[6], '')
 store(head, '', expires)

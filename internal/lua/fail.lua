@@ -11,6 +11,10 @@
 -- Publishes the attempt on KEYS[1] .. ':end' when it fails it, retryably or
 -- not (not on a retried call), so that waiters wake.
 --
+-- A re-run of this call (the same call sent again) changes nothing but
+-- still writes the record's expiry again (reaffirm, in record.lua), so that
+-- WAIT on its connection confirms the first run's write.
+--
 -- Reply {code, now_ms, record head}:
 --   OK          failed (or this token failed it before: same answer)
 --   LEASE_LOST  the token is not the current attempt's, or it finished otherwise
@@ -18,16 +22,17 @@
 local now = now_ms()
 local raw = redis.call('GET', KEYS[1])
 if not raw then return {NOT_FOUND, now} end
-local state, recovered, _, attempt, created, _, lease, _, retention, token,
+local state, recovered, _, attempt, created, _, lease, expires, retention, token,
   call, owner, fingerprint, key, _, response_at = decode(raw)
 if token ~= ARGV[1] then return {LEASE_LOST, now} end
 if state == FAILED then -- a retried call
+  reaffirm(expires)
   return {OK, now, string.sub(raw, 1, response_at - 1)}
 end
 if state ~= IN_PROGRESS then return {LEASE_LOST, now} end
 
 if ARGV[5] ~= '' then retention = tonumber(ARGV[5]) end
-local expires = now + retention * 1000
+expires = now + retention * 1000
 local head = pack(FAILED, recovered, tonumber(ARGV[2]), attempt, created, now,
   lease, expires, retention, token, call, owner, fingerprint, key, ARGV[3])
 store(head, ARGV[4], expires)

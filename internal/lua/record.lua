@@ -57,6 +57,16 @@ local function store(head, response, expires_ms)
   redis.call('SET', KEYS[1], head .. response, 'PXAT', string.format('%d', expires_ms))
 end
 
+-- reaffirm is the write of a re-run that changes nothing: the record's
+-- expiry, set again to the same time. idemsvc sends WAIT after a script on
+-- the same connection, and WAIT counts only that connection's writes; a
+-- re-run on another connection that wrote nothing would let WAIT confirm at
+-- once, before the replicas have the first run's write. Replicas confirm
+-- writes in order, so confirming this one confirms the first run's too.
+local function reaffirm(expires_ms)
+  redis.call('PEXPIREAT', KEYS[1], string.format('%d', expires_ms))
+end
+
 -- announce tells the waiters of KEYS[1] that its attempt `attempt` ended
 -- (completed, failed, released, taken over or deleted): it publishes the
 -- attempt on the record's channel, KEYS[1] .. ':end'. The channel is built

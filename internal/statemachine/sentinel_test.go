@@ -1,6 +1,7 @@
 package statemachine_test
 
 import (
+	"context"
 	"errors"
 	"sync"
 	"testing"
@@ -137,5 +138,39 @@ func beginUntil(store sm.Store, s *subject) (stop func() []beginCall) {
 		close(quit)
 		wg.Wait()
 		return calls
+	}
+}
+
+// TestRetryElsewhereWaitsForReplicas: a complete whose WAIT timed out is
+// retried through another idemsvc instance, as a caller would. The retry's
+// connection has written nothing yet; WAIT must still not confirm before
+// the replica has the first run's write, so the retry answers 503 until
+// the replica is back.
+func TestRetryElsewhereWaitsForReplicas(t *testing.T) {
+	t.Parallel()
+	st := redistest.NewSentinel(t)
+	open := func() *sm.RedisStore {
+		client := redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName: st.MasterName(), SentinelAddrs: st.Addrs(), ContextTimeoutEnabled: true,
+		})
+		t.Cleanup(func() { _ = client.Close() })
+		return sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
+	}
+	first, second := open(), open()
+	replica := st.Replica(t)
+
+	s := newSubject(t, first)
+	res := s.mustBegin(sm.BeginRequest{Owner: "worker-1"})
+	resume := replica.Pause(t)
+	if _, err := s.complete("paid"); !errors.Is(err, sm.ErrStoreUnavailable) {
+		t.Fatalf("complete with the replica hung: got %v, want store unavailable", err)
+	}
+	retry := sm.CompleteRequest{Key: s.key, Token: res.Lease.Token, Response: sm.Response{Body: "paid"}}
+	if _, err := second.Complete(context.Background(), s.tenant, retry); !errors.Is(err, sm.ErrStoreUnavailable) {
+		t.Fatalf("complete retried elsewhere with the replica hung: got %v, want store unavailable", err)
+	}
+	resume()
+	if _, err := second.Complete(context.Background(), s.tenant, retry); err != nil {
+		t.Fatalf("complete retried once the replica is back: %v", err)
 	}
 }
