@@ -39,7 +39,10 @@ func (s *Service) writeDeadline(r *api.StoredResponse) time.Duration {
 	return s.writeDeadlineBase + time.Duration(float64(size)/float64(s.minClientRate)*float64(time.Second))
 }
 
-// setWriteDeadline gives the rest of the answer d to be written.
+// setWriteDeadline gives the rest of the answer d to be written. The
+// deadline stays on the connection after the answer; http.Server sets the
+// next one when it reads the next request, if its WriteTimeout is set, as
+// idemsvc's is.
 func setWriteDeadline(w http.ResponseWriter, d time.Duration) {
 	// An error means the connection cannot take a deadline (an
 	// httptest.ResponseRecorder); the server's WriteTimeout still holds.
