@@ -51,6 +51,14 @@ func limitedBackends() []limitedBackend {
 		{"cluster", func(t *testing.T) (statemachine.Store, quota.Limiter) {
 			return redisInstance(t, redistest.SharedCluster(t).Client(t))
 		}},
+		{"sentinel", func(t *testing.T) (statemachine.Store, quota.Limiter) {
+			st := redistest.NewSentinel(t)
+			rdb := redis.NewFailoverClient(&redis.FailoverOptions{
+				MasterName: st.MasterName(), SentinelAddrs: st.Addrs(), ContextTimeoutEnabled: true,
+			})
+			t.Cleanup(func() { _ = rdb.Close() })
+			return redisInstance(t, rdb)
+		}},
 	}
 }
 

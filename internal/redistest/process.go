@@ -296,6 +296,18 @@ var spawn struct {
 	reqs chan func()
 }
 
+// StartChild starts cmd so that the kernel kills it (Pdeathsig, SIGKILL)
+// when the test binary exits, however it exits; cmd's SysProcAttr may set
+// other attributes. For the processes tests start besides redis-server,
+// such as idemsvc itself.
+func StartChild(cmd *exec.Cmd) error {
+	if cmd.SysProcAttr == nil {
+		cmd.SysProcAttr = &syscall.SysProcAttr{}
+	}
+	cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
+	return onSpawnThread(cmd.Start)
+}
+
 // onSpawnThread runs f on one OS thread that lives as long as the test
 // binary. Pdeathsig fires when the thread that started a child exits, not
 // when the process does, so children must not be started from threads the

@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"sync"
 	"syscall"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/redistest"
 )
 
 // APIKey is the key of the tenant the traffic acts as.
@@ -134,8 +134,8 @@ func (in *Instance) launch() error {
 	cmd := exec.Command(in.bin)
 	cmd.Env = in.env
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := onSpawnThread(cmd.Start); err != nil {
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := redistest.StartChild(cmd); err != nil {
 		return fmt.Errorf("start idemsvc: %w", err)
 	}
 	done := make(chan struct{})
@@ -193,27 +193,4 @@ func (in *Instance) Signal(sig syscall.Signal) {
 	if pid := in.Pid(); pid > 0 {
 		_ = syscall.Kill(pid, sig)
 	}
-}
-
-var spawn struct {
-	once sync.Once
-	reqs chan func()
-}
-
-// onSpawnThread runs f on one OS thread that lives as long as the test
-// binary: Pdeathsig fires when the thread that started a child exits, not
-// when the process does.
-func onSpawnThread(f func() error) error {
-	spawn.once.Do(func() {
-		spawn.reqs = make(chan func())
-		go func() {
-			runtime.LockOSThread() // never unlocked: the thread must live on
-			for req := range spawn.reqs {
-				req()
-			}
-		}()
-	})
-	errc := make(chan error, 1)
-	spawn.reqs <- func() { errc <- f() }
-	return <-errc
 }

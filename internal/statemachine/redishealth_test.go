@@ -40,6 +40,23 @@ func wantFailures(t *testing.T, store sm.Store, want ...string) []sm.Failure {
 	return failures
 }
 
+// fillToOOM sets a small maxmemory on a node and writes small values
+// through writer until the node refuses writes for want of memory.
+func fillToOOM(t *testing.T, node *redis.Client, writer redis.Cmdable) {
+	t.Helper()
+	mustConfigSet(t, node, "maxmemory", "4mb")
+	value := strings.Repeat("x", 512)
+	for i := 0; ; i++ {
+		err := writer.Set(context.Background(), fmt.Sprintf("fill-%d", i), value, 0).Err()
+		if err != nil && strings.HasPrefix(err.Error(), "OOM") {
+			return
+		}
+		if err != nil || i > 100_000 {
+			t.Fatalf("filling to OOM: %v after %d writes", err, i)
+		}
+	}
+}
+
 // TestReadinessStandalone drives a real node into each state /readyz
 // reports: an evicting policy, out of memory, too few replicas for WAIT,
 // paused and stopped.
@@ -69,18 +86,7 @@ func TestReadinessStandalone(t *testing.T) {
 	wantFailures(t, allowing)
 	mustConfigSet(t, admin, "maxmemory-policy", "noeviction")
 
-	// Out of memory: small writes, scripts included, are refused.
-	mustConfigSet(t, admin, "maxmemory", "4mb")
-	value := strings.Repeat("x", 512)
-	for i := 0; ; i++ {
-		err := admin.Set(context.Background(), fmt.Sprintf("fill-%d", i), value, 0).Err()
-		if err != nil && strings.HasPrefix(err.Error(), "OOM") {
-			break
-		}
-		if err != nil || i > 100_000 {
-			t.Fatalf("filling to OOM: %v after %d writes", err, i)
-		}
-	}
+	fillToOOM(t, admin, admin)
 	if _, err := store.Begin(context.Background(), "t", sm.BeginRequest{Key: "oom"}); err == nil {
 		t.Error("begin on a Redis out of memory succeeded")
 	}
@@ -123,6 +129,9 @@ func TestReadinessCluster(t *testing.T) {
 	mustConfigSet(t, master.Client(t), "maxmemory-policy", "allkeys-lfu")
 	wantFailures(t, store, "eviction_policy "+master.Addr())
 	mustConfigSet(t, master.Client(t), "maxmemory-policy", "noeviction")
+	fillToOOM(t, master.Client(t), client) // the Cluster spreads the keys; the small master fills
+	wantFailures(t, store, "writable "+master.Addr())
+	mustConfigSet(t, master.Client(t), "maxmemory", "0")
 	addrs := []string{c.Nodes()[0].Addr(), c.Nodes()[1].Addr(), c.Nodes()[2].Addr()}
 	slices.Sort(addrs)
 	wantFailures(t, sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 2}),
@@ -141,6 +150,10 @@ func TestReadinessSentinel(t *testing.T) {
 	store := sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 1})
 	wantFailures(t, store)
 	master := st.Master(t)
-	mustConfigSet(t, master.Client(t), "maxmemory-policy", "volatile-ttl")
+	admin := master.Client(t)
+	mustConfigSet(t, admin, "maxmemory-policy", "volatile-ttl")
 	wantFailures(t, store, "eviction_policy "+master.Addr())
+	mustConfigSet(t, admin, "maxmemory-policy", "noeviction")
+	fillToOOM(t, admin, admin)
+	wantFailures(t, store, "writable "+master.Addr())
 }
