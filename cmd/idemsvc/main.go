@@ -164,13 +164,14 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 		log.Warn("IDEMSVC_REDIS_WAIT_REPLICAS is 0: transitions are acknowledged before any replica has them, so a Redis failover can lose acknowledged transitions")
 	}
 	checker := &redisChecker{store: store, allowEviction: cfg.redisAllowEviction, log: log, warned: map[string]bool{}}
+	allRead := false
 	if err := store.Ping(ctx); err != nil {
 		log.Warn("Redis is not reachable yet; answering 503 until it is", "error", err.Error())
-	} else if err := checker.check(ctx, true); err != nil {
+	} else if allRead, err = checker.check(ctx, true); err != nil {
 		_ = client.Close()
 		return nil, nil, nil, err
 	}
-	go checker.watch(ctx)
+	go checker.watch(ctx, allRead)
 	limiter := quota.NewRedis(client, quota.Options{Logger: log, Timeout: cfg.redisTimeout})
 	return store, limiter, func() { _ = client.Close() }, nil
 }

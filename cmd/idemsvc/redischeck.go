@@ -9,8 +9,13 @@ import (
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
-// redisCheckInterval is how often every master is read again after start.
-var redisCheckInterval = 30 * time.Second
+// redisCheckInterval is how often every master is read again after start;
+// redisRetryInterval, how often while some master cannot be read, so that
+// a Redis reached only after start has its policy checked within a second.
+var (
+	redisCheckInterval = 30 * time.Second
+	redisRetryInterval = time.Second
+)
 
 // redisChecker reads every Redis master for what can make it forget
 // records: an evicting policy, no persistence.
@@ -31,10 +36,14 @@ func (e *errEvicting) Error() string {
 }
 
 // check reads every master once. At start, an evicting policy is an error
-// unless allowed; later it is logged as one, and /readyz fails.
-func (c *redisChecker) check(ctx context.Context, atStart bool) error {
-	for _, n := range c.store.Inspect(ctx) {
+// unless allowed; later it is logged as one, and /readyz fails. It reports
+// whether every master could be read.
+func (c *redisChecker) check(ctx context.Context, atStart bool) (allRead bool, err error) {
+	nodes := c.store.Inspect(ctx)
+	allRead = len(nodes) > 0
+	for _, n := range nodes {
 		if n.Err != nil {
+			allRead = false
 			continue // /readyz reports it; the next check reads it again
 		}
 		switch {
@@ -43,7 +52,7 @@ func (c *redisChecker) check(ctx context.Context, atStart bool) error {
 		case n.Evicting() && c.allowEviction:
 			c.warnOnce(n.Addr+" policy", "IDEMSVC_REDIS_ALLOW_EVICTION: serving on a Redis node whose policy may drop records, so duplicates of a dropped key run again", "node", n.Addr, "policy", n.Policy)
 		case n.Evicting() && atStart:
-			return &errEvicting{n.Addr, n.Policy}
+			return false, &errEvicting{n.Addr, n.Policy}
 		case n.Evicting():
 			c.log.Error("a Redis node's eviction policy may drop records; /readyz fails until it is noeviction", "node", n.Addr, "policy", n.Policy)
 		}
@@ -51,7 +60,7 @@ func (c *redisChecker) check(ctx context.Context, atStart bool) error {
 			c.warnOnce(n.Addr+" persistence", "a Redis master keeps no AOF and no RDB snapshots: a restart forgets every record", "node", n.Addr)
 		}
 	}
-	return nil
+	return allRead, nil
 }
 
 func (c *redisChecker) warnOnce(id, msg string, args ...any) {
@@ -61,20 +70,23 @@ func (c *redisChecker) warnOnce(id, msg string, args ...any) {
 	}
 }
 
-// watch checks every redisCheckInterval until ctx ends, so that a policy
-// changed at run time, a new master after a failover, or one reached only
-// after start are read too.
-func (c *redisChecker) watch(ctx context.Context) {
-	t := time.NewTicker(redisCheckInterval)
-	defer t.Stop()
+// watch checks again until ctx ends, so that a policy changed at run time
+// or a new master after a failover are read too: every redisCheckInterval,
+// or every redisRetryInterval while a master cannot be read (allRead is
+// what the check at start found).
+func (c *redisChecker) watch(ctx context.Context, allRead bool) {
 	for {
+		wait := redisCheckInterval
+		if !allRead {
+			wait = redisRetryInterval
+		}
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-time.After(wait):
 		}
 		checkCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		_ = c.check(checkCtx, false)
+		allRead, _ = c.check(checkCtx, false)
 		cancel()
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -131,4 +132,40 @@ func readyz(t *testing.T, url string) (int, string) {
 	defer resp.Body.Close()
 	body, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(body)
+}
+
+// TestRedisCheckedOnceReachable: a Redis that cannot be reached at start
+// has its policy read within the retry interval of coming back, not at the
+// next 30 s check.
+func TestRedisCheckedOnceReachable(t *testing.T) {
+	defer func(every, retry time.Duration) { redisCheckInterval, redisRetryInterval = every, retry }(redisCheckInterval, redisRetryInterval)
+	redisCheckInterval, redisRetryInterval = time.Hour, 50*time.Millisecond
+	srv := redistest.NewServer(t)
+	if srv.Pid() == 0 {
+		t.Skip("the Redis server is not a local process")
+	}
+	setPolicy(t, srv.Client(t), "allkeys-lru")
+	if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	resume := func() {
+		if !resumed {
+			resumed = true
+			_ = syscall.Kill(srv.Pid(), syscall.SIGCONT)
+		}
+	}
+	defer resume()
+	in := start(t, []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=redis://" + srv.Addr(), "IDEMSVC_REDIS_TIMEOUT_MS=300"})
+	if !strings.Contains(in.logs.String(), "Redis is not reachable yet") {
+		t.Fatalf("idemsvc started without noticing the paused Redis:\n%s", in.logs.String())
+	}
+	resume()
+	deadline := time.Now().Add(5 * time.Second)
+	for !strings.Contains(in.logs.String(), `"level":"ERROR","msg":"a Redis node's eviction policy may drop records`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the policy of a Redis reached after start was not checked:\n%s", in.logs.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
