@@ -163,7 +163,8 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 	if cfg.redisWaitReplicas == 0 {
 		log.Warn("IDEMSVC_REDIS_WAIT_REPLICAS is 0: transitions are acknowledged before any replica has them, so a Redis failover can lose acknowledged transitions")
 	}
-	checker := &redisChecker{store: store, allowEviction: cfg.redisAllowEviction, log: log, warned: map[string]bool{}}
+	checker := &redisChecker{store: store, allowEviction: cfg.redisAllowEviction, log: log, warned: map[string]bool{},
+		every: redisCheckInterval, retry: redisRetryInterval}
 	allRead := false
 	if err := store.Ping(ctx); err != nil {
 		log.Warn("Redis is not reachable yet; answering 503 until it is", "error", err.Error())

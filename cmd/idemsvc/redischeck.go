@@ -24,6 +24,7 @@ type redisChecker struct {
 	allowEviction bool
 	log           *slog.Logger
 	warned        map[string]bool // nodes already warned about: no persistence, or unreadable
+	every, retry  time.Duration   // redisCheckInterval and redisRetryInterval when it was built
 }
 
 // errEvicting is the refusal to start on a master that may evict records.
@@ -71,14 +72,14 @@ func (c *redisChecker) warnOnce(id, msg string, args ...any) {
 }
 
 // watch checks again until ctx ends, so that a policy changed at run time
-// or a new master after a failover are read too: every redisCheckInterval,
-// or every redisRetryInterval while a master cannot be read (allRead is
-// what the check at start found).
+// or a new master after a failover are read too: every c.every, or every
+// c.retry while a master cannot be read (allRead is what the check at
+// start found).
 func (c *redisChecker) watch(ctx context.Context, allRead bool) {
 	for {
-		wait := redisCheckInterval
+		wait := c.every
 		if !allRead {
-			wait = redisRetryInterval
+			wait = c.retry
 		}
 		select {
 		case <-ctx.Done():

@@ -101,8 +101,7 @@ func get(t *testing.T, url string) string {
 // TestReadyzNamesFailedChecks: a policy changed at run time fails /readyz
 // at once, naming the check and the node, and the periodic check logs it.
 func TestReadyzNamesFailedChecks(t *testing.T) {
-	defer func(d time.Duration) { redisCheckInterval = d }(redisCheckInterval)
-	redisCheckInterval = 50 * time.Millisecond
+	setCheckIntervals(t, 50*time.Millisecond, time.Second)
 	srv := redistest.NewServer(t)
 	in := start(t, []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=redis://" + srv.Addr()})
 	if code, body := readyz(t, in.url); code != http.StatusOK {
@@ -138,8 +137,7 @@ func readyz(t *testing.T, url string) (int, string) {
 // has its policy read within the retry interval of coming back, not at the
 // next 30 s check.
 func TestRedisCheckedOnceReachable(t *testing.T) {
-	defer func(every, retry time.Duration) { redisCheckInterval, redisRetryInterval = every, retry }(redisCheckInterval, redisRetryInterval)
-	redisCheckInterval, redisRetryInterval = time.Hour, 50*time.Millisecond
+	setCheckIntervals(t, time.Hour, 50*time.Millisecond)
 	srv := redistest.NewServer(t)
 	if srv.Pid() == 0 {
 		t.Skip("the Redis server is not a local process")
@@ -168,4 +166,13 @@ func TestRedisCheckedOnceReachable(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// setCheckIntervals sets the intervals of the Redis checks for the
+// instances the test starts after it, and restores them once those stopped
+// (cleanups run last first).
+func setCheckIntervals(t *testing.T, every, retry time.Duration) {
+	oldEvery, oldRetry := redisCheckInterval, redisRetryInterval
+	t.Cleanup(func() { redisCheckInterval, redisRetryInterval = oldEvery, oldRetry })
+	redisCheckInterval, redisRetryInterval = every, retry
 }

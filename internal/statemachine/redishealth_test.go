@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -41,20 +42,41 @@ func wantFailures(t *testing.T, store sm.Store, want ...string) []sm.Failure {
 }
 
 // fillToOOM sets a small maxmemory on a node and writes small values
-// through writer until the node refuses writes for want of memory.
+// through writer until the node refuses writes for want of memory. It then
+// lowers maxmemory to three quarters of what the node counts, so that the
+// node stays out of memory while buffers that were counted at the refusal
+// (a replica's output buffer, a client's query buffer) drain.
 func fillToOOM(t *testing.T, node *redis.Client, writer redis.Cmdable) {
 	t.Helper()
+	ctx := context.Background()
 	mustConfigSet(t, node, "maxmemory", "4mb")
 	value := strings.Repeat("x", 512)
 	for i := 0; ; i++ {
-		err := writer.Set(context.Background(), fmt.Sprintf("fill-%d", i), value, 0).Err()
+		err := writer.Set(ctx, fmt.Sprintf("fill-%d", i), value, 0).Err()
 		if err != nil && strings.HasPrefix(err.Error(), "OOM") {
-			return
+			break
 		}
 		if err != nil || i > 100_000 {
 			t.Fatalf("filling to OOM: %v after %d writes", err, i)
 		}
 	}
+	info, err := node.Info(ctx, "memory").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	used, _ := strconv.ParseInt(infoField(info, "used_memory"), 10, 64)
+	notCounted, _ := strconv.ParseInt(infoField(info, "mem_not_counted_for_evict"), 10, 64)
+	mustConfigSet(t, node, "maxmemory", strconv.FormatInt((used-notCounted)*3/4, 10))
+}
+
+// infoField is the value of name in INFO's "name:value" lines.
+func infoField(info, name string) string {
+	for line := range strings.Lines(info) {
+		if v, ok := strings.CutPrefix(line, name+":"); ok {
+			return strings.TrimSpace(v)
+		}
+	}
+	return ""
 }
 
 // TestReadinessStandalone drives a real node into each state /readyz
