@@ -371,10 +371,21 @@ func MeasureAvailability(ops []Op, faults []Fault, end int64) []Recovery {
 	return out
 }
 
-// Blame attributes each lost acknowledgement to a fault: the last one
-// that began at most window before it (a fault in progress, such as a
-// replica cut off), or else the first one after it (such as a restart).
+// keepsAcknowledged names the faults that cannot by themselves lose a
+// write Redis acknowledged: they touch idemsvc, the network between
+// idemsvc and Redis, or a replica whose master stays.
+var keepsAcknowledged = map[string]bool{
+	"kill-idemsvc": true, "pause-idemsvc": true,
+	"latency": true, "reset": true, "black-hole": true,
+	"kill-replica": true, "pause-replica": true,
+}
+
+// Blame attributes each lost acknowledgement to a fault that can lose one:
+// the last one that began at most window before it (a fault in progress,
+// such as a replica cut off), or else the first one after it (such as a
+// restart).
 func Blame(lostAcks []int64, faults []Fault, window time.Duration) map[string]int {
+	faults = slices.DeleteFunc(slices.Clone(faults), func(f Fault) bool { return keepsAcknowledged[f.Name] })
 	out := map[string]int{}
 	for _, at := range lostAcks {
 		name := "none"

@@ -204,9 +204,9 @@ func TestMeasureAvailability(t *testing.T) {
 }
 
 func TestBlame(t *testing.T) {
-	faults := []Fault{{Name: "replica-lag-kill", At: 10e9}, {Name: "restart-redis", At: 60e9}}
+	faults := []Fault{{Name: "replica-lag-kill", At: 10e9}, {Name: "black-hole", At: 45e9}, {Name: "restart-redis", At: 60e9}}
 	got := Blame([]int64{11e9, 12e9, 50e9}, faults, 10*time.Second)
 	if got["replica-lag-kill"] != 2 || got["restart-redis"] != 1 || len(got) != 2 {
-		t.Fatalf("blame %v, want 2 on the fault in progress and 1 on the restart after the ack", got)
+		t.Fatalf("blame %v, want 2 on the fault in progress and 1 on the restart after the ack, none on the black hole", got)
 	}
 }
