@@ -266,7 +266,10 @@ type BeginRequest struct {
 	// Example: 86400
 	RetentionS *RetentionS `json:"retention_s,omitempty"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
@@ -312,7 +315,10 @@ type CompleteRequest struct {
 	// Example: 86400
 	RetentionS *RetentionS `json:"retention_s,omitempty"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
@@ -341,7 +347,10 @@ type ExtendRequest struct {
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
 	LeaseToken LeaseToken `json:"lease_token"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
@@ -383,7 +392,10 @@ type FailRequest struct {
 	// Example: false
 	Retryable *bool `json:"retryable,omitempty"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
@@ -658,7 +670,10 @@ type StatusRecord struct {
 	// `retryable: true`: the next begin acquires the key.
 	State State `json:"state"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant Tenant `json:"tenant"`
@@ -694,7 +709,9 @@ type StoredResponse struct {
 	StatusCode *int `json:"status_code,omitempty"`
 }
 
-// Tenant A tenant's name.
+// Tenant A tenant's name. Only an admin key may name a tenant other than its
+// own, and only one the tenants file lists (another gets 404
+// `not-found` naming it).
 //
 // Example: payments
 type Tenant = string
@@ -714,7 +731,9 @@ type IncludeResponseQuery = bool
 // Example: order-7f3a/charge
 type KeyQuery = Key
 
-// TenantQuery A tenant's name.
+// TenantQuery A tenant's name. Only an admin key may name a tenant other than its
+// own, and only one the tenants file lists (another gets 404
+// `not-found` naming it).
 //
 // Example: payments
 type TenantQuery = Tenant
@@ -2129,6 +2148,8 @@ type BeginResponse struct {
 	ApplicationproblemJSON401 *Unauthorized
 	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
 	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
 	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
 	ApplicationproblemJSON409 *InProgress
 	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
@@ -2176,6 +2197,11 @@ func (r BeginResponse) GetApplicationproblemJSON401() *Unauthorized {
 // GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
 func (r BeginResponse) GetApplicationproblemJSON403() *Forbidden {
 	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r BeginResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
 }
 
 // GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
@@ -3182,6 +3208,13 @@ func ParseBeginResponse(rsp *http.Response) (*BeginResponse, error) {
 			return nil, err
 		}
 		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
 
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
 		var dest InProgress

@@ -67,8 +67,9 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}))
 
 	var keyring *auth.Keyring
+	var tenantsData []byte
 	if cfg.tenantsFile != "" {
-		if keyring, err = auth.LoadFile(cfg.tenantsFile); err != nil {
+		if keyring, tenantsData, err = auth.LoadFile(cfg.tenantsFile); err != nil {
 			return err
 		}
 	}
@@ -91,6 +92,10 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		evictionAllowed.Set(1)
 	}
 	registry.MustRegister(evictionAllowed)
+	if keyring != nil {
+		stopWatching := watchTenants(ctx, cfg.tenantsFile, keyring, tenantsData, registry, log)
+		defer stopWatching()
+	}
 	svc := handlers.New(handlers.Config{Store: store, Keyring: keyring, Logger: log, Registry: registry,
 		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait, Limiter: limiter})
 	ln, err := net.Listen("tcp", cfg.listen)

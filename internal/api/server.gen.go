@@ -271,7 +271,10 @@ type BeginRequest struct {
 	// Example: 86400
 	RetentionS *RetentionS `json:"retention_s,omitempty"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
@@ -317,7 +320,10 @@ type CompleteRequest struct {
 	// Example: 86400
 	RetentionS *RetentionS `json:"retention_s,omitempty"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
@@ -346,7 +352,10 @@ type ExtendRequest struct {
 	// Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
 	LeaseToken LeaseToken `json:"lease_token"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
@@ -388,7 +397,10 @@ type FailRequest struct {
 	// Example: false
 	Retryable *bool `json:"retryable,omitempty"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
@@ -663,7 +675,10 @@ type StatusRecord struct {
 	// `retryable: true`: the next begin acquires the key.
 	State State `json:"state"`
 
-	// Tenant A tenant's name.
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
 	//
 	// Example: payments
 	Tenant Tenant `json:"tenant"`
@@ -699,7 +714,9 @@ type StoredResponse struct {
 	StatusCode *int `json:"status_code,omitempty"`
 }
 
-// Tenant A tenant's name.
+// Tenant A tenant's name. Only an admin key may name a tenant other than its
+// own, and only one the tenants file lists (another gets 404
+// `not-found` naming it).
 //
 // Example: payments
 type Tenant = string
@@ -719,7 +736,9 @@ type IncludeResponseQuery = bool
 // Example: order-7f3a/charge
 type KeyQuery = Key
 
-// TenantQuery A tenant's name.
+// TenantQuery A tenant's name. Only an admin key may name a tenant other than its
+// own, and only one the tenants file lists (another gets 404
+// `not-found` naming it).
 //
 // Example: payments
 type TenantQuery = Tenant
@@ -1507,6 +1526,22 @@ func (response Begin403ApplicationProblemPlusJSONResponse) VisitBeginResponse(w 
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type Begin404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response Begin404ApplicationProblemPlusJSONResponse) VisitBeginResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
 	_, err := buf.WriteTo(w)
 	return err
 }
@@ -2671,146 +2706,147 @@ func (sh *strictHandler) GetStatus(w http.ResponseWriter, r *http.Request, param
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H2LchtHkuCvZPRshAm7AQLgQyIYjgvaI521I0tail7drVvHLnYXiBo2quCuAklYYsT9w/3hfclFZlV1",
-	"VwMNEBQpe253JmIcFFDPzKx8Z+JTlKnpTEkujY5Gn6IJZzkv6c9TbsrFydjwEv+Vc52VYmaEktEoes8z",
-	"JXMNDL+Gm4nIJsCgxBkwZQvQ8yzjPIed05c/wtFg0IecF2zR1XZepxfFEb9l01nBo9FeHJX8t7koeR6N",
-	"TDnncaSzCZ8y3HcqpJjOp9GoH0dmMePRKBLS8EteRnd3cfThw4eTuZlwaUTGDF896dmEA6tHCCWBFudg",
-	"FMw1b5wk+oGzkpfRpgO5Q2hTCnkZ3eEhZqxkU24c3F7JrJjn/JTrmZKa/9ucl4vVc7lRYCYctFElzyEt",
-	"3ZQU1BgYjIUUesJzKHmmyhxPKnDqb7RiHEk2teCglc797Cg8bc7HbF6YaDRmheYVCC+UKjiTBMK/8cWa",
-	"MyLsRM6nM2W4zBZwxRdNcKky52X32XiP7WYTVl7yNUe84ouNMP2Xko+jUfSX3ZoYd+23evdvfEHHPOOS",
-	"SbPhpIYGIFpZZmCsymNQslgAk8DyqZB4fCJOPBQwP16ZCS8TaSZMgjAa1I2Enf3+nv3iRmje6cFfLRg1",
-	"rm7qvdSY/nXy7hXBJpEN6MzYYkrvqh0odo1oWzjY+1uC86gmensp5CUvZ6WQ5mehp8xkE/w4U9JwafBP",
-	"NpsVjvh3Z6W6KPj0u79rBNyn+rgIUsNEgSebcALWDdP4RHK4EQbfdy7GY15yaZA0/Z54AcPMXEej/eEw",
-	"jowwdPvgWDD156oIcGLMTI92d5G89HXWy/m1P5reDVbvVlPvtgXUO7uMhdQqmVzwSyG/0ZAGu6TuahrG",
-	"pZoSTu2b+0bDjjtWItO2c6WdEYTwKjlBbKzKBsCQ9rk2SCJ3cfRSlRciz7l8NKKE9tRnSVsZT/2eRpNI",
-	"zXQShWjq7wVoqo6yJW6q8U+FkLXnn3B6qrm/iccEpNUh0k4Pz/FKvivVZcm1/jKAMmP4dGai0SCuges+",
-	"hAFMVJFrOk/BmeYwl0YUMOwPD7uDQXc4OBsMR/3+aK/fGwz3/iOKIxp2zm9nouT6nJloFG0YXePlqMbL",
-	"Kwkzf6ftMCNkt5rxFLg5kcQBIWNFwUsHBAaFuPZwULIi/Ro3wTHSOJHEOnAUzuclPjwH2BSYzCFdhlXa",
-	"6UFKukeXlI80kZfimlv4O/3BYcBMmHFHcfMtC15WYrqVFtMGCjd6N9B3CBqvpOGlZMUj3yiKFbcS8LJU",
-	"Jagsm5coB2vUH/T7IerD4Vtj3532aVAPc8lvZzwzPHenDjFst0o7x4QUe1UNrORQqMtLnsf0kEtu5qXk",
-	"uXui16wQ+anlg4+E6RVfjGA61wYuOAxQKA8PDuBiYbhGmXwttLgoOJy8//HVqyiOxoIXeaWG1M+tAXM6",
-	"nufTWwOdZnX9rKdiiW49EBrcFg3wNzZFAYS6Ii9yUHPUSRKJekwhpsLoGBhKXy3kJXj9yw6OUTGayyuJ",
-	"Co//BC5UvqB3lUihCYv/+v7tmx5KS17kKTFk+xTVeMxljuvavW8mnNhByfHYSvJeIt8oM8ER2YTJS547",
-	"6fcaX+xr9WgqqBmyUVdcgjswfkwPTBpwrOYbvY7N0lmgUFujnDbs0oSnwva2d4jBSUVkuN44SCRzfPqG",
-	"hWy4Picy1HZEvFHmpZrL/JF4kMppS05sCw3LL22/hvgbheIdd90O4FKZrh3/RPC2BLp8aCfGrBzJEdI5",
-	"L7jh+TFUMK2O4tSO92i3/SLZNRMFu7BQeSQ9kykIucitKiT1DS9BSDBiyhvyIlDh6BgwD86xHWRpr244",
-	"76ko2t4iU/PC3uMCWRrLJg6wrbcLFe2VkyEN48Koi5CiqMpKX5ywaw6G4evh4zHPzDEIZJ2J1GxMZr71",
-	"S1hfRUO1qPSJSkvRaBum6kaS4rFDxkIHd3N6Cr3SFHYQJkgeMYyZKDpPqXecKfWabOnHU5O3E5HgBwfP",
-	"hs8P962UjEFdc0v2JCdQag76+88Pnh2G73YQUNmZUlA4G38b6jJKde34p5aKJKNQxuAVhvCz+KHijNWF",
-	"jXJEuEOjCfeJzHmmUGTFMCvmGhwGOtViA1wsYKLVHQIemsgmEz1T6mcmF06x+QIDhKb8NleGdfltxnnO",
-	"iSHr+XTKykU0it56VFk/UdfqORfz/JKj1LpmxXwV9dZm+kZ751LlMiA1jW6LWoJdxaL/2d6z/cHzoSOR",
-	"hl0fSMx/w5NCddLtiGHpeuTDYIZ3ifjW3pdeH+DAe65ZIZCuVM0C+371+YyX5xoG/X4/hot5qQ0M+/1+",
-	"Z90VT3GuP9p2F2zchuj3SUh+6XpKot4FtXrnb0hIJa1MFgvikjqRJR8HvgiacAyecZHxhbwLJMelWck7",
-	"PXhXseDwQumoHbppCN40hpRgmxK/FEYnMlPSazE3TBheathJ3V9pvR2kTfoI9ktkC9HDjpUQ+Tl9mnZi",
-	"0AqVVzobWYU3JHtYRhov6bIOGjHcTESBnGJWsAWZC+6FqLnJ1NQ9EG1EUYDm5TU99CX96XhJjKwaqC2O",
-	"cTrFjSrNBKbsSsjLpxQav0g2NxNVit/5Y9U5Btbi8H4Zgp3z3IY63aB+MI3dt3sw83DKU7uShK6MHlXC",
-	"TankZcDVw61TCkUEOPjw4UN3OaKwCRHLAQiHDT2fzVRpeP4zzwU7I4A8gTgPBKA3f8OFaIFQfh+EOKrO",
-	"BFM8FBCatsVWNblLk7s062tJdlTr0uWLpQ0Utp2H1PLqTITOE+/Za40LOQ+fnE8veDmCQWULjAUKCWIf",
-	"WlDQiCIyV3wRw3cwACUBueYikZLfhON68N6UIjPFAoTMSs6ICGe8tHO1grlGhRaYRqudy4xUCmv8+d2t",
-	"x+0bG4tA7sQu+VJwYRBHY1VOybUopDncj+I6VDZYDZXF0Q/IHE8yH4Jpg0fD0+dMom+0tU/xmcxKNeOl",
-	"EVZlYTVoN6HeY+AuJv/LNtGeNgfqPcERMeXasOmsnkwgvW8emf9nNJLCKhnKnTbwnEjwpqHzfY6BSeCs",
-	"LARKT0dJN0w7UwQX6kWrAbf6dX6KuERs/Roxj5WP8Up4MQyb/ernxs6V5VHQvHML+MK71Zuoi7/zzFTE",
-	"cUoisZ00mjJyKT7pjtGD1GsX+TkzKb7kWck1lyaR5B5K7fnpm3psegwpaiJuFnmFyeeYwo73KiUSR8xL",
-	"Dpdo7inJO9bjRKaen5/2wiCq0ISi6cwswF7VHcMEb99dTFqH1RMQeQiCB5Gt9fa2Qt/d/RsNU641u+TE",
-	"KvCczKhSB3Tm6SaOKog+6BDbP9Eq3HzPcPJO5D4a3nwAm+a9dNT13lixuuVDqI61gcwrFzTLc+LarHgX",
-	"YN2FypuEEEY8V7kD5OISBZgLCHt5NmOLQrE8BmZgqtDsODi01lUPTqBgqCOS0uriJGtCrHDJjYb94XA5",
-	"wqwnbHhwODoaPz/M+88Hz5/vZ8/ywwOUBez2NZeXZhKNhgeHLeTxUF481Vvx0p8p9kT+kzYwWQnTzSZK",
-	"49vNYYf3LnukITuPd95ZAy0Hp4uFtXNwBw/uICRlYw46DA2xSybkMuRK/lu3P/jpP/7H3jbAKjmqbULJ",
-	"83uhcOqHvseJLsa/ZWg/jtA2cqCuMjf6yxrTT+oGClRpjSKzKgYhYSqKQjjrI7Ymn6yYnKiDiWBUIi3n",
-	"hgs+ViV3fjjUU/b7R0uA6rfpGezW6hl7fbSo70vRCZ8tUl3rw1T54oW0zpnG5SPDb/FZr0IgRWWRmDzH",
-	"iTwfQYqDU9ixQSlaoQMZK0vhrDPrC9IgdJzI9IJpfrifViMYXAjJyoVTQ1H1YjJnZQ52pM1m2j/cf+78",
-	"fV5+uzPaUS1CPI5+dELhy3jPQ9/qF6k+X8rN/6C30UJIzeu2kdWLW8Nl/scA/UEM8ovx9AcA7SUTxZeB",
-	"bI0GcwJ6okqzXnep2XKGry3nWSFk6En4crH1Rz+FcuEDQRULs8luTZCk+GEKJadT6jr+REkv/NY4X5az",
-	"DDQI0zlOZEpgT63SqimHrZwKyQqvIVq553x01sO1xNDX5AH+MZRFYueUa4LLp1ZHAH6Hcr0yD1KKvuD9",
-	"0g0GBhkDFDna0sCocJUGdgRBmAwJ2KlHjMBia8qZ1EvJXnTlvPNnmw5fZih/fROh8R5CZH+YcApam9q6",
-	"qaDpQXyf+fwVrIcAkOsJ2K+6xlBmZp19HKgMFaojj4ZWveEnzgozWeO9suFT2mpC4/CllJzlQqKil014",
-	"drXqtll1P6irrR0PbUD5G1/jM8gKwSkEtZRDPLovZSeRO/3b4eD//u//07999qLTgxNJKeUTsKfD1/33",
-	"uTbeI5d+SmNI7/A/3+J//pt740mSJtKlR+fLFkBb7nLDEDggzdb/exBHM8Rjibf7X78mye1w0E2S22cv",
-	"Pn73L22SioRKmzCsrZX//D61VjGxtdeqjdq8EhVKWGeHtGXWIPIqM5HMwSVbqVmJYBfaYPEc9pdsnkG/",
-	"3+ZtDYDQ+jbUjP0290k/akyRvSrRx1FHIANjJwGRrhOZctJrUxsD8BKwNWfI7jCCvSFM+C3FrkuWGV7q",
-	"Y2ByYaNavNDc+Rj6/eV3sjcesqOsnx9cPOP7g+w5O8z7R3w4fnYxyPbZwUHUfBj97hHrjk+6Lz9+2hve",
-	"tb4MHwxoc7JSvcj+wbMq6cYGQGIXikPjLV0XOkl7iSSNXwslYcqnF7zUwGYzzkobGK3SPK6EzJ2TwDJs",
-	"M+HTpxHiPmLT7kEumGQ+nkCZUi4ZVGZLlSiPyD5edQXa/MflE61kEo4aziub1scM0CuLEfS+2MFmAQrj",
-	"3Dept4DSZmFPbRm1HEpINK+zVhb5y+krKDk5wjKn04ocTcexteRX4Fa92HkputXMtm0fxQVr2bn6on86",
-	"O3sHdgBkKm+ik3IOKy5ycHR0Pwdxcbt1xpRLl/C8DQka/3bv4bhOZkJri2JVAchcNEvIvImv1qTzGnbG",
-	"hTFXTmQopIVYk2yKHKXlSKNEphtjjMm839/LcBb9hUzvZqI0h4KRK9VMQPPLKZdWU/dbfKOJHEeJTORn",
-	"u+lnj4fPpLPjgT4n8nO3263+j2NX6B8+IwOEz0v5tNCeTqvKDemzEGTPwg7xHZdC2wG7eSMKTTsP4HNY",
-	"TtQaxbZz6/oHmri3NPHeSgq7Sp3OSKvsw+f2rEjKrgqShQkVdokpNxOVd3ElVhTqxl/lwJ2IhuaKu6xW",
-	"dsXt67XzKki0BnNxoYFfaMsIsV2wTtuiNfba1libMBamEtncOE8sdV0D3fEICaWtRqIy5i3afblD3Fbr",
-	"4BYPsnWrtR+S3uzpoq1ACRccDt2CW5d1uRUbaUC0Eh7NOhhQpI7g/iwsmw0EbclAFkJhLo2HyFJG0EO2",
-	"bssYQnugTilrZAdtOsVqIip8hoPqwbk8Vya3TnL1tOQqKGg14jgtFReflzSxrat/mvIwus+283kgJHDi",
-	"2jh2mkybFn7qrcw2cbBkglp+aI3c2NIcgsl94saosf1QOsm5FHyzHgL6Wxg+3cLT7I7w0s6spVfEypIt",
-	"2uPwYSr09qH46nAbAeUPsgKvt5KvgAKtgVOe04tvgwcNbFHoiP6ITO3jwNlrKPEY0ptSGDdYGJ8uqAE/",
-	"5poEwI0rcp3yqSoXx5Dya5GRr3+mCpEtaKZOZDplt3ZM131BMigv1czJE30MacmJXet0BGOOR/EfJJJR",
-	"uriUlvypFjd99dcXP7//9x/PT1/89dX78w8nr87OT1+8e/3qx5P3aTP+Ul07iiN/Kfy6eVgKDtsNW30t",
-	"6xT3D5RPyLStWmiNtSOc27VCwgAaLROlzQiFXNq790Fa9Lpl73mHVUQlNIifH+73N4QNq/JW8kX4ZEUS",
-	"eKhqmZJJm81EkcU2Q9ltsN5QHh4cDZcM5TYldztHmqt/hxOoPIqV0zBI/iDeksgVx617Cy1ede9obFCT",
-	"kOcBJ93SUfeeuMEpHbSNJ9pMKn+RVUVgtRYyTykRNUigEQUPcYc3D86aHjec2mEWTZuD+9hXOdiRjWLo",
-	"KknGgosybtBAPibgVj0KyKLGoUxfuTRjK0mXOxJ8T2h4Ih95ydmfn1zzpQ73TUkkdJYw6UNccwku3yFI",
-	"bXYQCEih9xSRMkd17edyyRVMkkmEFCMVqdGTRsIbLLhp99o/yuxek05yVuWBtIDK2cVLmnIrpJ4s4LeG",
-	"sh4Q2NjiDBTPeHhmyXyWP/zdtLpv674VxlZm1P7c4HE2drw3sLIE2vvCzi0CmpKC6M0KRV6MfJ6hvmmj",
-	"oDynUAO9bPrDKJ/Am8+tEcl78ILcJDNWWntiZvcfoc3vOEOmpJ5PuS0+s9o/ssFEWtPfFqnVFUfgC45s",
-	"vRGVwdu8cVqA7GGX7JRIKj5qY5K4XjuB4Texz38hNQM/OecukyYFzRZLEfZPSWTDHeciT6IR/ut8MNxL",
-	"oru2p9FY7j7CaSTx3DWy6tux+alNCWuoLLSCczc6E06UQKVAzXt9in60ufXdM6fmL6fF37WQndXhz7O1",
-	"6tuyU69O8LOU2jjDsD94mJOv7Uhn1bteViGqii4ER29dp5kghHW4vymCxbq/97tH59014auaC7R5sq3z",
-	"1sTkr9/b2ztCRfGXsx+tAhDEV1B/yYQWSjZPvOK+7lfu60qpRPbRdYWvzfPF0W33UnXdhz/jdnhem/zP",
-	"s3kpzOI9dXmyD4i6Op3M2yKp6YnzwhGpjMB2gALrjGQzgfza+SN78AJN1NrLNqN+QGisWdwcJ3Kl2ZD3",
-	"wTG5qDoUTUo1v5xAav+domJbO/oSaT19uICLyQycXrVcm+JPm/Zg5wRyfs0LNZuStui9675Hh5Bda6A5",
-	"roULoijPlByLy3lZ+QY1sCzjM7TqrIfSb5bbsjIKA9h7pM7eSHsd4lq2rxYKNd9FKygtsaUfQo6VL4Rh",
-	"GZG572JlnRooN8qi3dmxyh/cl5TpDRmXpmSF+J3njYiz5uW1yDhCGW+AUHYfwUXJsiuOd0UkXsy1dVvU",
-	"csQGjG6UvTv5mAHAqhg7V3zRAeha6gBvVeQAMIJyLpsiKcZ/yqr8bqfX61GdHOoI9A+7cvi/auXKBsGV",
-	"cwVv3p7RBsIcO/kWthHzvGnDgs7fALDVgjs+y6jjNZoNSweppiPQasoRshRgFBr3IG+8MFCKy4kBqW5g",
-	"Z79/1EHIvlS2wnHH0lcMBOCmYC/nUuMePkUYx88KlpEcZeTZiPEV5qCQ+oMcWNRUa0DuONAT3dvbFYuO",
-	"C5RQYnYirSJpHeHM1A/SrNZD+H40Qd+oKi8ykRzNZ7zht9/+qOS1/Vj3vv0WfNUwCbe6RHcuUeylu9cD",
-	"awT+6/u3bxK5s+rw7hwHudOkd1ifrndLW5lIlV6OmQwOYq+tBAXU/su91iCGrQekUIYq63RZiSwiCIDU",
-	"IWR4geaWraRcE9HVy/dpRHJj0Nwau6mLFqe2bR/r9IBEU7U2Sp9EbpY9sJOuEzhph2BPWByXamoDS4Te",
-	"bzRkhcqujiGfW/Kzuzr5XXcNECXMpaA0ax9qwdtVUdGYLHOfJZt2evDW6ZZ1/IEg6ELS1NFAKqvnWOeY",
-	"mgpjOPlArHhwERQlgUEQlnEoOGgNzVj51AjjuPH7YTTIkepringhlZ75NgHaemVye1OhIVfZnCJyyAxd",
-	"ukXs8+5lnsjq3nCBa+vYUpcWv3PdqaqWnSChnITK8ibxWcmnxJK0f0dWTaLT3SOUY1eFq7nTIW0Nr3aK",
-	"u2/559yUozpwisvZh4gCwEtH1wDnRsFclhw5Bd2SJvfgZAvxf7HwUVJLMl4NSOSOe3su+GhVzXdv35/V",
-	"DJAikNRIEKquk36kBVAHsez3wmMQSXkV2vIF961D/l4PPjh1wJ8lBoa3snyFZUZX8cC68yFCzjrPECGn",
-	"3CBXIIQQE6VWHUJDowkH2lK2ajylD4SPQnmoJ9K7pepKDocPoqqYUMha00MbK7p3TO08Gq07rBtc+3QG",
-	"W+lJh81F3iAQaYu+e4k8oZhPWzTIFs8bTpqRDwMahcwu4zy3cfi6as6equpicsH9a4yrCJVbw96Fjsku",
-	"1LUrTitExp2B7PQmtKdKwQ2j1pJrdaddP7POLAhUrmteaqtRDXr9Xp98LjMu2UxEo2iv1+/t2SyfCanT",
-	"uzbb8Hf8+5K32SoOxMN+H2q3JYFEa1LWCnHNqU1LFRsmy7owtXBFe6Ei+1e5tQZp26X+l8N+f0NtdUtN",
-	"tQ/8ROpq+wpml4m5poB5+W7UHujAHqxt1eoCu1WXudB2iUa/foyDjhivxTWXLimDXWpK2qw4QvQRp+5O",
-	"kWAyvRYpP9vvvZB6VyqUEHyO6vytAX47U67U2RpgKMHwm91ZwYQ8Bkcj3/d7/d4+yjD7zO22tqeqNqw0",
-	"2rvhHXmdO8dvE5fuNPfjsj5CA4vRX+CnF6/fgd8ESf7cMSx9bpRhhTXe/WfIdks1NzyuniO+uDBhJ5F/",
-	"gbP/+e7FxkUzNZekHW4Y9Mnt8H1SlfYmUUy7f59Eu9eDXVvMFsV2+++TaNgfJNEd7A9rS2pdt+FV6nOo",
-	"f2KiCyhkWmFrLfmVnOWL7VhCHTiw6raNdE6ZNtyp2jaPwklVz7FRb7WmqQ9R7jj91KXpWAO3E1unNOqO",
-	"UvkYYAo2CJjInbks8KkuxRdPXr9+++H8xb+/+vHs1ds3VECguSHlMPYUvSkiCd/DG7uzKzw08CYIcFbB",
-	"zeO6rzAJFacKrEbErZM95z14ZVBvs/DDkwhJSQNT1AUKrRyLtVBE0aWtG3LJ5Kf2I6y4YQtNEfpF27M8",
-	"tVj8B+SwVaqFzQT9ElrHCXsPu0idePBrFXUPQ8xVew7Kp3Hg9rkoVVB85AmWUTCA+tD48O4oGiBH7fcO",
-	"Rod7z46iu491ZkL0Rb3Z6tyMts6enjhRQbaEZqmut5EX1GtuYAGer+EBZ66949LuS4HXpY4XsDPsDzqx",
-	"LWMItL+GrZ3I1uIKnNv3c2eqNM6WWpehlUhK0drvH3VIg+3CCUh+Y/PdqK6gDttcLHwPnzD0bNPibEbV",
-	"RFl/S9iMliK0nv/71NoZtWfy9aa44bJ2muM6VdJYD86oV5ClKLbchUKjBp9WvR18pZJb5UqgWkoaaJHb",
-	"LLKevalLg6L0Sq9w89/mzA8Pq6t9CK2uW8C1G4XWtX5uq60JkbH9mLZ1f7tbIcQBfrCdq7wnEi0/2taq",
-	"1JS7ZtkiIbDt4Ft28PbV8zHuejNhhvsGY9UQMmt7EPQst48Vnxcj4vMyC9e4UM5icZH4ZnIZonfhGqB2",
-	"ybKC1NV1p+DcZP242a5q7PLR7asIy7VxpsZNaxeTp3j3BLTPZcShwMnIJl9jYOmQCXGMyzCXfIfoQvw5",
-	"JNeZhFw6gp/N9cRCk0RL7GQPLjJA6QM7s6OjjvVAeIdq6DXSzMxLtI/bBA0h3/0mANfmBxfiegBnDkPp",
-	"GxohUBi8tdinLtt1ZR8uzNzsDdAob3ZpL1WVfn9rptzoPHHXDKzim717jMh1TQd9okqjmd5J4PSsA7VV",
-	"M72w83mz/HBTiGY9UMNYuo1bbo44LgUYfSl9EDrcIq7XCOMN+4MguS8Ay11V8bgMoeUq2lYADaskkpUq",
-	"5aCOsgVqe739g8MvgRptZyEWbrgRcA1Q7PeHISjc5R/QnTBsC7RGLwt7Eft2SBRToA7gy1EQKx58VD7w",
-	"tVbivbeuSZBP021UAHcS6d0/NGS1ItplnK5pMNRxTTyH/cHD2E/4bu5jMdv+DkCjxm6buqugX5VLjKhw",
-	"XbWUehiuq/5ga7Ddlue+IdjFiiLw1NW4SmunX1P9cR1JWvLjdlQZFL5VufEegfvbmQKNHvQ0bXD/tF+W",
-	"WhXuWyti86SX4e9k7PePtjndu+DnG/YHW2xStQqmCQfbXKWlMSFOHg63uFLLD83Q3KOtTtrokvsI623z",
-	"hJWe3MTtKmb/g00ArcKC3mAo2CI0KpTkgaVzxReBjePpeb2Z8962Z2jUlzT1LOr8Zy2LxgM49llJQW+o",
-	"qlWpMBvjjKT6WdPfetJt2Yg7LtoQTjdnlaMcH2gnCGqiju5aMJAJsewJhxP3Mx6+MquRFngxN/j5NMgN",
-	"TGQzOdDlTYmiqNSSNu3Qt8t5jIJ4H1d+EJ/9R1Bqtubky82Gnlrd/HK9sV0SDh+gX7bpddvCpdF+ZG0n",
-	"0rpjuk9/oEIIHZNVVLd8JOHW7BtPJGV/GuAfXR7t3z+j+nWIbQVY/bsef7j8+lNkiX9nbYnGljKE0RD8",
-	"LF+7PLE6zXpp8m5ORj5uQu9n0exnsEaSgFGUXfNdIsNEhDq1ndIZyF5H9a1QKNtt5Y2Svj9FC2u2LbW+",
-	"JmNGw/rQWuQP5NRbc4JmX7CvzR8fYx8MAq74taBhO5Vs/HEapCROfc1Ni3L+T473X4Tj2Xez3HNzZ8JZ",
-	"aS44M521TG7sSuvaWdwL7/28Rz32FcvOtu+1FHstdX9c7rC2XAuWyKDFGuz4/b+DQacH4eLrOq/VjYlX",
-	"W69toa4n8qXtAe4yAF3SR0lFg8isa/O5jRu/RLA+ghev82h9deV5o2+rxYkVVNoQJrZX+oJuhl+V0Q/v",
-	"VW8rR+AT+Aub0Ghx8j2lUhzUWlo6/qdW/E8ZsU5G4INr04jXigb6F4kE71VpUuBf6XMdBtzqH2OownlV",
-	"cirsBDmkiZxLbURGIVSa4n6zsr3Hpv1VBhcG7gHtTL/PwCSwC21/yJdO4H7gXINRqo0x20P/jQrmwp8H",
-	"/7UduvWQ3ernuO/ie8eGv4l993GFle2va7Lp64cvKd3evmR3wf8fHuqfQ9eqpEYijVLutURdN5doTYc6",
-	"DdIbVmi6UX5sM1LJ7a578LLOEk+kC7KggFr4HyZvRrQhSB0/bv40Qt0YMWiNtrFyu0ng/52b974Dxtcj",
-	"8Nbf0n/8w/h6sVUXbmqF49q4a1DS/gjv2bB30O9v1hvWRLifxLu5JgjLG766um45rFkMa5NbAOAu9vj4",
-	"7daAXqMVb6vfPVRx47Xe9kUAchvbAru6eUUTSq2/BvCVSbKu6XyibI2qSYGD3sMCrK3k7xHQbPvxBVhw",
-	"2zwgvN5oGrLWIW07PPzn057/FCl+yll+vwxvZkI2C4h//Ugpmry89vJuFWlVXaqvwrVZcjhHNwunXE1x",
-	"zmeFIkKjFGJK+VI3ElieI0FSXVS1WCG04VKDkpCOnvef91NwOc1BNW+VZWyFty0M2SVh6G67fPBXzS7N",
-	"YcG9r2+KYl92QpBCQbxSsF+YSRy0AMNFXPp41cS1Svmry4tdgbhbPUgtvft49/8CAAD//w==",
+	"7H2LcttGtuCvnMLcqogJSJHUwxZVqS0lY290x4l9ZeV69wZZoQU0xR6B3Qy6KYmxVbX/sH+4X7J1TncD",
+	"DRKkKEtO7t6ZqZqUTAL9OO83P0aZms6U5NLoaPQxmnCW85L+POOmXJyMDS/xXznXWSlmRigZjaL3PFMy",
+	"18Dwa7idiGwCDEp8A6ZsAXqeZZznsHP2+ns4Ggz6kPOCLbravtfpRXHE79h0VvBotBdHJf9tLkqeRyNT",
+	"znkc6WzCpwz3nQoppvNpNOrHkVnMeDSKhDT8ipfR/X0cffjw4WRuJlwakTHDV096PuHA6ieEkkCLczAK",
+	"5po3ThJ9x1nJy2jTgdwhtCmFvIru8RAzVrIpNw5upzIr5jk/43qmpOb/NuflYvVc7ikwEw7aqJLnkJbu",
+	"lRTUGBiMhRR6wnMoeabKHE8q8NXfaMU4kmxqwUErXfi3o/C0OR+zeWGi0ZgVmlcgvFSq4EwSCP/GF2vO",
+	"iLATOZ/OlOEyW8A1XzTBpcqcl90X4z22m01YecXXHPGaLzbC9F9KPo5G0V92a2Lctd/q3b/xBR3znEsm",
+	"zYaTGnoA0coyA2NVHoOSxQKYBJZPhcTjE3HioYD555WZ8DKRZsIkCKNB3UrY2e/v2S9uheadHvzVglHj",
+	"6qbeS43pXyfvTgk2iWxAZ8YWU+KrdqDYNaJt4WDvbwnOo5ro7bWQV7yclUKaH4WeMpNN8ONMScOlwT/Z",
+	"bFY44t+dleqy4NNv/q4RcB/r4yJIDRMFnmzCCVi3TCOL5HArDPJ3LsZjXnJpkDT9nngBw8xcR6P94TCO",
+	"jDB0++BYMPXnqghwYsxMj3Z3kbz0TdbL+Y0/mt4NVu9Wr95vC6h3dhkLqVUyueRXQn6lIQ12Sd3VNIxL",
+	"NSWcWp77SsOOO1Yi07ZzpZ0RhPAqOUFsrMoGwJD2uTZIIvdx9FqVlyLPuXwyooT21GdJWxlP/Z5Gk0jN",
+	"dBKFaOrvBWiqjrIlbqrnnwsha88/4cSqub+JxwSk1SHSTg/PcSrfleqq5Fp/HkCZMXw6M9FoENfAdR/C",
+	"ACaqyDWdp+BMc5hLIwoY9oeH3cGgOxycD4ajfn+01+8Nhnv/EcURPXbB72ai5PqCmWgUbXi6xstRjZdT",
+	"CTN/p+0wI2S3euM5cHMiSQJCxoqClw4IDApx4+GgZEX6NW6CY6RxIkl04FP4Pi+R8RxgU2Ayh3QZVmmn",
+	"BynZHl0yPtJEXokbbuHv7AeHATNhxh3FvW9F8LIR062smDZQuKd3A3uHoHEqDS8lK57Io6hW3ErAy1KV",
+	"oLJsXqIerFF/0O+HqA8f3xr77rTPg3qYS34345nhuTt1iGG7Vdo5JqTYq2pgJYdCXV3xPCZGLrmZl5Ln",
+	"jkVvWCHyMysHnwjTa74YwXSuDVxyGKBSHh4cwOXCcI06+UZocVlwOHn//elpFEdjwYu8MkNqdmvAnI7n",
+	"5fTWQKe3uv6t5xKJbj0QGtwWDfA3NkUFhLYiL3JQc7RJEol2TCGmwugYGGpfLeQVePvLPhyjYTSX1xIN",
+	"Hv8JXKp8QXyVSKEJi//6/u1PPdSWvMhTEsiWFdV4zGWO69q9byecxEHJ8dhK8l4if1Jmgk9kEyaveO60",
+	"3xvk2DfqyVRQC2SjrrkEd2D8mBhMGnCi5iu9TszSWaBQW6OcNuzSC8+F7W3vEIPTiihwvXOQSObk9C0L",
+	"xXB9ThSo7Yj4SZnXai7zJ+JBKmctObUtNCxz2n4N8Z8UqnfcdTuAS2W69vlngrcl0OVDOzVm9UiOkM55",
+	"wQ3POwT20IlIpDVLKhei9gg0jEXBIVfc4rEQOrRbqrukHYeC9+j6/SzZDRMFu7SAfSJLkDcJucitNSX1",
+	"LS9BSDBiyhsqJ7AC6RgwD86xHXJor2743nMxhb1FpuaFvcclSkWWTRxuWm8X2uorJ0M2wIXRnCFbU5WV",
+	"yTlhNxwMQwbk4zHPzDEIlL6J1GxMkQIb2rDhjoZ1UpkklaGj0b1M1a0k22WH/I0O7uZMHWL0FHYQJkhh",
+	"MYyZKDrPabqcK/WG3PGnU5N3NZFnBgcvhi8P962ijUHdcMs5pGpQ8Q76+y8PXhyGrD8IqOxcKShcmGAb",
+	"6jJKde3zz61YSc2hmsIrDOFH8V0lXKsLG+WIcIeeJtwnMueZQq0Xw6yYa3AY6FSLDXCxgOWrOwRiOJFN",
+	"OXyu1I9MLpxt9Bk+DL3y21wZ1uV3Gec5J5mu59MpKxfRKHrrUWVDTV1rKl3O8yuOiu+GFfNV1FuR9pX2",
+	"8akq6kCWHt0WDQ27ikX/i70X+4OXQ0cijdBAoHT/DU8K1Um3I4al61EYhBneJeJbe1/iPsAHH7hmhUC6",
+	"UvUWWP7VFzNeXmgY9Pv9GC7npTYw7Pf7nXVXPMN3/dG2u2DjNkS/z0LyS9dTEk03qC1Ef0NCKhl2sliQ",
+	"lNSJLPk4CGfQC8fgBRf5byi7QHJcmpW804N3lQgOL5SO2qGbhuBNY0gJtinJS2F0IjMlvSF0y4ThpYad",
+	"1P2V1ttB2qSPYL9EthA97FgNkV/Qp2knBq3Q/qWzkWN5S7qHZWQ0kznsoBHD7QS1fMlnBVuQx+E4RM1N",
+	"pqaOQbQRRQGalzfE6Esm2PGSGln1cVti63SKW1WaCUzZtZBXz6k0fpZsbiaqFL/zp1qEDKzT4kM7BDsX",
+	"/A3NwkHNMI3dt2OYefjKc0ejhK78JlXCbankVSDVw61TymYEOPjw4UN3OSmxCRHLOQyHDT2fzVRpeP4j",
+	"zwU7J4A8gzoPFKD3oMOFaIFQfx+EOKrOBFM8FBCatsVW9XKXXu7SW19Ks6NZly5fLG2gsO08FFCszkTo",
+	"PPHBwdbUkgsSyvn0kpcjGFTuxFigkiDxoQXlnSipc80XMXwDA1ASUGqiN8Fvw+d68N6UIjPFAoTMSs6I",
+	"CGe8tO9qBXONBi0wjY4/lxmZFNZ/9LvboN1XNp2B0old8aX8xCCOxqqcUnRSSHO4H8V1tm2wmm2Lo+9Q",
+	"OJ5kPovTBo9GsNB5VV9p6+Iim8xKNeOlEdZkYTVoN6HeY+A+phDONgmjthjsA/kVMeXasOmsfplA+tB7",
+	"FEE4pycpM5Oh3mkDz4kE71268OkY3UrOykKg9nSUdMu0c0VwoV60mrOrufNjxCVi65eIeaz8Gq9kKMPM",
+	"2y/+3dhFwzwKmnduAV94t3oTdfl3npmKOM5IJbaTRlNHLqU43TF6kHrrIr9gJkVOnpVcc2kSSRGm1J6f",
+	"vqmfTY8hRUvEvUWBZQpbprDjA1OJxCfmJYcrdPeU5B0btCJXz7+f9sI8rNCEounMLMBe1R3DBLzvLiZt",
+	"zOsZiDwEwaPI1gaMW6Hv7v6VhinXml1xEhV4TmZUqQM683QTRxVEH3WI7Vm0ylg/8DhFJ3KfUG8ywKb3",
+	"Xjvqem+sWt2SEapjbSDzKorN8pykNiveBVh32fYmIYRJ01XpALm4QgXmcspen83YolAsj4EZmCp0Ow4O",
+	"rXfVgxMoGNqIZLS6VMuaLC1ccaNhfzhcTlLrCRseHI6Oxi8P8/7LwcuX+9mL/PAAdQG7e8PllZlEo+HB",
+	"YQt5PFYWT/VWsvRHSl9R/KQNTFbDdLOJ0si7Oezw3lWPLGQXNM87a6Dl4HS5sH4O7uDBHWS1bNpCh9kl",
+	"dsWEXIZcyX/r9gc//Mf/2NsGWCVHs00oefEgFM78o+/xRVcmsGV1QByhb+RAXRV/9Jctph/ULRRo0hpF",
+	"blUMQsJUFIVw3kdsXT5ZCTlR5yPBqERayQ2XfKxK7uJwaKfs94+WANVvszPYnbUz9vroUT9U5ROyLVJd",
+	"K2OqfPFK2uBM4/KR4XfI1qsQSNFYJCHP8UWejyDFh1PYsXktWqEDGStL4bwzGwvSIHScyPSSaX64n1ZP",
+	"MLgUkpULZ4ai6cVkzsoc7JO2IGr/cP+li/d5/e3OaJ9qUeJx9L1TCp8nex7Lq59l+nyuNP+DeKOFkJrX",
+	"bSOrV3eGy/yPAfqjBORn4+kPANprJorPA9kaC+YE9ESVZr3tUovlDLkt51khZBhJ+Hy19UezQrnwiaBK",
+	"hNl6uSZIUvwwhZLTKXWdwqK6GX5nXCzLeQYahOkcJzIlsKfWaNWUwyqnQrLCW4hW77kYnY1wLQn0NaWE",
+	"fwxlkdo545rg8rE1EIDfoV6v3IOUsi94v3SDg0HOAGWOtnQwKlylgR9BECZHAnbqJ0ZgsTXlTOqlejG6",
+	"ct75s12Hz3OUv7yL0OCHENkfJpzy3qb2bipoehA/5D5/Ae8hAOR6AvarrnGUmVnnHwcmQ4XqyKOh1W74",
+	"gbPCTNZEr2z6lLaa0HPIKSVnuZBo6GUTnl2vhm1Www/qeuvAQxtQ/sbXxAyyQnBKQS2VIY8eqvpJ5E7/",
+	"bjj4v//7//TvXrzq9OBEUlX6BOzpkLv/PtfGR+TSj2kM6T3+52v8z39zPJ4kaSJdhXW+7AG0lT83HIED",
+	"smz9vwdxNEM8lni7//VLktwNB90kuXvx6tdv/qVNU5FSaVOGtbfyXz+m1qomto5atVGbN6JCDev8kLbi",
+	"HERe5SaSO7jkKzWbGexCGzyew/6SzzPo99uirQEQWnlDzdhvc183pMaU2atqhRx1BDowdhoQ6TqRKSe7",
+	"NrU5AK8BW8uO7A4j2BvChN9R7rpkmeGlPgYmFzarxQvNXYyh31/mk73xkB1l/fzg8gXfH2Qv2WHeP+LD",
+	"8YvLQbbPDg6iJmP0u0esOz7pvv71497wvpUzfDKgLchKLSf7By/Ah/ptAiR2qTh03tJ1qZO0l0iy+LVQ",
+	"EqZ8eslLDWw246y0idGqzONayNwFCazANhM+fR4l7jM27RHkgknm8wlUbOXqSWW21MzyhALm1VCgLaFc",
+	"PtFKMeKoEbyylYHMAHFZjKD3/RK2kFAYF75JvQeUNnuDas+o5VBConudtYrIn89OoeQUCMucTStydB3H",
+	"1pNfgVvFsfNSdKs327Z9khSsdecqR/9wfv4O7AOQqbyJTipbrKTIwdHRwxLE5e3WOVOuXMLLNiRo/Nvx",
+	"w3FdzITeFuWqApC5bJaQeRNfrXXrNeyMS2OunMhQSguxJtkUJUrLkUaJTDfmGJN5v7+X4Vv0Fwq924nS",
+	"HApGoVQzAc2vplxaS91v8ZUmchwlMpGf7KafPB4+kc2OB/qUyE/dbrf6Pz67Qv/wCQUgfFoqyYX2ilxV",
+	"bqjAhaAAF3ZI7rgq3A7YzRtZaNp5AJ/CjqTWLLZ9t26hoBf3ll58sBnDrlIXNNIq+/CpvbDS11D62xIq",
+	"7BJTbiYq7+JKrCjUrb/KgTsRPVoVVBp2zS332vcqSLQmc3GhgV9oywyxXbAu26I19trWWFswFpYS2do4",
+	"Tyx1awTd8QgJpa3NonLmLdp9x0Tc1i7hFg8Kfqu1H1Mh7emirccJFxwO3YJbd4a5FRtlQLQSHs0GGFCl",
+	"juDhKixbDQRtxUAWQmEtjYfIUkXQY7ZuqxhCf6AuKWtUB206xWohKnyCg4rhXJ0rk1sXuXpack0YtBpJ",
+	"nJamjU9LltjWDURNfRg95Nv5OhBSOHHtHDtLps0KP/NeZps6WHJBrTy0Tm5saQ7B5D5xz6ix/VA6zbmU",
+	"fLMRAvpbGD7dItLsjvDavllrr4iVJVu05+HDUujtU/HV4TYCyh9kBV5vJV8BBXoDZzwnjm+DBz3YYtAR",
+	"/RGZWubAt9dQ4jGkt6Uw7mFhfLmgBvyYa1IAt65PdsqnqlwcQ8pvREax/pkqRLagN3Ui0ym7s8903Rek",
+	"g/JSzZw+0ceQlpzEtU5HMOZ4FP9BIhmVi0tpyZ/aedPTv7768f2/f39x9uqvp+8vPpycnl+cvXr35vT7",
+	"k/dpM/9SXTuKI38p/Lp5WEoO2w1bYy3rDPcPVE/ItG18aM21I5zbrULCADotE6XNCJVc2nuQIS163bIP",
+	"8GGVUQkd4peH+/0NacOqQ5ZiEb5YkRQemlqmZNJWM1Fmsc1Rdhusd5SHB0fDJUe5zcjdLpDmWujhBKqI",
+	"YhU0DIo/SLYkciVw63ihJaruA40NahLyIpCkWwbq3pM0OKODtslEW0nlL7JqCKy2U+YpFaIGBTSi4CHu",
+	"8ObBWdPjRlA7rKJpC3Af+y4H+2Sjn7oqkrHgooobdJCPCbjVmAPyqPFRpq9dmbHVpMtDDb4lNDxTjLzk",
+	"7M8vrvncgPumIhI6S1j0IW64BFfvEJQ2OwgEpNB7jkyZo7r2c7niCibJJUKKkYrM6Emj4A0W3LRH7Z/k",
+	"dq8pJzmv6kBaQOX84iVLuRVSz5bwW0NZj0hsbHEGymc8vrJkPssfzzet4dt69IWxnRl1PDdgzsaODyZW",
+	"lkD7UNq5RUFTURDxrFAUxcjnGdqbNgvKc0o1EGfTH0b5At58bp1I3oNXFCaZsdL6EzO7/wh9ficZMiX1",
+	"fMpt85m1/lEMJtK6/rZJre44At9wZPuNqJPe1o3TAuQPu2KnRFLzUZuQxPXaCQy/iX39C5kZ+MkFd5U0",
+	"KWi2WMqwf0wim+64EHkSjfBfF4PhXhLdt7FGY7mHCKdRxHPfqKpvx+bHNiOsYbLQCi7c6Fw4UQK1AjXv",
+	"9TH63tbWd8+dmb9cFn/fQnbWhr/I1ppvy0G9usDPUmrjDMP+4HFBvrYjnVd8vWxCVB1dCI4evN12PA74",
+	"6TiJVLcyJjiS7kYvY6X7tRDaaNjxgQ2XFdhPZBguclE+YTobxuYEybTD/U25NNb9vd89uuiuSaTV8qgt",
+	"pm7DyCamzMHe3t4Rmqw/n39vTZEg04OWVCa0ULLJECuB9H4VSK/MWxRkXdeC2zxfHN11r1TXffgjbofn",
+	"tW0IPJuXwize08gqy8o0oupk3pbTTU9cPJCIdgR2nBXYsCibCepetpHRHrxCZ7mO981ouBEhlJB5nMgV",
+	"0vDRQCYXde9zqeZXE0jtv1M0seuQYyJtzBEXcHQwcBbecpeMP23ag50TyPkNL9RsSnarj/P7gSNCdq2r",
+	"6OQnLohGRabkWFzNyypKqYFlGZ8h3dpYqd8stw1ulJCw90id55P2OkSPdkgYqlc/EixocrFNKEKOlW/J",
+	"YRkxnB/JZcMrqMHKoj3ssiqp3JdUcw4Zl6Zkhfid543ct+bljcg4QhlvgFB2H8FlybJrTjwqOVzOtQ2g",
+	"1BrNpq5ulb07RbsBwBo7O9d80QHoWuoA79/kADCCci6byjHGf8qqEXCn1+tRxx5aK/QPu3L4v2rlyhvC",
+	"lXMFP709pw2EOXaaNpyJ5qXkhgVd5ANgqwV3fL1Tx9tWG5YOil5HoNWUI2Qp1Sk07iGtCINSXE0MSHUL",
+	"O/v9ow5C9rWyvZY7lr5iIAA3TYxyLjXu4YuV8flZwTLS6IxiLDFyIQpb/LCuxkWbuQbkjgM90b29XbHo",
+	"uJQNlYgn0pq0NiTPTM2QZrUzww/XCYZgVRWaieToyOMNv/76eyVv7Me69/XX4PuXST3UzcJziQo43b0Z",
+	"WHf0X9+//SmRO6uh985xUMVNFpCNLvsAudXO1HPmhMngIPZ2U9DK7b/ca02n2M5ESqqosi7clSgiglRM",
+	"ncyGV+j42Z7ONbllvXyfRk45Bs2tmkxd3jq1MwhZpwekmqq1UfskcrPugZ10ncJJOwR7wuK4VFOb4iL0",
+	"fqUhK1R2fQz53JKf3dVZEvX8AlHCXAoq+PZJH7xdlZ+NKUbg63XTTg/eOiu3zoQQBF1ynGYrSGUtLhum",
+	"U1NhDKdojFUPLpejJDAIEkQOBQetSSKrnxoJJW9phHkpR6pvKPeGVHruBxZoGx/K7U2Fhlxlc8oNojB0",
+	"hR+x7wCQeSKre8Mlrq1jS11a/M51p+qfdoqEqiOqGACpz0o/JZakPR9Zg41O94BSjl0/sObOmrXdxNq5",
+	"EH5+oQuYjuoULi5nGREVgNeObprPrYK5LDlKCrolvdyDky3U/+WituQQkN4MSOSO4z2XBrVG77u3789r",
+	"AUi5UJqKCNUITf+kBVAHsez3wmMQSXlj3tmm9luH/L0efHDmgD9LDAxvZeUKy4yuMpP1GEeEnA3jIULO",
+	"uEGpQAghIUpDQ4SGxjgQ9Ops/3pKHwifD/NQT6QPkNU9JQ4fRFXWkGathaqNFR0f02CRxhARG5DXvrDC",
+	"9pzSYXORNwhE2vbzXiJPKPvUlpeybfyGk2XkE5JGobDLOM9tRUDdv2dPVc1TueSeG+MqV+bWsHehY7JL",
+	"dePa5AqRceeqO7sJPbtScMNoTuZa22nXv1nXOAQm1w0vtbWoBr1+r0/RnxmXbCaiUbTX6/f2bL3RhMzp",
+	"XVv3+Dv+fcXbvCYH4mG/D3UAlUCiNRlrhbjhNDCmylKTj1+YWrmiv1CR/Wlu/VLadmmY57Df39Dl3dLd",
+	"7VNQkbrevpfa1YSuaaVevhvNbzuwB2tbtbrAbjUyL/RdotEvv8bBbI434oZLVx7CrjSVj1YSIfoVX92d",
+	"IsFkei1SfrTfeyX1rlSoIfgczfk7A/xuplzTtXXAUIPhN7uzggl5DI5Gvu33+r191GGWze221gPWhpVG",
+	"+4SAI68LF4Ju4tKd5mFc1kdoYDH6C/zw6s078JsgyV84gaUvjDKssGEE/xmK3VLNDY8rdkSOC0uHEvkX",
+	"OP+f715tXDRTc0nW4YaHProdvk2qJuMkimn3b5No92awa9vqothu/20SDfuDJLqH/WHtSa0bnbxKfQ71",
+	"z0x0AYVMK2ytJb+Ss3yxnUioUxjW3LY51ynThjtT21Z0OK3qJTbardY19cnSHWefuoIh6+B2YhseR9tR",
+	"Kp+NTMGmIxO5M5cFsupSpvPkzZu3Hy5e/fvp9+enb3+iVgbNDRmHsafoTblR+BZ+sju7FkgDPwWp1irN",
+	"elwPSSal4kyB1dy8DffnvAenBu02Cz88iZBUvjBFW6DQyolYC0VUXdoGRJdcfhqEwopbttBUK7BoY8sz",
+	"i8X/hBK2KvqwNamfQ+v4wt7jLlKXQPxS5f/DZHc1KIQqexy4fVVMlZ4feYJllJagiTg+0TyKBihR+72D",
+	"0eHei6Po/te6RiL6rClxdZVI25hST5xoIFtCs1TX2ygL6jU3iAAv1/CAMzercmn3pRTw0uwN2Bn2B3Z4",
+	"YMP6a/jaiWxt88B3+/7dmSqN86XW1YolkorF9vtHHbJgu3ACkt/ayjvqcKgTSJcLP00oTILbAj1b2zVR",
+	"Nt4STtalXLGX/77Id0aDonznK264bJ3muE5VvtaDc5paZCmKLc/D0GjBp9WUCd8z5Va5FmiWkgVa5Lae",
+	"rWdv6gqyqNDTG9z8tznzj4d93j6ZV3dQ4NqNlu/aPrd934TI2H5M27q/3a0Q4gDf2RlaPhKJnh9ta01q",
+	"qqKzYpEQ2HbwLceR+z7+GHe9nTDD/aiz6hFya3sQDGC3zIrsxYj4vM7CNS6V81hcTUCzzA3Ru3DTXLvk",
+	"WUHqOsxTcGGyftwcnDV2lfGWK8LGcXxT46Z1iMlTvGMB7asq8VHg5GRTrDHwdMiFOMZlmCsDRHQh/hyS",
+	"65pGLh3Bz+Z6YqFJqiV2ugcXGaD2gZ3Z0VHHRiB8QDWMGmlm5iX6x22KhpDvfuCAa/OdS7Y9QjKHSf0N",
+	"IxkoId/adlQ3ELsGFJfwbk4paDRauwKcal5Af2uh3JiBcd9M8SLP3j9F5brxh75kpjHW7yQIetYp42qs",
+	"XzjGvdkIuSlFsx6oYVbfZlA35z6XUp2+qT9IYm6RYWwkFIf9QVBmGIDlvuq9XIbQcj9vK4CGVTnLSr90",
+	"0NHZArW93v7B4edAjbazEAs33Ai4Bij2+8MQFO7yj5iTGA4oWmOXhYOV/WAmyinQOPPlLIhVD74+IIi1",
+	"Vuq9t25ckS8YbvQidxLpwz/0yGpvtqt9XTPqyM8UHvYHjxM/Id88JGK2/VGDRrffNh1gweQsV6JR4boa",
+	"bvU4XFeTytZgu63ifkOyixVFEKmrcZXWQb+m+eNmo7RU6u2oMmjBq6r0PQL3t3MFGgP16bXBw6/9vDQ0",
+	"cd96EZtfeh3+6Md+f//hN6rR4vTC0TbXeRf8eMX+YItTVVOO6YWDbe7eMlMRXx4Ot4BBy8/s0LtHW520",
+	"MeD3Ce7e5hdWxomTeKy0w3e2drXKI3oPo2CL0AtRkgeu0TVfBE6RZ4D1ftF7O1mi0RrTNMxoaKF1RRoc",
+	"c+wLqoKxVtWUVWE2JibJVrSxAht6tx0v7rjodDhjnlWRdeToTpAFRaPeTY8gn2M5dA4n7kdMfFNZo6Lx",
+	"cm7w82lQ1pjIZl2jK/kSRVHZMW3mpJ/08xSL8iEx/ijB/J/BCtpa9C/PSXpu+/TzDc121Tl8hEHaZghu",
+	"C5fG5JS1Q1TrYe++XoJ6OHRMblQ9rZK0YXPkPZGU/T2mf0QFVv+qyR+uv/4UXeL5rK1G2lKGMBqCHyVs",
+	"1yfWCFqvTd7NKSqAmxD/LJqjGNZoEjCKynG+SWRYuVBX5VP9Azn4aO8VCnW7rXJU0o/WaBHNdhrYlxTM",
+	"6IkfWhf+kZJ6a0nQHGn2peXjUxyKQSAVvxQ07JCVjT/Ng5TEaSS7abHm/ynx/kEknuWb5XGhOxPOSnPJ",
+	"memsFXJj1xXYLuJe+XDpA+axb7Z2wYBeS5/a0uDK5eFwy21siQymw8GO3/8bGHR6EC6+bmhcPVN5dWrc",
+	"FuZ6Il/b8eWuZNBViZTU74jCuva326TxawTrE2TxuhDYFzeeNwbDWqJeQZMQYWJ7oy8YxPhFBf3wQfO2",
+	"ihw+Q4CxCY2WqOBzGsVBm6il439axf/UEet0BDJcm0W8VjXQv0gl+KhKkwL/Sp/rMENX/45Elf+rqllh",
+	"Jyg6TeRcaiMyyrnSK+4XO9vHg9oflHB54x7QzvTTEkwCu9T2Z4zpBO7n3TUYpdoEsz3036jXL/xx9F/a",
+	"oVs/slv9GPl9/OCz4S+C3/+6Isr2180H9a3PV1SfbznZXfD/B0b9c+halTQDpdGFvpao67kYrfVTZ0E9",
+	"xApNNzqnbQkrxel1D17XZeWJdFkZVFAL/7PszRQ4BLXmx81fdahnOgZT3TY2nTcJ/L9z894P7/hyBH5q",
+	"z+N7Wp+LMb5cMtblp1rhuDZRG3TjPyF6Nuwd9Pub7YY1KfFniW6uydryRqyubrkOmxzDtuoWALiLPT3h",
+	"uzWg11jF29p3jzXceG23fRaA3Ma2I6+eu9GEUusPGXxhkqybQJ+pvKOar+Cg97iMbCv5ewQ0J5Z8Bhbc",
+	"No/IxzfmnawNSNvhFP/1rOc/RYufcZY/rMObpZPNjuNffqWaTl7eeH23irSqkdW37dqyOnxHNzutXBNy",
+	"zmeFIkKjmmPfZw4sz5EgqZGqWqwQ2nCpQUlIRy/7L/spuCLooP23Kku2ytt2kuySMnS3XT74aXPAdDgr",
+	"wDdERbHvUyFIoSJemTVQmEkcTC/DRVy9eTV/tqoRrPuRXUe5Wz2oRb3/9f7/BQAA//8=",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -13,6 +13,7 @@ import (
 	"io"
 	"os"
 	"regexp"
+	"sync/atomic"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -23,9 +24,17 @@ type Principal struct {
 	Admin  bool   // may act for any tenant
 }
 
-// Keyring holds the API key digests of every tenant, and their limits.
+// Keyring holds the API key digests of every tenant, and their limits. It
+// is safe for concurrent use, and Replace swaps its tenants at once while
+// it serves, so a reloaded tenants file takes effect without a restart.
 type Keyring struct {
+	cur atomic.Pointer[tenants]
+}
+
+// tenants is one reading of the tenants file; it never changes.
+type tenants struct {
 	keys     []key
+	names    map[string]bool
 	limits   map[string]Limits // tenants with their own limits
 	defaults Limits            // every other tenant's
 }
@@ -50,17 +59,21 @@ type file struct {
 
 var tenantName = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 
-// LoadFile reads the tenants file at path.
-func LoadFile(path string) (*Keyring, error) {
+// ValidTenantName reports whether name is a well-formed tenant name.
+func ValidTenantName(name string) bool { return tenantName.MatchString(name) }
+
+// LoadFile reads the tenants file at path, and returns its content too
+// (for Watch).
+func LoadFile(path string) (*Keyring, []byte, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("tenants file: %w", err)
+		return nil, nil, fmt.Errorf("tenants file: %w", err)
 	}
 	k, err := Parse(data)
 	if err != nil {
-		return nil, fmt.Errorf("tenants file %s: %w", path, err)
+		return nil, nil, fmt.Errorf("tenants file %s: %w", path, err)
 	}
-	return k, nil
+	return k, data, nil
 }
 
 // Parse reads a tenants file (YAML, or JSON, which is YAML too). Unknown
@@ -77,22 +90,21 @@ func Parse(data []byte) (*Keyring, error) {
 	if len(f.Tenants) == 0 {
 		return nil, errors.New("no tenants")
 	}
-	k := &Keyring{limits: make(map[string]Limits)}
+	k := &tenants{limits: make(map[string]Limits), names: make(map[string]bool, len(f.Tenants))}
 	if f.Defaults.Limits != nil {
 		var err error
 		if k.defaults, err = f.Defaults.Limits.limits(); err != nil {
 			return nil, fmt.Errorf("defaults: %w", err)
 		}
 	}
-	names := make(map[string]bool, len(f.Tenants))
 	for i, t := range f.Tenants {
 		if !tenantName.MatchString(t.Name) {
 			return nil, fmt.Errorf("tenant %d: name %q must match [a-z0-9_-]{1,64}", i+1, t.Name)
 		}
-		if names[t.Name] {
+		if k.names[t.Name] {
 			return nil, fmt.Errorf("tenant %q: listed twice", t.Name)
 		}
-		names[t.Name] = true
+		k.names[t.Name] = true
 		if t.Limits != nil {
 			l, err := t.Limits.limits()
 			if err != nil {
@@ -106,7 +118,9 @@ func Parse(data []byte) (*Keyring, error) {
 		for j, h := range t.APIKeySHA256 {
 			var d [sha256.Size]byte
 			if n, err := hex.Decode(d[:], []byte(h)); err != nil || n != sha256.Size || len(h) != 2*sha256.Size {
-				return nil, fmt.Errorf("tenant %q: api_key_sha256[%d] is not 64 hex characters", t.Name, j)
+				// The value is not printed: it may be the key itself.
+				return nil, fmt.Errorf("tenant %q: api_key_sha256[%d] is not a SHA-256 digest (64 hex characters); "+
+					"the file holds the digest of each API key, never the key: printf %%s \"$KEY\" | sha256sum", t.Name, j)
 			}
 			if _, dup := k.lookup(d); dup {
 				return nil, fmt.Errorf("tenant %q: api_key_sha256[%d] is given more than once", t.Name, j)
@@ -114,8 +128,16 @@ func Parse(data []byte) (*Keyring, error) {
 			k.keys = append(k.keys, key{d, Principal{Tenant: t.Name, Admin: t.Admin}})
 		}
 	}
-	return k, nil
+	kr := &Keyring{}
+	kr.cur.Store(k)
+	return kr, nil
 }
+
+// Replace puts from's tenants in force in k, for every later call.
+func (k *Keyring) Replace(from *Keyring) { k.cur.Store(from.cur.Load()) }
+
+// Has reports whether the tenants file lists tenant.
+func (k *Keyring) Has(tenant string) bool { return k.cur.Load().names[tenant] }
 
 // Limits returns tenant's limits: its own, or the defaults. A nil Keyring
 // (no tenants file) limits nobody.
@@ -123,21 +145,22 @@ func (k *Keyring) Limits(tenant string) Limits {
 	if k == nil {
 		return Limits{}
 	}
-	if l, ok := k.limits[tenant]; ok {
+	t := k.cur.Load()
+	if l, ok := t.limits[tenant]; ok {
 		return l
 	}
-	return k.defaults
+	return t.defaults
 }
 
 // Lookup returns the principal of apiKey, or false for an unknown key.
 func (k *Keyring) Lookup(apiKey string) (Principal, bool) {
-	return k.lookup(sha256.Sum256([]byte(apiKey)))
+	return k.cur.Load().lookup(sha256.Sum256([]byte(apiKey)))
 }
 
 // lookup compares d with every digest in constant time, without stopping
 // at a match: how long it takes tells nothing about which key matched, or
 // how close a wrong one came.
-func (k *Keyring) lookup(d [sha256.Size]byte) (Principal, bool) {
+func (k *tenants) lookup(d [sha256.Size]byte) (Principal, bool) {
 	var found Principal
 	match := 0
 	for i := range k.keys {

@@ -73,17 +73,29 @@ func TestParseRefuses(t *testing.T) {
 
 func TestLoadFile(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "tenants.yaml")
-	if _, err := LoadFile(path); err == nil || !strings.Contains(err.Error(), "tenants file") {
+	if _, _, err := LoadFile(path); err == nil || !strings.Contains(err.Error(), "tenants file") {
 		t.Errorf("missing file: %v", err)
 	}
 	if err := os.WriteFile(path, []byte("tenants:\n  - name: a\n    api_key_sha256: [\""+Digest("secret-key")+"\"]\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	k, err := LoadFile(path)
+	k, _, err := LoadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := k.Lookup("secret-key"); !ok {
 		t.Error("key not found")
+	}
+}
+
+// A key where its digest belongs is refused with a hint, and never printed.
+func TestKeyInPlaceOfDigest(t *testing.T) {
+	const apiKey = "sk_live_0123456789abcdef"
+	_, err := Parse([]byte("tenants:\n  - name: a\n    api_key_sha256: [\"" + apiKey + "\"]\n"))
+	if err == nil || !strings.Contains(err.Error(), "SHA-256 digest") || !strings.Contains(err.Error(), "never the key") {
+		t.Fatalf("err = %v; want a hint that a digest belongs there", err)
+	}
+	if strings.Contains(err.Error(), apiKey) {
+		t.Errorf("the error prints the value: %v", err)
 	}
 }

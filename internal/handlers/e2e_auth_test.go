@@ -226,6 +226,19 @@ func TestE2EAuth(t *testing.T) {
 			requireField(t, p, "tenant")
 		})
 
+		t.Run("an admin naming a tenant the file does not list is 404 naming it", func(t *testing.T) {
+			t.Parallel()
+			ops := e.as(t, keyOps)
+			key := unique("order")
+			r := ops.begin(idem.BeginRequest{Key: key, Tenant: ptr("paymnets")})
+			p := requireProblem(t, r.HTTPResponse, r.Body, http.StatusNotFound, "not-found")
+			if !strings.Contains(p.Detail, `"paymnets"`) {
+				t.Errorf("detail %q does not name the tenant", p.Detail)
+			}
+			s := ops.status(idem.GetStatusParams{Key: key, Tenant: ptr("paymnets")})
+			requireProblem(t, s.HTTPResponse, s.Body, http.StatusNotFound, "not-found")
+		})
+
 		t.Run("keys full of special characters are just keys, per tenant", func(t *testing.T) {
 			t.Parallel()
 			payments, billing := e.as(t, keyPayments), e.as(t, keyBilling)

@@ -30,9 +30,10 @@ type requestInfo struct {
 	id                  string
 	principal           auth.Principal
 	authenticated       bool
-	tenant              string // the tenant acted for, once known
-	outcome             string // e.g. "acquired", or the problem kind
-	err                 error  // the error answered, if any
+	tenants             *auth.Keyring // the tenants the principal's key was found among; nil without authentication
+	tenant              string        // the tenant acted for, once known
+	outcome             string        // e.g. "acquired", or the problem kind
+	err                 error         // the error answered, if any
 }
 
 func (i *requestInfo) WriteHeader(code int) {
@@ -160,6 +161,7 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 		key, ok := bearer(r.Header.Get("Authorization"))
 		if ok {
 			info.principal, ok = s.keyring.Lookup(key)
+			info.tenants = s.keyring
 		}
 		if !ok {
 			writeProblem(w, r, errUnauthorized)

@@ -57,6 +57,7 @@ var errorKinds = []struct {
 	{errForbidden, kindForbidden},
 	{statemachine.ErrNotFound, kindNotFound},
 	{errNoRoute, kindNotFound},
+	{errNoTenant, kindNotFound},
 	{errMethod, kindMethod},
 	{errMediaType, kindMediaType},
 	{statemachine.ErrTooLarge, kindTooLarge},
@@ -74,6 +75,7 @@ var (
 	errUnauthorized = errors.New("a valid API key is required")
 	errForbidden    = errors.New("forbidden")
 	errNoRoute      = errors.New("no such path")
+	errNoTenant     = errors.New("no such tenant")
 	errMethod       = errors.New("the path does not take this method")
 	errMediaType    = errors.New("the request body must be application/json")
 	errTooLargeBody = errors.New("too large")

@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/idemsvc/idemsvc/internal/api"
+	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -28,6 +29,10 @@ func tenant(ctx context.Context, named *string) (string, error) {
 	}
 	if !p.Admin {
 		return "", fmt.Errorf("%w: this API key acts for its own tenant only", errForbidden)
+	}
+	// A malformed name is refused as invalid with the rest of the request.
+	if info.tenants != nil && auth.ValidTenantName(*named) && !info.tenants.Has(*named) {
+		return "", fmt.Errorf("%w: %q is not in the tenants file", errNoTenant, *named)
 	}
 	info.tenant = *named
 	return *named, nil
