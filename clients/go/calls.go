@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/base64"
 	"fmt"
+	"iter"
 	"net/http"
 	"time"
 	"unicode/utf8"
@@ -208,6 +209,60 @@ func (c *Client) Status(ctx context.Context, key string, includeResponse bool) (
 			r.ApplicationproblemJSON503), nil
 	})
 	return out, err
+}
+
+// ListParams selects the records Keys lists.
+type ListParams struct {
+	State     State         // required: StateInProgress, StateCompleted or StateFailed
+	OlderThan time.Duration // only records whose last transition is at least this old
+	PageSize  int           // records per call, 1–1000; 0 is the server's default (100)
+}
+
+// Keys lists the client's tenant's records in one state, without their
+// responses, fetching a page per call as the loop goes on. A record that
+// exists for the whole listing comes at least once. The loop ends at the
+// first error, which it yields; a cursor that can no longer be followed
+// (a Redis node restarted or failed over) is an ErrInvalid, and the
+// listing may be started again.
+func (c *Client) Keys(ctx context.Context, p ListParams) iter.Seq2[StatusRecord, error] {
+	return func(yield func(StatusRecord, error) bool) {
+		params := &ListKeysParams{State: p.State, Tenant: c.tenant}
+		if s := int32(p.OlderThan / time.Second); s > 0 {
+			params.OlderThanS = &s
+		}
+		if p.PageSize > 0 {
+			n := int32(min(p.PageSize, 1<<20))
+			params.Limit = &n
+		}
+		for {
+			var page KeyList
+			err := c.call(ctx, "list", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+				r, err := c.api.ListKeysWithResponse(ctx, params)
+				if err != nil {
+					return nil, nil, err
+				}
+				if r.JSON200 != nil {
+					page = *r.JSON200
+				}
+				return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
+					r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON500,
+					r.ApplicationproblemJSON503), nil
+			})
+			if err != nil {
+				yield(StatusRecord{}, err)
+				return
+			}
+			for _, rec := range page.Items {
+				if !yield(rec, nil) {
+					return
+				}
+			}
+			if page.NextCursor == nil || *page.NextCursor == "" {
+				return
+			}
+			params.Cursor = page.NextCursor
+		}
+	}
 }
 
 // Delete forgets key's record; deleting an absent record is no error.

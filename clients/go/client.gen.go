@@ -461,6 +461,15 @@ type HealthStatus string
 // Example: order-7f3a/charge
 type Key = string
 
+// KeyList One page of a listing of records.
+type KeyList struct {
+	// Items The records of the page, without their responses.
+	Items []StatusRecord `json:"items"`
+
+	// NextCursor Present while more records may remain; pass it as `cursor` for the next page.
+	NextCursor *string `json:"next_cursor,omitempty"`
+}
+
 // Lease A live lease.
 type Lease struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
@@ -796,6 +805,25 @@ type DeleteKeyParams struct {
 	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
 }
 
+// ListKeysParams defines parameters for ListKeys.
+type ListKeysParams struct {
+	// State The state of the records to list.
+	State State `form:"state" json:"state"`
+
+	// OlderThanS Only records whose last transition is at least this many seconds old; 0 when absent.
+	OlderThanS *int32 `form:"older_than_s,omitempty" json:"older_than_s,omitempty"`
+
+	// Limit Records per page, 1 to 1000; 100 when absent.
+	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The `next_cursor` of the page before; absent for the first page.
+	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Tenant The tenant to act for; only an admin key may name a tenant other
+	// than its own (403 otherwise). Defaults to the tenant of the API key.
+	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
+}
+
 // GetStatusParams defines parameters for GetStatus.
 type GetStatusParams struct {
 	// Key The idempotency key.
@@ -1056,6 +1084,22 @@ type ClientInterface interface {
 	//
 	// Corresponds with DELETE /v1/keys (the `DeleteKey` operationId).
 	DeleteKey(ctx context.Context, params *DeleteKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// ListKeys List the tenant's records in one state
+	//
+	// For operators, e.g. to find attempts stuck in progress: the tenant's
+	// records in `state` whose last transition is at least `older_than_s`
+	// old, `limit` per page, without their responses. Follow
+	// `next_cursor` until it is absent; a page may hold fewer records than
+	// `limit` (even none) while more remain. A record that exists for the
+	// whole listing is in it at least once (rarely twice). A released
+	// record (after a retryable fail) is gone, so it is not listed. On
+	// Redis the listing SCANs every master (never `KEYS`); a cursor that
+	// can no longer be followed, because a node it points into restarted
+	// or failed over, gets 400 naming `cursor`: start the listing again.
+	//
+	// Corresponds with GET /v1/keys (the `ListKeys` operationId).
+	ListKeys(ctx context.Context, params *ListKeysParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetStatus Read a key's record
 	//
@@ -1339,6 +1383,32 @@ func (c *APIClient) Fail(ctx context.Context, body FailJSONRequestBody, reqEdito
 // Corresponds with DELETE /v1/keys (the `DeleteKey` operationId).
 func (c *APIClient) DeleteKey(ctx context.Context, params *DeleteKeyParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewDeleteKeyRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// ListKeys List the tenant's records in one state
+//
+// For operators, e.g. to find attempts stuck in progress: the tenant's
+// records in `state` whose last transition is at least `older_than_s`
+// old, `limit` per page, without their responses. Follow
+// `next_cursor` until it is absent; a page may hold fewer records than
+// `limit` (even none) while more remain. A record that exists for the
+// whole listing is in it at least once (rarely twice). A released
+// record (after a retryable fail) is gone, so it is not listed. On
+// Redis the listing SCANs every master (never `KEYS`); a cursor that
+// can no longer be followed, because a node it points into restarted
+// or failed over, gets 400 naming `cursor`: start the listing again.
+//
+// Corresponds with GET /v1/keys (the `ListKeys` operationId).
+func (c *APIClient) ListKeys(ctx context.Context, params *ListKeysParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewListKeysRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -1671,6 +1741,104 @@ func NewDeleteKeyRequest(server string, params *DeleteKeyParams) (*http.Request,
 	return req, nil
 }
 
+// NewListKeysRequest constructs an http.Request for the ListKeys method
+func NewListKeysRequest(server string, params *ListKeysParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/keys")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "state", params.State, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
+		}
+
+		if params.OlderThanS != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "older_than_s", *params.OlderThanS, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int32"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Limit != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "limit", *params.Limit, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "integer", Format: "int32"}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Cursor != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "cursor", *params.Cursor, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if params.Tenant != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "tenant", *params.Tenant, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 // NewGetStatusRequest constructs an http.Request for the GetStatus method
 func NewGetStatusRequest(server string, params *GetStatusParams) (*http.Request, error) {
 	var err error
@@ -1958,6 +2126,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with DELETE /v1/keys (the `DeleteKey` operationId).
 	DeleteKeyWithResponse(ctx context.Context, params *DeleteKeyParams, reqEditors ...RequestEditorFn) (*DeleteKeyResponse, error)
+
+	// ListKeysWithResponse List the tenant's records in one state
+	//
+	// For operators, e.g. to find attempts stuck in progress: the tenant's
+	// records in `state` whose last transition is at least `older_than_s`
+	// old, `limit` per page, without their responses. Follow
+	// `next_cursor` until it is absent; a page may hold fewer records than
+	// `limit` (even none) while more remain. A record that exists for the
+	// whole listing is in it at least once (rarely twice). A released
+	// record (after a retryable fail) is gone, so it is not listed. On
+	// Redis the listing SCANs every master (never `KEYS`); a cursor that
+	// can no longer be followed, because a node it points into restarted
+	// or failed over, gets 400 naming `cursor`: start the listing again.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/keys (the `ListKeys` operationId).
+	ListKeysWithResponse(ctx context.Context, params *ListKeysParams, reqEditors ...RequestEditorFn) (*ListKeysResponse, error)
 
 	// GetStatusWithResponse Read a key's record
 	//
@@ -2705,6 +2891,103 @@ func (r DeleteKeyResponse) ContentType() string {
 	return ""
 }
 
+// ListKeysResponse401Headers the declared response headers of an HTTP 401 response for ListKeys
+type ListKeysResponse401Headers struct {
+	WWWAuthenticate string
+}
+
+// ListKeysResponse503Headers the declared response headers of an HTTP 503 response for ListKeys
+type ListKeysResponse503Headers struct {
+	RetryAfter int
+}
+
+type ListKeysResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *KeyList
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *Internal
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *ListKeysResponse401Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *ListKeysResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r ListKeysResponse) GetJSON200() *KeyList {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r ListKeysResponse) GetApplicationproblemJSON400() *InvalidRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r ListKeysResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r ListKeysResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r ListKeysResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r ListKeysResponse) GetApplicationproblemJSON500() *Internal {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r ListKeysResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r ListKeysResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r ListKeysResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r ListKeysResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r ListKeysResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetStatusResponse401Headers the declared response headers of an HTTP 401 response for GetStatus
 type GetStatusResponse401Headers struct {
 	WWWAuthenticate string
@@ -3042,6 +3325,30 @@ func (c *ClientWithResponses) DeleteKeyWithResponse(ctx context.Context, params 
 		return nil, err
 	}
 	return ParseDeleteKeyResponse(rsp)
+}
+
+// ListKeysWithResponse List the tenant's records in one state
+//
+// For operators, e.g. to find attempts stuck in progress: the tenant's
+// records in `state` whose last transition is at least `older_than_s`
+// old, `limit` per page, without their responses. Follow
+// `next_cursor` until it is absent; a page may hold fewer records than
+// `limit` (even none) while more remain. A record that exists for the
+// whole listing is in it at least once (rarely twice). A released
+// record (after a retryable fail) is gone, so it is not listed. On
+// Redis the listing SCANs every master (never `KEYS`); a cursor that
+// can no longer be followed, because a node it points into restarted
+// or failed over, gets 400 naming `cursor`: start the listing again.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/keys (the `ListKeys` operationId).
+func (c *ClientWithResponses) ListKeysWithResponse(ctx context.Context, params *ListKeysParams, reqEditors ...RequestEditorFn) (*ListKeysResponse, error) {
+	rsp, err := c.ListKeys(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseListKeysResponse(rsp)
 }
 
 // GetStatusWithResponse Read a key's record
@@ -3716,6 +4023,97 @@ func ParseDeleteKeyResponse(rsp *http.Response) (*DeleteKeyResponse, error) {
 		response.Headers401 = &headers
 	case rsp.StatusCode == 503:
 		var headers DeleteKeyResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseListKeysResponse parses an HTTP response from a ListKeysWithResponse call
+func ParseListKeysResponse(rsp *http.Response) (*ListKeysResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &ListKeysResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest KeyList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest InvalidRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Internal
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest StoreUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers ListKeysResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 503:
+		var headers ListKeysResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: ""}); err != nil {

@@ -1,8 +1,10 @@
-// Command idemctl is the operator's tool for idemsvc: it reads the record
-// of an idempotency key and forgets one that is stuck.
+// Command idemctl is the operator's tool for idemsvc: it finds the keys in
+// a state (stuck in progress, say), reads the record of an idempotency key
+// and forgets one that is stuck.
 //
 // Usage:
 //
+//	idemctl list --state S [--older-than D] [--limit N] [--tenant T] [--json]
 //	idemctl status KEY [--tenant T] [--show-response] [--json]
 //	idemctl delete KEY [--tenant T] [--json]
 //
@@ -14,6 +16,12 @@
 //	--tenant T       act for tenant T; only an admin key may name another tenant
 //	--json           print JSON for scripts instead of aligned "field: value" lines
 //	--timeout D      give up after D, retries included (default 15s)
+//
+// list prints the tenant's records in state S (in_progress, completed or
+// failed) whose last transition is at least D old, one per line: key,
+// attempt, updated_at, and for an attempt in progress its lease's end and
+// whether it ran out. --limit stops after N records (default: all). With
+// --json it prints one record per line as the API gives it (JSON lines).
 //
 // status prints the key's record: state, attempt, owner, fingerprint,
 // times, and for a failed attempt whether it was retryable and its error.
@@ -34,6 +42,7 @@
 //
 //	IDEMSVC_URL=http://idemsvc:8080 IDEMSVC_API_KEY=... idemctl status order-42/charge --show-response
 //	idemctl status order-42/charge --json | jq -r .state
+//	idemctl list --state in_progress --older-than 10m
 //	idemctl delete order-42/charge --tenant payments --api-key "$ADMIN_KEY"
 package main
 
@@ -73,6 +82,7 @@ const (
 )
 
 const usage = `usage:
+  idemctl list --state S [--older-than D] [--limit N] [--tenant T] [--json]
   idemctl status KEY [--tenant T] [--show-response] [--json]
   idemctl delete KEY [--tenant T] [--json]
 
@@ -80,6 +90,9 @@ flags (before or after KEY; use -- before a key starting with "-"):
   --url URL        idemsvc's base URL (IDEMSVC_URL, default http://127.0.0.1:8080)
   --api-key KEY    API key sent as a bearer token (IDEMSVC_API_KEY)
   --tenant T       act for tenant T (another tenant needs an admin key)
+  --state S        list: in_progress, completed or failed
+  --older-than D   list: only records last changed at least D ago (e.g. 10m)
+  --limit N        list: print at most N records (default all)
   --show-response  status: also print the stored response, body decoded
   --json           print JSON instead of "field: value" lines
   --timeout D      give up after D, retries included (default 15s)
@@ -104,6 +117,9 @@ type options struct {
 	json         bool
 	showResponse bool
 	timeout      time.Duration
+	state        string        // list
+	olderThan    time.Duration // list
+	limit        int           // list; 0 is all
 }
 
 // run runs idemctl with args (without the program name) and env (KEY=value
@@ -135,6 +151,8 @@ func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int 
 	defer cancel()
 
 	switch opts.command {
+	case "list":
+		return list(ctx, client, opts, stdout, stderr)
 	case "status":
 		return status(ctx, client, opts, stdout, stderr)
 	default: // "delete"; parseArgs accepts no other command
@@ -164,6 +182,9 @@ func parseArgs(args, env []string) (options, error) {
 	fs.BoolVar(&opts.json, "json", false, "")
 	fs.BoolVar(&opts.showResponse, "show-response", false, "")
 	fs.DurationVar(&opts.timeout, "timeout", opts.timeout, "")
+	fs.StringVar(&opts.state, "state", "", "")
+	fs.DurationVar(&opts.olderThan, "older-than", 0, "")
+	fs.IntVar(&opts.limit, "limit", 0, "")
 
 	var positional []string
 	for {
@@ -189,9 +210,15 @@ func parseArgs(args, env []string) (options, error) {
 	switch opts.command {
 	case "help":
 		return opts, flag.ErrHelp
-	case "status", "delete":
+	case "status", "delete", "list":
 	default:
 		return opts, fmt.Errorf("unknown command %q", opts.command)
+	}
+	if opts.command == "list" {
+		return opts, checkList(opts, positional[1:])
+	}
+	if opts.state != "" || opts.olderThan != 0 || opts.limit != 0 {
+		return opts, fmt.Errorf("%s: --state, --older-than and --limit are flags of list", opts.command)
 	}
 	switch len(positional) {
 	case 1:
@@ -215,6 +242,61 @@ func parseArgs(args, env []string) (options, error) {
 		return opts, fmt.Errorf("--url %q: want an http:// or https:// URL (IDEMSVC_URL)", opts.url)
 	}
 	return opts, nil
+}
+
+// checkList checks the arguments of list.
+func checkList(opts options, args []string) error {
+	switch {
+	case len(args) > 0:
+		return fmt.Errorf("list: takes no KEY, got %q", args)
+	case opts.state != "in_progress" && opts.state != "completed" && opts.state != "failed":
+		return fmt.Errorf("list: --state %q: want in_progress, completed or failed", opts.state)
+	case opts.olderThan < 0:
+		return fmt.Errorf("list: --older-than %v: must not be negative", opts.olderThan)
+	case opts.limit < 0:
+		return fmt.Errorf("list: --limit %d: must not be negative", opts.limit)
+	case opts.showResponse:
+		return errors.New("list: --show-response is a flag of status")
+	case opts.timeout <= 0:
+		return fmt.Errorf("--timeout %v: must be positive", opts.timeout)
+	}
+	return nil
+}
+
+// list prints the records in opts.state, a line (or a JSON object) each.
+func list(ctx context.Context, client *idem.Client, opts options, stdout, stderr io.Writer) int {
+	params := idem.ListParams{State: idem.State(opts.state), OlderThan: opts.olderThan}
+	if opts.limit > 0 {
+		params.PageSize = min(opts.limit, 1000)
+	}
+	n := 0
+	for rec, err := range client.Keys(ctx, params) {
+		if err != nil {
+			return fail(stderr, opts, err)
+		}
+		if opts.json {
+			if err := writeJSON(stdout, rec); err != nil {
+				fmt.Fprintf(stderr, "idemctl: %v\n", err)
+				return exitError
+			}
+		} else {
+			line := fmt.Sprintf("%s  attempt %d  updated %s", printable(rec.Key), rec.Attempt, stamp(rec.UpdatedAt))
+			if rec.LeaseExpiresAt != nil {
+				line += "  lease until " + stamp(*rec.LeaseExpiresAt)
+				if rec.LeaseExpired != nil && *rec.LeaseExpired {
+					line += " (expired)"
+				}
+			}
+			if rec.Owner != nil {
+				line += "  owner " + printable(*rec.Owner)
+			}
+			fmt.Fprintln(stdout, line)
+		}
+		if n++; n == opts.limit {
+			break
+		}
+	}
+	return exitOK
 }
 
 // status prints the record of opts.key.

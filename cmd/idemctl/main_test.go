@@ -533,3 +533,43 @@ func TestUnreachable(t *testing.T) {
 		t.Errorf("stderr %q", r.stderr)
 	}
 }
+
+// list finds the keys stuck in progress, as lines or JSON lines, and
+// honours --limit and --older-than; bad list flags are usage errors.
+func TestList(t *testing.T) {
+	url := startIdemsvc(t)
+	payments := sdk(t, url, paymentsKey)
+	for i := range 5 {
+		begin(t, payments, fmt.Sprintf("stuck-%d", i), "worker-1", "")
+	}
+	completeCharge(t, payments, "paid")
+	env := as(url, paymentsKey)
+
+	r := idemctl(t, env, "list", "--state", "in_progress")
+	lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
+	if r.code != exitOK || len(lines) != 5 || !strings.HasPrefix(lines[0], "stuck-0  attempt 1  updated ") ||
+		!strings.Contains(lines[0], "lease until ") || !strings.HasSuffix(lines[0], "owner worker-1") {
+		t.Fatalf("list = %d %q %q", r.code, r.stdout, r.stderr)
+	}
+	r = idemctl(t, env, "list", "--state", "completed", "--json")
+	var rec idem.StatusRecord
+	if err := json.Unmarshal([]byte(r.stdout), &rec); err != nil || rec.Key != "paid" || rec.State != idem.StateCompleted {
+		t.Errorf("list --json = %q: %+v, %v", r.stdout, rec, err)
+	}
+	if r = idemctl(t, env, "list", "--state", "in_progress", "--limit", "2", "--json"); strings.Count(r.stdout, "\n") != 2 {
+		t.Errorf("--limit 2 printed %q", r.stdout)
+	}
+	if r = idemctl(t, env, "list", "--state", "in_progress", "--older-than", "1h"); r.code != exitOK || r.stdout != "" {
+		t.Errorf("--older-than 1h = %d %q", r.code, r.stdout)
+	}
+	for _, args := range [][]string{
+		{"list"},
+		{"list", "--state", "stuck"},
+		{"list", "--state", "failed", "some-key"},
+		{"status", "k", "--state", "failed"},
+	} {
+		if r := idemctl(t, env, args...); r.code != exitError || !strings.Contains(r.stderr, "usage:") {
+			t.Errorf("%q = %d %q, want a usage error", args, r.code, r.stderr)
+		}
+	}
+}

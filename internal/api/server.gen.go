@@ -466,6 +466,15 @@ type HealthStatus string
 // Example: order-7f3a/charge
 type Key = string
 
+// KeyList One page of a listing of records.
+type KeyList struct {
+	// Items The records of the page, without their responses.
+	Items []StatusRecord `json:"items"`
+
+	// NextCursor Present while more records may remain; pass it as `cursor` for the next page.
+	NextCursor *string `json:"next_cursor,omitempty"`
+}
+
 // Lease A live lease.
 type Lease struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
@@ -801,6 +810,25 @@ type DeleteKeyParams struct {
 	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
 }
 
+// ListKeysParams defines parameters for ListKeys.
+type ListKeysParams struct {
+	// State The state of the records to list.
+	State State `form:"state" json:"state"`
+
+	// OlderThanS Only records whose last transition is at least this many seconds old; 0 when absent.
+	OlderThanS *int32 `form:"older_than_s,omitempty" json:"older_than_s,omitempty"`
+
+	// Limit Records per page, 1 to 1000; 100 when absent.
+	Limit *int32 `form:"limit,omitempty" json:"limit,omitempty"`
+
+	// Cursor The `next_cursor` of the page before; absent for the first page.
+	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Tenant The tenant to act for; only an admin key may name a tenant other
+	// than its own (403 otherwise). Defaults to the tenant of the API key.
+	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
+}
+
 // GetStatusParams defines parameters for GetStatus.
 type GetStatusParams struct {
 	// Key The idempotency key.
@@ -852,6 +880,9 @@ type ServerInterface interface {
 	// DeleteKey Forget a key's record
 	// (DELETE /v1/keys)
 	DeleteKey(w http.ResponseWriter, r *http.Request, params DeleteKeyParams)
+	// ListKeys List the tenant's records in one state
+	// (GET /v1/keys)
+	ListKeys(w http.ResponseWriter, r *http.Request, params ListKeysParams)
 	// GetStatus Read a key's record
 	// (GET /v1/status)
 	GetStatus(w http.ResponseWriter, r *http.Request, params GetStatusParams)
@@ -906,6 +937,12 @@ func (_ Unimplemented) Fail(w http.ResponseWriter, r *http.Request) {
 // DeleteKey Forget a key's record
 // (DELETE /v1/keys)
 func (_ Unimplemented) DeleteKey(w http.ResponseWriter, r *http.Request, params DeleteKeyParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// ListKeys List the tenant's records in one state
+// (GET /v1/keys)
+func (_ Unimplemented) ListKeys(w http.ResponseWriter, r *http.Request, params ListKeysParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1059,6 +1096,91 @@ func (siw *ServerInterfaceWrapper) DeleteKey(w http.ResponseWriter, r *http.Requ
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.DeleteKey(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// ListKeys operation middleware
+func (siw *ServerInterfaceWrapper) ListKeys(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params ListKeysParams
+
+	// ------------- Required query parameter "state" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "state", r.URL.Query(), &params.State, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "state"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "state", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "older_than_s" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "older_than_s", r.URL.Query(), &params.OlderThanS, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "older_than_s"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "older_than_s", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "limit" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "limit", r.URL.Query(), &params.Limit, runtime.BindQueryParameterOptions{Type: "integer", Format: "int32"})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "limit"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "limit", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "cursor" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "cursor", r.URL.Query(), &params.Cursor, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "cursor"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "cursor", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "tenant" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "tenant", r.URL.Query(), &params.Tenant, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "tenant"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.ListKeys(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1257,6 +1379,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Delete(options.BaseURL+"/v1/keys", wrapper.DeleteKey)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/keys", wrapper.ListKeys)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/healthz", wrapper.Healthz)
@@ -2263,6 +2388,126 @@ func (response DeleteKey503ApplicationProblemPlusJSONResponse) VisitDeleteKeyRes
 	return err
 }
 
+type ListKeysRequestObject struct {
+	Params ListKeysParams
+}
+
+type ListKeysResponseObject interface {
+	VisitListKeysResponse(w http.ResponseWriter) error
+}
+
+type ListKeys200JSONResponse KeyList
+
+func (response ListKeys200JSONResponse) VisitListKeysResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListKeys400ApplicationProblemPlusJSONResponse struct {
+	InvalidRequestApplicationProblemPlusJSONResponse
+}
+
+func (response ListKeys400ApplicationProblemPlusJSONResponse) VisitListKeysResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListKeys401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response ListKeys401ApplicationProblemPlusJSONResponse) VisitListKeysResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("WWW-Authenticate", fmt.Sprint(response.Headers.WWWAuthenticate))
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListKeys403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response ListKeys403ApplicationProblemPlusJSONResponse) VisitListKeysResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListKeys404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response ListKeys404ApplicationProblemPlusJSONResponse) VisitListKeysResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListKeys500ApplicationProblemPlusJSONResponse struct {
+	InternalApplicationProblemPlusJSONResponse
+}
+
+func (response ListKeys500ApplicationProblemPlusJSONResponse) VisitListKeysResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type ListKeys503ApplicationProblemPlusJSONResponse struct {
+	StoreUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response ListKeys503ApplicationProblemPlusJSONResponse) VisitListKeysResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetStatusRequestObject struct {
 	Params GetStatusParams
 }
@@ -2409,6 +2654,9 @@ type StrictServerInterface interface {
 	// DeleteKey Forget a key's record
 	// (DELETE /v1/keys)
 	DeleteKey(ctx context.Context, request DeleteKeyRequestObject) (DeleteKeyResponseObject, error)
+	// ListKeys List the tenant's records in one state
+	// (GET /v1/keys)
+	ListKeys(ctx context.Context, request ListKeysRequestObject) (ListKeysResponseObject, error)
 	// GetStatus Read a key's record
 	// (GET /v1/status)
 	GetStatus(ctx context.Context, request GetStatusRequestObject) (GetStatusResponseObject, error)
@@ -2675,6 +2923,32 @@ func (sh *strictHandler) DeleteKey(w http.ResponseWriter, r *http.Request, param
 	}
 }
 
+// ListKeys operation middleware
+func (sh *strictHandler) ListKeys(w http.ResponseWriter, r *http.Request, params ListKeysParams) {
+	var request ListKeysRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.ListKeys(ctx, request.(ListKeysRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "ListKeys")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(ListKeysResponseObject); ok {
+		if err := validResponse.VisitListKeysResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // GetStatus operation middleware
 func (sh *strictHandler) GetStatus(w http.ResponseWriter, r *http.Request, params GetStatusParams) {
 	var request GetStatusRequestObject
@@ -2706,147 +2980,158 @@ func (sh *strictHandler) GetStatus(w http.ResponseWriter, r *http.Request, param
 // const string: with thousands of chunks the chained `+` fold is several
 // times slower for the Go compiler than parsing a slice literal.
 var swaggerSpec = []string{
-	"7H2LcttGtuCvnMLcqogJSJHUwxZVqS0lY290x4l9ZeV69wZZoQU0xR6B3Qy6KYmxVbX/sH+4X7J1TncD",
-	"DRKkKEtO7t6ZqZqUTAL9OO83P0aZms6U5NLoaPQxmnCW85L+POOmXJyMDS/xXznXWSlmRigZjaL3PFMy",
-	"18Dwa7idiGwCDEp8A6ZsAXqeZZznsHP2+ns4Ggz6kPOCLbravtfpRXHE79h0VvBotBdHJf9tLkqeRyNT",
-	"znkc6WzCpwz3nQoppvNpNOrHkVnMeDSKhDT8ipfR/X0cffjw4WRuJlwakTHDV096PuHA6ieEkkCLczAK",
-	"5po3ThJ9x1nJy2jTgdwhtCmFvIru8RAzVrIpNw5upzIr5jk/43qmpOb/NuflYvVc7ikwEw7aqJLnkJbu",
-	"lRTUGBiMhRR6wnMoeabKHE8q8NXfaMU4kmxqwUErXfi3o/C0OR+zeWGi0ZgVmlcgvFSq4EwSCP/GF2vO",
-	"iLATOZ/OlOEyW8A1XzTBpcqcl90X4z22m01YecXXHPGaLzbC9F9KPo5G0V92a2Lctd/q3b/xBR3znEsm",
-	"zYaTGnoA0coyA2NVHoOSxQKYBJZPhcTjE3HioYD555WZ8DKRZsIkCKNB3UrY2e/v2S9uheadHvzVglHj",
-	"6qbeS43pXyfvTgk2iWxAZ8YWU+KrdqDYNaJt4WDvbwnOo5ro7bWQV7yclUKaH4WeMpNN8ONMScOlwT/Z",
-	"bFY44t+dleqy4NNv/q4RcB/r4yJIDRMFnmzCCVi3TCOL5HArDPJ3LsZjXnJpkDT9nngBw8xcR6P94TCO",
-	"jDB0++BYMPXnqghwYsxMj3Z3kbz0TdbL+Y0/mt4NVu9Wr95vC6h3dhkLqVUyueRXQn6lIQ12Sd3VNIxL",
-	"NSWcWp77SsOOO1Yi07ZzpZ0RhPAqOUFsrMoGwJD2uTZIIvdx9FqVlyLPuXwyooT21GdJWxlP/Z5Gk0jN",
-	"dBKFaOrvBWiqjrIlbqrnnwsha88/4cSqub+JxwSk1SHSTg/PcSrfleqq5Fp/HkCZMXw6M9FoENfAdR/C",
-	"ACaqyDWdp+BMc5hLIwoY9oeH3cGgOxycD4ajfn+01+8Nhnv/EcURPXbB72ai5PqCmWgUbXi6xstRjZdT",
-	"CTN/p+0wI2S3euM5cHMiSQJCxoqClw4IDApx4+GgZEX6NW6CY6RxIkl04FP4Pi+R8RxgU2Ayh3QZVmmn",
-	"BynZHl0yPtJEXokbbuHv7AeHATNhxh3FvW9F8LIR062smDZQuKd3A3uHoHEqDS8lK57Io6hW3ErAy1KV",
-	"oLJsXqIerFF/0O+HqA8f3xr77rTPg3qYS34345nhuTt1iGG7Vdo5JqTYq2pgJYdCXV3xPCZGLrmZl5Ln",
-	"jkVvWCHyMysHnwjTa74YwXSuDVxyGKBSHh4cwOXCcI06+UZocVlwOHn//elpFEdjwYu8MkNqdmvAnI7n",
-	"5fTWQKe3uv6t5xKJbj0QGtwWDfA3NkUFhLYiL3JQc7RJEol2TCGmwugYGGpfLeQVePvLPhyjYTSX1xIN",
-	"Hv8JXKp8QXyVSKEJi//6/u1PPdSWvMhTEsiWFdV4zGWO69q9byecxEHJ8dhK8l4if1Jmgk9kEyaveO60",
-	"3xvk2DfqyVRQC2SjrrkEd2D8mBhMGnCi5iu9TszSWaBQW6OcNuzSC8+F7W3vEIPTiihwvXOQSObk9C0L",
-	"xXB9ThSo7Yj4SZnXai7zJ+JBKmctObUtNCxz2n4N8Z8UqnfcdTuAS2W69vlngrcl0OVDOzVm9UiOkM55",
-	"wQ3POwT20IlIpDVLKhei9gg0jEXBIVfc4rEQOrRbqrukHYeC9+j6/SzZDRMFu7SAfSJLkDcJucitNSX1",
-	"LS9BSDBiyhsqJ7AC6RgwD86xHXJor2743nMxhb1FpuaFvcclSkWWTRxuWm8X2uorJ0M2wIXRnCFbU5WV",
-	"yTlhNxwMQwbk4zHPzDEIlL6J1GxMkQIb2rDhjoZ1UpkklaGj0b1M1a0k22WH/I0O7uZMHWL0FHYQJkhh",
-	"MYyZKDrPabqcK/WG3PGnU5N3NZFnBgcvhi8P962ijUHdcMs5pGpQ8Q76+y8PXhyGrD8IqOxcKShcmGAb",
-	"6jJKde3zz61YSc2hmsIrDOFH8V0lXKsLG+WIcIeeJtwnMueZQq0Xw6yYa3AY6FSLDXCxgOWrOwRiOJFN",
-	"OXyu1I9MLpxt9Bk+DL3y21wZ1uV3Gec5J5mu59MpKxfRKHrrUWVDTV1rKl3O8yuOiu+GFfNV1FuR9pX2",
-	"8akq6kCWHt0WDQ27ikX/i70X+4OXQ0cijdBAoHT/DU8K1Um3I4al61EYhBneJeJbe1/iPsAHH7hmhUC6",
-	"UvUWWP7VFzNeXmgY9Pv9GC7npTYw7Pf7nXVXPMN3/dG2u2DjNkS/z0LyS9dTEk03qC1Ef0NCKhl2sliQ",
-	"lNSJLPk4CGfQC8fgBRf5byi7QHJcmpW804N3lQgOL5SO2qGbhuBNY0gJtinJS2F0IjMlvSF0y4ThpYad",
-	"1P2V1ttB2qSPYL9EthA97FgNkV/Qp2knBq3Q/qWzkWN5S7qHZWQ0kznsoBHD7QS1fMlnBVuQx+E4RM1N",
-	"pqaOQbQRRQGalzfE6Esm2PGSGln1cVti63SKW1WaCUzZtZBXz6k0fpZsbiaqFL/zp1qEDKzT4kM7BDsX",
-	"/A3NwkHNMI3dt2OYefjKc0ejhK78JlXCbankVSDVw61TymYEOPjw4UN3OSmxCRHLOQyHDT2fzVRpeP4j",
-	"zwU7J4A8gzoPFKD3oMOFaIFQfx+EOKrOBFM8FBCatsVW9XKXXu7SW19Ks6NZly5fLG2gsO08FFCszkTo",
-	"PPHBwdbUkgsSyvn0kpcjGFTuxFigkiDxoQXlnSipc80XMXwDA1ASUGqiN8Fvw+d68N6UIjPFAoTMSs6I",
-	"CGe8tO9qBXONBi0wjY4/lxmZFNZ/9LvboN1XNp2B0old8aX8xCCOxqqcUnRSSHO4H8V1tm2wmm2Lo+9Q",
-	"OJ5kPovTBo9GsNB5VV9p6+Iim8xKNeOlEdZkYTVoN6HeY+A+phDONgmjthjsA/kVMeXasOmsfplA+tB7",
-	"FEE4pycpM5Oh3mkDz4kE71268OkY3UrOykKg9nSUdMu0c0VwoV60mrOrufNjxCVi65eIeaz8Gq9kKMPM",
-	"2y/+3dhFwzwKmnduAV94t3oTdfl3npmKOM5IJbaTRlNHLqU43TF6kHrrIr9gJkVOnpVcc2kSSRGm1J6f",
-	"vqmfTY8hRUvEvUWBZQpbprDjA1OJxCfmJYcrdPeU5B0btCJXz7+f9sI8rNCEounMLMBe1R3DBLzvLiZt",
-	"zOsZiDwEwaPI1gaMW6Hv7v6VhinXml1xEhV4TmZUqQM683QTRxVEH3WI7Vm0ylg/8DhFJ3KfUG8ywKb3",
-	"Xjvqem+sWt2SEapjbSDzKorN8pykNiveBVh32fYmIYRJ01XpALm4QgXmcspen83YolAsj4EZmCp0Ow4O",
-	"rXfVgxMoGNqIZLS6VMuaLC1ccaNhfzhcTlLrCRseHI6Oxi8P8/7LwcuX+9mL/PAAdQG7e8PllZlEo+HB",
-	"YQt5PFYWT/VWsvRHSl9R/KQNTFbDdLOJ0si7Oezw3lWPLGQXNM87a6Dl4HS5sH4O7uDBHWS1bNpCh9kl",
-	"dsWEXIZcyX/r9gc//Mf/2NsGWCVHs00oefEgFM78o+/xRVcmsGV1QByhb+RAXRV/9Jctph/ULRRo0hpF",
-	"blUMQsJUFIVw3kdsXT5ZCTlR5yPBqERayQ2XfKxK7uJwaKfs94+WANVvszPYnbUz9vroUT9U5ROyLVJd",
-	"K2OqfPFK2uBM4/KR4XfI1qsQSNFYJCHP8UWejyDFh1PYsXktWqEDGStL4bwzGwvSIHScyPSSaX64n1ZP",
-	"MLgUkpULZ4ai6cVkzsoc7JO2IGr/cP+li/d5/e3OaJ9qUeJx9L1TCp8nex7Lq59l+nyuNP+DeKOFkJrX",
-	"bSOrV3eGy/yPAfqjBORn4+kPANprJorPA9kaC+YE9ESVZr3tUovlDLkt51khZBhJ+Hy19UezQrnwiaBK",
-	"hNl6uSZIUvwwhZLTKXWdwqK6GX5nXCzLeQYahOkcJzIlsKfWaNWUwyqnQrLCW4hW77kYnY1wLQn0NaWE",
-	"fwxlkdo545rg8rE1EIDfoV6v3IOUsi94v3SDg0HOAGWOtnQwKlylgR9BECZHAnbqJ0ZgsTXlTOqlejG6",
-	"ct75s12Hz3OUv7yL0OCHENkfJpzy3qb2bipoehA/5D5/Ae8hAOR6AvarrnGUmVnnHwcmQ4XqyKOh1W74",
-	"gbPCTNZEr2z6lLaa0HPIKSVnuZBo6GUTnl2vhm1Www/qeuvAQxtQ/sbXxAyyQnBKQS2VIY8eqvpJ5E7/",
-	"bjj4v//7//TvXrzq9OBEUlX6BOzpkLv/PtfGR+TSj2kM6T3+52v8z39zPJ4kaSJdhXW+7AG0lT83HIED",
-	"smz9vwdxNEM8lni7//VLktwNB90kuXvx6tdv/qVNU5FSaVOGtbfyXz+m1qomto5atVGbN6JCDev8kLbi",
-	"HERe5SaSO7jkKzWbGexCGzyew/6SzzPo99uirQEQWnlDzdhvc183pMaU2atqhRx1BDowdhoQ6TqRKSe7",
-	"NrU5AK8BW8uO7A4j2BvChN9R7rpkmeGlPgYmFzarxQvNXYyh31/mk73xkB1l/fzg8gXfH2Qv2WHeP+LD",
-	"8YvLQbbPDg6iJmP0u0esOz7pvv71497wvpUzfDKgLchKLSf7By/Ah/ptAiR2qTh03tJ1qZO0l0iy+LVQ",
-	"EqZ8eslLDWw246y0idGqzONayNwFCazANhM+fR4l7jM27RHkgknm8wlUbOXqSWW21MzyhALm1VCgLaFc",
-	"PtFKMeKoEbyylYHMAHFZjKD3/RK2kFAYF75JvQeUNnuDas+o5VBConudtYrIn89OoeQUCMucTStydB3H",
-	"1pNfgVvFsfNSdKs327Z9khSsdecqR/9wfv4O7AOQqbyJTipbrKTIwdHRwxLE5e3WOVOuXMLLNiRo/Nvx",
-	"w3FdzITeFuWqApC5bJaQeRNfrXXrNeyMS2OunMhQSguxJtkUJUrLkUaJTDfmGJN5v7+X4Vv0Fwq924nS",
-	"HApGoVQzAc2vplxaS91v8ZUmchwlMpGf7KafPB4+kc2OB/qUyE/dbrf6Pz67Qv/wCQUgfFoqyYX2ilxV",
-	"bqjAhaAAF3ZI7rgq3A7YzRtZaNp5AJ/CjqTWLLZ9t26hoBf3ll58sBnDrlIXNNIq+/CpvbDS11D62xIq",
-	"7BJTbiYq7+JKrCjUrb/KgTsRPVoVVBp2zS332vcqSLQmc3GhgV9oywyxXbAu26I19trWWFswFpYS2do4",
-	"Tyx1awTd8QgJpa3NonLmLdp9x0Tc1i7hFg8Kfqu1H1Mh7emirccJFxwO3YJbd4a5FRtlQLQSHs0GGFCl",
-	"juDhKixbDQRtxUAWQmEtjYfIUkXQY7ZuqxhCf6AuKWtUB206xWohKnyCg4rhXJ0rk1sXuXpack0YtBpJ",
-	"nJamjU9LltjWDURNfRg95Nv5OhBSOHHtHDtLps0KP/NeZps6WHJBrTy0Tm5saQ7B5D5xz6ix/VA6zbmU",
-	"fLMRAvpbGD7dItLsjvDavllrr4iVJVu05+HDUujtU/HV4TYCyh9kBV5vJV8BBXoDZzwnjm+DBz3YYtAR",
-	"/RGZWubAt9dQ4jGkt6Uw7mFhfLmgBvyYa1IAt65PdsqnqlwcQ8pvREax/pkqRLagN3Ui0ym7s8903Rek",
-	"g/JSzZw+0ceQlpzEtU5HMOZ4FP9BIhmVi0tpyZ/aedPTv7768f2/f39x9uqvp+8vPpycnl+cvXr35vT7",
-	"k/dpM/9SXTuKI38p/Lp5WEoO2w1bYy3rDPcPVE/ItG18aM21I5zbrULCADotE6XNCJVc2nuQIS163bIP",
-	"8GGVUQkd4peH+/0NacOqQ5ZiEb5YkRQemlqmZNJWM1Fmsc1Rdhusd5SHB0fDJUe5zcjdLpDmWujhBKqI",
-	"YhU0DIo/SLYkciVw63ihJaruA40NahLyIpCkWwbq3pM0OKODtslEW0nlL7JqCKy2U+YpFaIGBTSi4CHu",
-	"8ObBWdPjRlA7rKJpC3Af+y4H+2Sjn7oqkrHgooobdJCPCbjVmAPyqPFRpq9dmbHVpMtDDb4lNDxTjLzk",
-	"7M8vrvncgPumIhI6S1j0IW64BFfvEJQ2OwgEpNB7jkyZo7r2c7niCibJJUKKkYrM6Emj4A0W3LRH7Z/k",
-	"dq8pJzmv6kBaQOX84iVLuRVSz5bwW0NZj0hsbHEGymc8vrJkPssfzzet4dt69IWxnRl1PDdgzsaODyZW",
-	"lkD7UNq5RUFTURDxrFAUxcjnGdqbNgvKc0o1EGfTH0b5At58bp1I3oNXFCaZsdL6EzO7/wh9ficZMiX1",
-	"fMpt85m1/lEMJtK6/rZJre44At9wZPuNqJPe1o3TAuQPu2KnRFLzUZuQxPXaCQy/iX39C5kZ+MkFd5U0",
-	"KWi2WMqwf0wim+64EHkSjfBfF4PhXhLdt7FGY7mHCKdRxHPfqKpvx+bHNiOsYbLQCi7c6Fw4UQK1AjXv",
-	"9TH63tbWd8+dmb9cFn/fQnbWhr/I1ppvy0G9usDPUmrjDMP+4HFBvrYjnVd8vWxCVB1dCI4evN12PA74",
-	"6TiJVLcyJjiS7kYvY6X7tRDaaNjxgQ2XFdhPZBguclE+YTobxuYEybTD/U25NNb9vd89uuiuSaTV8qgt",
-	"pm7DyCamzMHe3t4Rmqw/n39vTZEg04OWVCa0ULLJECuB9H4VSK/MWxRkXdeC2zxfHN11r1TXffgjbofn",
-	"tW0IPJuXwize08gqy8o0oupk3pbTTU9cPJCIdgR2nBXYsCibCepetpHRHrxCZ7mO981ouBEhlJB5nMgV",
-	"0vDRQCYXde9zqeZXE0jtv1M0seuQYyJtzBEXcHQwcBbecpeMP23ag50TyPkNL9RsSnarj/P7gSNCdq2r",
-	"6OQnLohGRabkWFzNyypKqYFlGZ8h3dpYqd8stw1ulJCw90id55P2OkSPdkgYqlc/EixocrFNKEKOlW/J",
-	"YRkxnB/JZcMrqMHKoj3ssiqp3JdUcw4Zl6Zkhfid543ct+bljcg4QhlvgFB2H8FlybJrTjwqOVzOtQ2g",
-	"1BrNpq5ulb07RbsBwBo7O9d80QHoWuoA79/kADCCci6byjHGf8qqEXCn1+tRxx5aK/QPu3L4v2rlyhvC",
-	"lXMFP709pw2EOXaaNpyJ5qXkhgVd5ANgqwV3fL1Tx9tWG5YOil5HoNWUI2Qp1Sk07iGtCINSXE0MSHUL",
-	"O/v9ow5C9rWyvZY7lr5iIAA3TYxyLjXu4YuV8flZwTLS6IxiLDFyIQpb/LCuxkWbuQbkjgM90b29XbHo",
-	"uJQNlYgn0pq0NiTPTM2QZrUzww/XCYZgVRWaieToyOMNv/76eyVv7Me69/XX4PuXST3UzcJziQo43b0Z",
-	"WHf0X9+//SmRO6uh985xUMVNFpCNLvsAudXO1HPmhMngIPZ2U9DK7b/ca02n2M5ESqqosi7clSgiglRM",
-	"ncyGV+j42Z7ONbllvXyfRk45Bs2tmkxd3jq1MwhZpwekmqq1UfskcrPugZ10ncJJOwR7wuK4VFOb4iL0",
-	"fqUhK1R2fQz53JKf3dVZEvX8AlHCXAoq+PZJH7xdlZ+NKUbg63XTTg/eOiu3zoQQBF1ynGYrSGUtLhum",
-	"U1NhDKdojFUPLpejJDAIEkQOBQetSSKrnxoJJW9phHkpR6pvKPeGVHruBxZoGx/K7U2Fhlxlc8oNojB0",
-	"hR+x7wCQeSKre8Mlrq1jS11a/M51p+qfdoqEqiOqGACpz0o/JZakPR9Zg41O94BSjl0/sObOmrXdxNq5",
-	"EH5+oQuYjuoULi5nGREVgNeObprPrYK5LDlKCrolvdyDky3U/+WituQQkN4MSOSO4z2XBrVG77u3789r",
-	"AUi5UJqKCNUITf+kBVAHsez3wmMQSXlj3tmm9luH/L0efHDmgD9LDAxvZeUKy4yuMpP1GEeEnA3jIULO",
-	"uEGpQAghIUpDQ4SGxjgQ9Ops/3pKHwifD/NQT6QPkNU9JQ4fRFXWkGathaqNFR0f02CRxhARG5DXvrDC",
-	"9pzSYXORNwhE2vbzXiJPKPvUlpeybfyGk2XkE5JGobDLOM9tRUDdv2dPVc1TueSeG+MqV+bWsHehY7JL",
-	"dePa5AqRceeqO7sJPbtScMNoTuZa22nXv1nXOAQm1w0vtbWoBr1+r0/RnxmXbCaiUbTX6/f2bL3RhMzp",
-	"XVv3+Dv+fcXbvCYH4mG/D3UAlUCiNRlrhbjhNDCmylKTj1+YWrmiv1CR/Wlu/VLadmmY57Df39Dl3dLd",
-	"7VNQkbrevpfa1YSuaaVevhvNbzuwB2tbtbrAbjUyL/RdotEvv8bBbI434oZLVx7CrjSVj1YSIfoVX92d",
-	"IsFkei1SfrTfeyX1rlSoIfgczfk7A/xuplzTtXXAUIPhN7uzggl5DI5Gvu33+r191GGWze221gPWhpVG",
-	"+4SAI68LF4Ju4tKd5mFc1kdoYDH6C/zw6s078JsgyV84gaUvjDKssGEE/xmK3VLNDY8rdkSOC0uHEvkX",
-	"OP+f715tXDRTc0nW4YaHProdvk2qJuMkimn3b5No92awa9vqothu/20SDfuDJLqH/WHtSa0bnbxKfQ71",
-	"z0x0AYVMK2ytJb+Ss3yxnUioUxjW3LY51ynThjtT21Z0OK3qJTbardY19cnSHWefuoIh6+B2YhseR9tR",
-	"Kp+NTMGmIxO5M5cFsupSpvPkzZu3Hy5e/fvp9+enb3+iVgbNDRmHsafoTblR+BZ+sju7FkgDPwWp1irN",
-	"elwPSSal4kyB1dy8DffnvAenBu02Cz88iZBUvjBFW6DQyolYC0VUXdoGRJdcfhqEwopbttBUK7BoY8sz",
-	"i8X/hBK2KvqwNamfQ+v4wt7jLlKXQPxS5f/DZHc1KIQqexy4fVVMlZ4feYJllJagiTg+0TyKBihR+72D",
-	"0eHei6Po/te6RiL6rClxdZVI25hST5xoIFtCs1TX2ygL6jU3iAAv1/CAMzercmn3pRTw0uwN2Bn2B3Z4",
-	"YMP6a/jaiWxt88B3+/7dmSqN86XW1YolkorF9vtHHbJgu3ACkt/ayjvqcKgTSJcLP00oTILbAj1b2zVR",
-	"Nt4STtalXLGX/77Id0aDonznK264bJ3muE5VvtaDc5paZCmKLc/D0GjBp9WUCd8z5Va5FmiWkgVa5Lae",
-	"rWdv6gqyqNDTG9z8tznzj4d93j6ZV3dQ4NqNlu/aPrd934TI2H5M27q/3a0Q4gDf2RlaPhKJnh9ta01q",
-	"qqKzYpEQ2HbwLceR+z7+GHe9nTDD/aiz6hFya3sQDGC3zIrsxYj4vM7CNS6V81hcTUCzzA3Ru3DTXLvk",
-	"WUHqOsxTcGGyftwcnDV2lfGWK8LGcXxT46Z1iMlTvGMB7asq8VHg5GRTrDHwdMiFOMZlmCsDRHQh/hyS",
-	"65pGLh3Bz+Z6YqFJqiV2ugcXGaD2gZ3Z0VHHRiB8QDWMGmlm5iX6x22KhpDvfuCAa/OdS7Y9QjKHSf0N",
-	"IxkoId/adlQ3ELsGFJfwbk4paDRauwKcal5Af2uh3JiBcd9M8SLP3j9F5brxh75kpjHW7yQIetYp42qs",
-	"XzjGvdkIuSlFsx6oYVbfZlA35z6XUp2+qT9IYm6RYWwkFIf9QVBmGIDlvuq9XIbQcj9vK4CGVTnLSr90",
-	"0NHZArW93v7B4edAjbazEAs33Ai4Bij2+8MQFO7yj5iTGA4oWmOXhYOV/WAmyinQOPPlLIhVD74+IIi1",
-	"Vuq9t25ckS8YbvQidxLpwz/0yGpvtqt9XTPqyM8UHvYHjxM/Id88JGK2/VGDRrffNh1gweQsV6JR4boa",
-	"bvU4XFeTytZgu63ifkOyixVFEKmrcZXWQb+m+eNmo7RU6u2oMmjBq6r0PQL3t3MFGgP16bXBw6/9vDQ0",
-	"cd96EZtfeh3+6Md+f//hN6rR4vTC0TbXeRf8eMX+YItTVVOO6YWDbe7eMlMRXx4Ot4BBy8/s0LtHW520",
-	"MeD3Ce7e5hdWxomTeKy0w3e2drXKI3oPo2CL0AtRkgeu0TVfBE6RZ4D1ftF7O1mi0RrTNMxoaKF1RRoc",
-	"c+wLqoKxVtWUVWE2JibJVrSxAht6tx0v7rjodDhjnlWRdeToTpAFRaPeTY8gn2M5dA4n7kdMfFNZo6Lx",
-	"cm7w82lQ1pjIZl2jK/kSRVHZMW3mpJ/08xSL8iEx/ijB/J/BCtpa9C/PSXpu+/TzDc121Tl8hEHaZghu",
-	"C5fG5JS1Q1TrYe++XoJ6OHRMblQ9rZK0YXPkPZGU/T2mf0QFVv+qyR+uv/4UXeL5rK1G2lKGMBqCHyVs",
-	"1yfWCFqvTd7NKSqAmxD/LJqjGNZoEjCKynG+SWRYuVBX5VP9Azn4aO8VCnW7rXJU0o/WaBHNdhrYlxTM",
-	"6IkfWhf+kZJ6a0nQHGn2peXjUxyKQSAVvxQ07JCVjT/Ng5TEaSS7abHm/ynx/kEknuWb5XGhOxPOSnPJ",
-	"memsFXJj1xXYLuJe+XDpA+axb7Z2wYBeS5/a0uDK5eFwy21siQymw8GO3/8bGHR6EC6+bmhcPVN5dWrc",
-	"FuZ6Il/b8eWuZNBViZTU74jCuva326TxawTrE2TxuhDYFzeeNwbDWqJeQZMQYWJ7oy8YxPhFBf3wQfO2",
-	"ihw+Q4CxCY2WqOBzGsVBm6il439axf/UEet0BDJcm0W8VjXQv0gl+KhKkwL/Sp/rMENX/45Elf+rqllh",
-	"Jyg6TeRcaiMyyrnSK+4XO9vHg9oflHB54x7QzvTTEkwCu9T2Z4zpBO7n3TUYpdoEsz3036jXL/xx9F/a",
-	"oVs/slv9GPl9/OCz4S+C3/+6Isr2180H9a3PV1SfbznZXfD/B0b9c+halTQDpdGFvpao67kYrfVTZ0E9",
-	"xApNNzqnbQkrxel1D17XZeWJdFkZVFAL/7PszRQ4BLXmx81fdahnOgZT3TY2nTcJ/L9z894P7/hyBH5q",
-	"z+N7Wp+LMb5cMtblp1rhuDZRG3TjPyF6Nuwd9Pub7YY1KfFniW6uydryRqyubrkOmxzDtuoWALiLPT3h",
-	"uzWg11jF29p3jzXceG23fRaA3Ma2I6+eu9GEUusPGXxhkqybQJ+pvKOar+Cg97iMbCv5ewQ0J5Z8Bhbc",
-	"No/IxzfmnawNSNvhFP/1rOc/RYufcZY/rMObpZPNjuNffqWaTl7eeH23irSqkdW37dqyOnxHNzutXBNy",
-	"zmeFIkKjmmPfZw4sz5EgqZGqWqwQ2nCpQUlIRy/7L/spuCLooP23Kku2ytt2kuySMnS3XT74aXPAdDgr",
-	"wDdERbHvUyFIoSJemTVQmEkcTC/DRVy9eTV/tqoRrPuRXUe5Wz2oRb3/9f7/BQAA//8=",
+	"7H0Ncxs3suBfQc17VRF3hxRJSbZFVepK8dov2vhrZeX5djM5DTQDioiGADMAJTG2qu4/3D+8X3LV3cAM",
+	"hhxSlC0ne+9tquISyQHQaDT6u3s+RpmezrQSyppo9DGaCJ6LEv88FbZcHI+tKOFTLkxWypmVWkWj6L3I",
+	"tMoN4/Azu5nIbMI4K2EEm/IFM/MsEyJnO6cvn7PDwaDPclHwRdfQuE4viiNxy6ezQkSjvTgqxa9zWYo8",
+	"GtlyLuLIZBMx5bDuVCo5nU+jUT+O7GImolEklRWXoozu7uLow4cPx3M7EcrKjFuxCunZRDBePyG1Yji5",
+	"YFazuRENSKLvBC9FGW0CyAFhbCnVZXQHQMx4yafCOrydqKyY5+JUmJlWRvxtLsrFKlzuKWYnghmrS5Gz",
+	"tHRDUqbHjLOxVNJMRM5KkekyB0glDP0VZ4wjxaeEDpzp3I+OQmhzMebzwkajMS+MqFB4oXUhuEIU/iAW",
+	"a2AE3MlcTGfaCpUt2JVYNNGly1yU3afjPb6bTXh5KdaAeCUWG3H676UYR6Po33ZrYtylX83uD2KBYJ4J",
+	"xZXdAKnFB+BYeWbZWJdHTKtiwbhiPJ9KBeAjcQJQjPvntZ2IMlF2whWT1jB9o9jOfn+PfriRRnR67C+E",
+	"RgOz23otPcZPx+9OEDeJamBnxhdTvFftSKE5om3xQPsngvNHjfT2UqpLUc5KqexraabcZhP4OtPKCmXh",
+	"Tz6bFY74d2elvijE9M+/GEDcxxpcQKnlsgDIJgKRdcMNXJGc3UgL9zuX47EohbJAmn5N2IDldm6i0f5w",
+	"GEdWWtx9ABabergqApxYOzOj3V0gL3Od9XJx7UEzu8Hs3Wro3baIekfTEKZWyeRCXEr1jWFpsErqtmbY",
+	"uNRTPFO6c98YtuPASlTaBlfaGbEQX6VAjI112UAY0L4wFkjkLo5e6vJC5rlQX3xQ0njqI9LW1lO/p9Ek",
+	"0jOTROEx9feCY6pA2fJsqucf60DWwj8ReFVzvxN/EiytgEg7PYDjRL0r9WUpjPk8hHJrxXRmo9EgrpHr",
+	"vmQDNtFFbhCeQnAj2FxZWbBhf/ikOxh0h4OzwXDU74/2+r3BcO8fURzhY+fidiZLYc65jUbRhqfrczms",
+	"z+VEsZnf03YnI1W3GvEYZ3OskAOyjBeFKB0SOCvktceDVhXp12cTgJHGiULWAU/BeFHCxXOITRlXOUuX",
+	"cZV2eixF3aOLykeaqEt5LQj/Tn9wJ2An3DpQ3HhiwctKTLfSYtpQ4Z7eDfQdxMaJsqJUvPjCOwpixc3E",
+	"RFnqkuksm5cgB+ujP+j3w6MPH9/69B20j3P0bK7E7UxkVuQO6vCEaam0c4SHQls1jJeCFfryUuQxXuRS",
+	"2HmpRO6u6DUvZH5KfPALcXolFiM2nRvLLgQbgFAeHhywi4UVBmTytTTyohDs+P3zk5MojsZSFHmlhtTX",
+	"rYFzBM/z6a2RjqO6ftRjsUQ3H5OGuSUa6G8sCgIIdEVR5EzPQSdJFOgxhZxKa2LGQfoaqS6Z17/o4RgU",
+	"o7m6UqDw+G/Yhc4XeK8SJQ2e4l/fv33TA2kpijxFhkxXUY/HQuUwL619MxHIDkoBYGsleol6o+0Ensgm",
+	"XF2K3Em/V3BjX+kvpoKaIVt9JRRzAMPXeMGUZY7VfGPWsVmEhRV66yPHBbs44LFOe9s9xMxJRWC43jhI",
+	"FHd8+oaHbLiGExhq+0G80falnqv8C89BaactObEtDVu+afs1xt9oEO+w6nYIV9p26flHwjcR6DLQToyR",
+	"HMkB07kohBV5B9EeGhGJIrWkMiFqi8CwsSwEy7WgcyykCfWWai9pxx3BezD9flT8msuCXxBiv/BKoDXJ",
+	"cpmTNqXMjSiZVMzKqWiInEALRDDYPIBju8PBtbrhuMe6FLSLTM8L2scFcEWeTdzZtO4u1NVXIINrABOD",
+	"OoO6pi4rlXPCrwWzHC6gGI9FZo+YBO6bKMPH6Ckg1wa5OxraSaWSVIqOAfMy1TcKdZcdtDc6sJpTdfCi",
+	"p2wHcAIUFrMxl0XnMVWXM61foTn+5dTkTU24M4ODp8NnT/ZJ0MZMXwu6OShqQPAO+vvPDp4+Ca/+IKCy",
+	"M61Z4dwE21CX1bpLzz+2YEUxB2IKtjBkr+V3FXOtNmy1I8IdfBrPPlG5yDRIvZjNirlh7gQ61WQDmCy4",
+	"8tUeAjacqCYfPtP6NVcLpxt9hg2DQ36da8u74jYTIhfI0818OuXlIhpFb/1RkaupS6rSxTy/FCD4rnkx",
+	"Xz16YmnfGO+fqrwOqOnhbkHRoFno+J/uPd0fPBs6Emm4BgKh+zeAlFWQbkcMS9tDNwi3oovEt3a/ePsY",
+	"PHjPNqsDxC1VoxjdX3M+E+W5YYN+vx+zi3lpLBv2+/3Oui2ewlgP2nYbbOwG6fdRSH5pe1qB6sZqDdHv",
+	"EA8VFTtVLJBLmkSVYhy4M3DAEfOMC+034F1MCZial6LTY+8qFhxuKB21YzcN0ZvGLEXcpsgvpTWJyrTy",
+	"itANl1aUhu2k7q+0Xo6lTfoI1ktUC9GzHZIQ+Tl+m3ZiZjTovwgbGpY3KHt4hkozqsMOGzG7mYCUL8Ws",
+	"4Au0ONwN0XOb6am7IMbKomBGlNd40ZdUsKMlMbJq47b41hGKG13aCZvyK6kuH1No/Kj43E50KX8TX6oR",
+	"ckZGi3ftIO6c8zdUCwf1hWmsvt2FmYdDHtsbJU1lN+mS3ZRaXQZcPVw6xWhGcAYfPnzoLgclNh3EcgzD",
+	"nYaZz2a6tCJ/LXLJzxAhjyDOAwHoLehwIpwglN8H4RlVMLEpAMXwmLY9rWpwFwd3cdTXkuyg1qXLG0sb",
+	"R9gGDzoUK5jwOI+9c7A1tOSchGo+vRDliA0qc2IsQUgg+zAS404Y1LkSi5j9mQ2YVgy4JlgT4iZ8rsfe",
+	"21JmtlgwqbJScCTCmShprNFsbkChZdyA4S9UhioF2Y9+dXLafUPhDOBO/FIsxScGcTTW5RS9k1LZJ/tR",
+	"XEfbBqvRtjj6DpjjceajOG34aDgLnVX1jSETF67JrNQzUVpJKguvUbvp6P0J3MXowtkmYNTmg70nviKn",
+	"wlg+ndWDEaX3jUMPwhk+iZGZDOROG3qOFfPWpXOfjsGsFLwsJEhPR0k33DhTBCbqRasxu/p2foyEgtP6",
+	"KeL+VH6OVyKUYeTtJz82dt4wfwTNPbegL9xbvYi++EVktiKOUxSJ7aTRlJFLIU4HRo+lXrvIz7lN4SbP",
+	"SmGEsolCD1NK8OMv9bPpEUtBE3Gj0LGMbsuU7XjHVKLgiXkp2CWYe1qJDjmt0NTz49NeGIeVBo9oOrML",
+	"Rlt1YNjg7ruNKfJ5PQKRhyh4ENmSw7gV+27v3xg2FcbwS4GsAuDkVpcmoDNPN3FUYfRBQGx/RauI9T2P",
+	"o3ci9wH15gXYNO6lo673lsTqlhehAmsDmVdebJ7nyLV58S44dRdtbxJCGDRd5Q4sl5cgwFxM2cuzGV8U",
+	"mucx45ZNNZgdB0/IuuqxY1Zw0BFRaXWhljVRWnYprGH7w+FykNpM+PDgyehw/OxJ3n82ePZsP3uaPzkA",
+	"WcBvXwl1aSfRaHjwpIU8HsqLp2YrXvoaw1foP2lDE0mYbjbRBu5uznZE77KHGrJzmuedNdhyeLpYkJ0D",
+	"K3h0B1EtCluYMLrEL7lUy5grxa/d/uD7f/zPvW2QVQpQ26RW5/di4dQ/+h4GujSBLbMD4ghsI4fqKvmj",
+	"v6wxfa9vWAEqrdVoVsVMKjaVRSGd9RGTyacqJifreCSzOlHEudmFGOtSOD8c6Cn7/cMlRPXb9Ax+S3rG",
+	"Xh8s6vuyfMJrC1TXejF1vnihyDnT2HxkxS1c61UMpKAsIpMXMFDkI5bCwynbobgWztBhGS9L6awz8gUZ",
+	"Jk2cqPSCG/FkP62e4OxCKl4unBoKqhdXOS9zRk9SQtT+k/1nzt/n5beDkZ5qEeJx9NwJhc/jPQ+9q5+l",
+	"+nwuN/+d7kYLITW320ZWL26tUPnvg/QHMcjPPqffAWkvuSw+D2VrNJhjZia6tOt1l5otZ3DbcpEVUoWe",
+	"hM8XW7/3VSgXPhBUsTDKl2uiJIUvU1YKhNLUISzMmxG31vmynGVgmLSdo0SliPaUlFaDMaxyKhUvvIZI",
+	"cs/56MjDtcTQ16QS/j6UhWLnVBjEy8dWRwD8BnK9Mg9SjL7A/tINBgYaAxg52tLAqM4qDewIxDAaEmyn",
+	"fmLE6LSmgiuzlC+GW847f7Tp8HmG8tc3ERr3ITzsDxOBcW9bWzcVNj2K7zOfv4L1ECByPQH7WdcYytyu",
+	"s48DlaE66sgfQ6ve8L3ghZ2s8V5R+BSXmuBzcFNKwXOpQNHLJiK7WnXbrLof9NXWjoc2pPwg1vgMskIK",
+	"DEEtpSGP7sv6SdRO/3Y4+L//+//0b5++6PTYscKs9Akj6OB2/zI31nvk0o9pzNI7+OdP8M//cHc8SdJE",
+	"uQzrfNkCaEt/bhgCB6jZ+s+DOJrBOZawu//1U5LcDgfdJLl9+uLnP/97m6T6QSxeSdPC594qwWYgB/Hk",
+	"Cmks+qnHLqXBrB6ZtMLbBKsME8d4SwjmjTGareeY2iDLOvKHOeh+qs2SDQ77FKdG0UB742XJ8V6DgDrP",
+	"5qVpk/bvKoYsC8GmuqyBnPIFK8WUS3XEZtyAVANtPKWp0jpxFAQgbKXFsbFEl7SfNrJEod6mjNTW4n99",
+	"n2armN7aa7gWra+bFqqzA9uSo+DyVGY6muNLtmqzmIQm2mBxPukv2ZyDfr/N2x0gofXe6Bn/de7ztvQY",
+	"I6tVrpajjkAHiZ0GAnwlUalAuyKlGIzXQFrTvmiFEdsbsom4xdyBkmdWlOaIcbWgqKIojHA+nn5/mU/t",
+	"jYf8MOvnBxdPxf4ge8af5P1DMRw/vRhk+/zgIGoypn73kHfHx92XP3/cG961ciYfjGlzcmPJz/7BU+ZD",
+	"LRSAil0oFK/rutBV2ksUWlxGasWmYnohSsP4bCZ4SYHpKs3mSqrcOWlIYNqJmD6OEuUjZu0e/IIr7uM5",
+	"mOzm8nlVtlRM9AUJ5KuuWEphXYZoJRl01HAeUmYmtwxvWQyo9/UqlMgprXOfpd4CTZu1WbVl2gKUVMZy",
+	"lbWyyB9PT1gp0BGZOZtC5mC6j8mTsoK36sbOS9mtRrYt+0VcsNZdVm/092dn7xg9wDKdN48T00YrLnJw",
+	"eHg/B3Fx03XGrEtX8bwNCBr+dvfhqE4mA6GGscIAZS6aKFXePK/WuoEad9aFkVcgshhShFNTfAocpQWk",
+	"UaLSjTHeZN7v72UwCv8Cpncz0UawgqMr206YEZdTochS8kt8Y5AcR4lK1Cda9JM/h09oMwFAnxL1qdvt",
+	"Vv/Dsyv0zz4BA2SfllKiWXtGtC43ZECzIAGa7SDfcVnQHUaLN7IAcOUB+xRWhLVmEdDYuoQFB+4tDby3",
+	"GIZmqRNKcZZ99qk9sdXnsPrd4lHQFFNhJzrvwky8KPSN38qBgwgfrRJaLb8SdHtpXIWJ1mA6TDTwE20Z",
+	"oacJ67Q5nGOvbY61CXthKhflJnpiqUtTcI+HQChtZS6VM4WO3VesxG3lKm7yIOG6mvshGeqeLtpqzGDC",
+	"4dBNuHVlnpuxkYaFMwFo5OABkTpi92fBUTYWa0vGIgyFuUweI0sZWQ9Zui1jC+yxOqWvkZ21CYrVRGD2",
+	"iR1UF87lGXO1dZKxpyVXBIOzIcdpKZr5tKSJbV3A1ZSH99owPg8HBU5cOyecJtOmhZ96K79NHCy5AIgf",
+	"kpOBbEMGaHLfuGf0mL5UTnIuBT/JQ9M0Rjd7+h0IL2lkmxW56ogIU9G3T4WogNuIKA9Iqzm+jAqwBk5F",
+	"jje+DR/4YItCh/SHZEqXA0avocQjlt6U0rqHpfXpmobB18KgALhxdcpTMdXl4oil4lpmGGuZ6UJmCxxp",
+	"EpVO+S0903U/oAzKSz3zxvcRS0uB7NqkIzYWAIr/IlEc0/WVIvLHcur05C8vXr//z+fnpy/+cvL+/MPx",
+	"ydn56Yt3r06eH79Pm/GvattRHPlNwc9NYDE4Twu2+rrWKe4fMJ+TGyo8ac11ADy3a4V4AmC0TLSxIxBy",
+	"6f1OBTpeN+0997CKaIUG8bMn+/0NYdvKb4O+CJ8sigIPVC1bckXZZBjZbTOU3QLrDeXhweFwyVBuU3K3",
+	"c2S6FgbsmFUe3cppGyTfIG9J1IrjfMTWRTW8o7dBTVKdB5x0S0dpw2XVwhMpk81vZFURWC1nzVNMBA4S",
+	"mGQhwrODnQewpkeNoEKYxdQWYDjyVSb0ZKOevUpSInRhxhMYyEeI3KrNBFrU8Cg3Vy7NmyTpclOJb/EY",
+	"HilGUQr+xyc3fW7AY1MSD8ISJt3Ia6GYyzcJUssdBgJS6D1GpNJRXTtcLrmFKzSJgGKURjV60kg4ZAth",
+	"26MmX2R2r0nnOavycFpQ5eziJU25FVOPFnBdQ1kPCCyJbVzj4nMye+az/OH3ptV9W7cesVQZU/tzg8vZ",
+	"WPHewNYSau8L+7cIaEzKwjsrNXox8nkG+iZFoUWOoR682fiH1T6BOp+TESl67AW6SWa8JHtiRuuPwOZ3",
+	"nCHTysyngor/SPsHNpgoMv2pSLCu+GK+4IvqvbCTAeXt4wRoD7tks0Rh8Vcbk4T52gkMfol9/hGqGfDN",
+	"uXCZTCkzfLGU4fAxiSjcdC7zJBrBp/PBcC+J7tquRmO6+winkUR116hqaD/Nj21KWENlwRmcu9GZcLJk",
+	"WIrV3NfH6DnVNnTPnJq/XJZw10J2pMOfZ2vVt2WnXp1gSZTagGHYHzzMydcG0ll1r5dViKqiDtDRY2+3",
+	"bU/EfHeiROkbFSMeUXaDlbFSfVxIYw3b8Y4NFxXYT1ToLnJePmk7G9oWBcHMJ/ubYpm8+1u/e3jeXRPI",
+	"rPlRm0+d3Mg2xsjB3t7eIaisP549J1UkiPSAJpVJI7VqXogVR3q/cqRX6i0wsq4rgW7CF0e33UvddV++",
+	"huUAXioDEdm8lHbxHluG0VXGFmHH87aYenrs/IFItCNG7cQYuUX5TGL1OHlGe+wFGMu1v2+GzaXwQPEw",
+	"jxK1QhreG8jVoq49L/X8csJS+pyCil27HBNFPkeYwNHBwGl4y1VKHtq0x3aOWS6uRaFnU9RbvZ/fN3yR",
+	"qkumouOfPlicaTWWl/Oy8lIaxrNMzIBuyVfqF8upwBADErSP1Fk+aa+D9EhN2kC8+pZsQZERFQFJNda+",
+	"JIpneOF8SzRyr4AEK4t2t8sqp3I/Ys4/y4SyJS/kbyJv5B4YUV7LTACWYQeAZfcVuyh5diXwjirBLuaG",
+	"HCi1RKPQ1Y2mvaO3mzFGys7OlVh0GOsSdTBv3+SMsREr56opHGP4qKpCzJ1er4cVk6Ct4AeaOfyvmrmy",
+	"hmDmXLM3b89wAWmPnKQNe9J5LrlhQuf5YGyrCXd8vlnH61Ybpg6SjkfM6KkAzGKoUxpYQxELY6W8nFim",
+	"9A3b2e8fdgCzLzXVuu4QfcUMEdxUMcq5MrCGTxaH52cFz1Cic/SxxHALgdnCl3U2NOjMNSJ3HOqR7ml3",
+	"xaLjQjaYop8oUmnJJc9tfSHtamWMb24UNCGrMmQTJcCQhx3+6U/Ptbqmr03vT39ivn4cxUNdrD1XIIDT",
+	"3esBmaN/ff/2TaJ2Vl3vnaMgix41IPIuewc5SWes+XPMZHAQe70pKKX3P+61hlOoMhSDKrqsE6cVsIgg",
+	"FFMHs9kLMPyopnZNbNks76cRU46ZESQmUxe3TqkHJO/0GIqmam6QPonaLHvYTrpO4KQdxD2e4rjUUwpx",
+	"4fF+Y1hW6OzqiOVzIj9a1WkSdf8IWbK5kphw74M+sLsqPhujj8DnS6edHnvrtNw6EoIYdMFx7G2hNGlc",
+	"5KbTU2mtQG8MiQcXy9GKcRYEiNwRHLQGiUg+NQJKXtMI41KOVF9h7A2o9Mw3jDDkH8ppp9KwXGdzjA0C",
+	"M3SJH7GvwFB5oqp9swuY28REXUb+Jkynql93ggSzIyofAIrPSj4lRNL+HpHChtDdI5RjV49thNNmqZrb",
+	"OBPC9490DtNRHcKF6egiggDw0tF1U7rRbK5KAZwCd0k5XOx4C/F/sag1OUCkVwMStePunguDktL77u37",
+	"s5oBYiwUu1KyqoWpf5IQ1IFT9msBGEhSXpl3uin96g5/r8c+OHXAwxIzDrsivsIza6rIZN1GEzBHbjw4",
+	"kFNhgSvggSATxaYt0rBGOxaw6qh/QIpfSB8P81hPlHeQ1TU97jyQqkiR5q2Jwo0Z3T3Gxi6NJi7kkDc+",
+	"sYJqfhHYXOYNAlFU/t9L1DFGn9riUtRGwQrUjHxA0mpgdpkQOWUE1PWTBFXVz+ZC+NsYV7EyNwftBcHk",
+	"F/ralSkWMhPOVHd6E1h2pRSWY5/StbrTrh9Z5zgEKte1KA1pVINev9dH789MKD6T0Sja6/V7e5RvNEF1",
+	"epfyTn+Dvy9Fm9XkUDzs91ntQEWUGIPKWiGvBTbsqaLUaOMXthauYC9UZH+Sk12Kyy41Ux32+xuq7Fuq",
+	"630IKtJX29eyu5zcNaXsy3vD/nkHBFjbrNUGdquWhaHtEo1++jkOeqO8ktdCufQQfmkwfbfiCNHPMHR3",
+	"CgSTmbWH8pp+90LqXalBQog5qPO3lonbmXZF72SAgQSDX3ZnBaZuOhr5tt/r9/ZBhtE1p2XJAjaWl9b4",
+	"gIAjr3Pngm6epYPm/rOsQWicYvRv7PsXr94xvwiQ/LljWObcassLciP474DtlnpuRVxdR7hxYepQov6N",
+	"nf393YuNk2Z6rlA73PDQR7fCt0lV5J1EMa7+bRLtXg92qawximn5b5No2B8k0R3bH9aW1LrW1avU547+",
+	"kYkuoJBpdVprya8UPF9sxxLqEAap2xRznXJjhVO1KaPDJxA7jg16K5mmPli64/RTlzBEBm4nJvc46I5K",
+	"+2hkyigcmaiduSrgqi5FOo9fvXr74fzFf548Pzt5+wZLSYywqBzGnqI3xUbZt+wNrexKUC17E4RaqzDr",
+	"Ud2kGoWKUwVWY/Pk7s9Fj51Y0NsIfwCJVJi+MAVdoDDasVjCIoguQw7RJZMfG9Hw4oYvDOYKLNqu5Smd",
+	"4j8hh62SPign9XNoHQbsPWwjdQrET1X8Pwx2V41aMLPHodtnxVTh+ZEnWI5hCexI5APNo2gAHLXfOxg9",
+	"2Xt6GN39XOdIRJ/Vpa/OEmlrE+uJExRkIjSiut5GXlDPuYEFeL4GAM50WxHE8VIIeKn3CdsZ9gfUvLGh",
+	"/TVs7US1ltnA2L4fO9OldbbUulyxRGGy2H7/sIMabJcdMyVuKPMOK0zqANLFwndzCoPglKBHuV0TTf6W",
+	"sLMxxoo9//dJvjNs1OUrj2HBZe00h3mq9LUeO8OuUURRfLkfiQENPq26fPiaNTfLlQS1FDXQIqd8th7t",
+	"1CVkYaKnV7jFr3PuHw/r7H0wr66ggLkbJfe1fk5193iQMX2Ny7q/3a4A44x9Rz3MvCcSLD9cllRqzKIj",
+	"togH2Ab4lu3gfR+FGFa9mXArfKu56hE0a3ssaIBPlxWuF0fi8zIL5rjQzmJxOQHNNDc43oXrpttFy4ql",
+	"rsI/Zc5N1o+bjcvGLjOebkVYuA8jDSxau5g8xbsrYHxWJTzKBBrZ6GsMLB00IY5gGu7SAOG44PzcIdc5",
+	"jUI5gp/NzYSwiaIldrIHJhmA9GE7s8PDDnkgvEM19BoZbucl2MdtggYP371gQhj7nQu2PYAzh0H9DS0x",
+	"MCDfWvZVF3C7AhQX8G52iWgUursEnKpfQ39rptzoQXLXDPHCnb37EpHr2k/6lJlGW8XjwOlZh4yrtoph",
+	"G/1mIeqmEM16pIZRfYqgbo59LoU6fVOFIIi5RYSxEVAc9gdBmmGAlruq9nUZQ8v11K0IGlbpLCv16kFF",
+	"bQvW9nr7B08+B2u4HGEsXHAj4hqo2O8PQ1S4zT+gT2XYIGqNXhY2tvaNsTCmgO3kl6MgJB58fkDga63E",
+	"e29duyifMNyoBe8kyrt/8JHV2niX+7qm1ZTv6TzsDx7GfsJ7cx+L2falEo1qv20qwILOZS5FozrrqrnY",
+	"w8666hS35rTbMu43BLt4UQSeuvqs0trp11R/XG+alky9HV0GJXhVlr4/wP3tTIHGCw1w2OD+YT8uNa3c",
+	"Jyti86CX4UtX9vv794+oWrvjgMNttvMueHnI/mALqKou0zjgYJu9t/S0hMHD4RY4aHnNEY493ArSRoPl",
+	"LzD3Ng9YaeeO7LGSDt9R7moVR/QWRsEXoRWilQhMoyuxCIwifwHW20XvqbNHozSmqZhh00gyRRo35sgn",
+	"VAVtxaout9JuDEyirki+AnK9U8WLAxeMDqfM88qzDje6E0RBQal33TvQ5lh2nbNj9xIZX1TWyGi8mFv4",
+	"fhqkNSaqmdfoUr5kUVR6TJs66TstfYlGeR8bfxBj/mfQgrZm/ct9qh5bP/18RbNddA4foJC2KYLb4qXR",
+	"uWZtE9u62b7Pl8AaDhOjGVV3C0Vp2HzlAJIUvQ/rv6MAq98q87vLrz9Elvh71pYjTZQhrWHBSyHb5Qkp",
+	"Qeulybs5egVgEbw/i2YrhjWShFmN6Th/TlSYuVBn5WP+Axr4oO8VGmQ7ZTlq5VtrtLBm6sb2NRkzWOJP",
+	"yIR/IKfemhM0W8p9bf74JQbFIOCKXwsb1GRl46uRgJIEtsS3Ldr8vzjefxOOR/dmuV3rzkTw0l4Ibjtr",
+	"mdzYVQW2s7gX3l16j3rsi62dM6DXUqe21Dh0uTnfchlbooLufGzHr/9nNuj0WDj5uqZ9dU/r1a59W6jr",
+	"iXpJ7eNdyqDLEimx3hGYdW1vt3Hjl4DWL+DF61xgX1153ugMa/F6BUVCeBLbK31BI8yvyuiH96q3lefw",
+	"ERyMTWy0eAUfUykOykSJjv+lFf9LRqyTEXDh2jTitaIBP6FI8F6VJgX+Bb83YYSufo9HFf+rslnZTpB0",
+	"mqi5MlZmGHPFIe6Nqe3tWemFHi5u3GO4Mr7agyvGLwy9RhohcK/XN8xq3caYCegfsNYvfDn9T+3YrR/Z",
+	"rV4Gfxff+2z4Rva7n1dY2f6mdoNwmy8xP59ustvg/w8X9Y+ha11iD5RGFfoqUcftCVMvw2romGHHL6sx",
+	"UOwvCNDvPLtqllyEb4GrEpMxzRiJPQ27O9UtBzBVwaeGpOixOwfT7tykidJFHrMUE8BTfKnN5n6T7KUu",
+	"Cn2TqDToGJk61YZe3EGUc8Q4tcSc8gW6CasGFQQ0AADGKC28I66Fwjd2dJpdJqdcKupSgFSKWpW4xYI6",
+	"l16SqJuJdlV2rpGoxNJ8XmfDZILtlLwUxYLZG5mJDk1JGSAekWyHCkyXs0E6/m7gu35kFQKHBUXeY29V",
+	"oig/izRhAuP98+M3xuXAuey3HUp+SH948ff3VNxB6HPv9804YMDb3heCjTWl9sfsQmR8bgRwI50LgGGm",
+	"MY1BKky+xtxM2Eld+KKvRRlXRRs+E8335RxROmcD4uClCk3u9Uoa+wPQ8wrz2tBiwgadTK3GRbBZKTyI",
+	"Ke5R7LOcfdFzUxfbVmWp2gGvdoEpFhUI918MaqLF1aJ64Zsu8iPWd/0YkKjX7SC8U40Mz7Cbx94wuu/F",
+	"CstbOHXQ1/cS2+wO+v3+Efy7DWx4w+4ByhfYDu7tL7IK4xnmYobMIGhc62J+R15eNl/G5fvBtoHtetGG",
+	"cAfVr4P+cL+l5cuXisgHavuub9JPSw7woJ3G13V/L3WZoFvzsLB0a1qMa5uw1LbFt0cIC5LDFgjr9wqY",
+	"bjQYjsTir4uTX7R88x8vDv4hT8yJei3f/vJi780vf++P/7a9veI7MreYKmFP5oDN/Ve0PP4QDQjw3lBI",
+	"WKCPgCbp2Xq7nl+3CmvVkE6DFNEVNb/RTIaqejB1AdSTutIuUS5RBW7xAvjmalYgC8rvjpovGqvbjAeN",
+	"bjf24WlKzf8Q9r3vZ/b1dP4Tgse3+XgsW+Hr5ae5lJ1WPK7NXXscjjrsHfT7mznqmizBRwn4rklkE43w",
+	"5WexWbexL8+B2xrRaxyF27q8HurLErUr67MQ5BamJgW1TGtiqfXdWl+ZJOu+GI+U8VopAw57/4zawPa5",
+	"C823FqyL0VO/rn+J9UcR66eC5/e6NZaqSZpNWH76GctcRHm93kysenv4TiZUaQBjTLP43PVlycWs0Eho",
+	"WIblW+8wnudAkFhbXk2GlrkyTCuWjp71n/VT5urCgo4oVaUWCW8qrt1FYeh2uwz4SfOdJ2H7pOA9H85+",
+	"QUytWktUBxUHDV1hEleCV7Xkr8om6hYtrsmONzjr8py7n+/+XwAAAP//",
 }
 
 // decodeSpec returns the embedded OpenAPI spec as raw JSON bytes,

@@ -343,7 +343,7 @@ func TestE2ELimitsInclusive(t *testing.T) {
 // A 405 names the methods the path takes (RFC 9110, Allow).
 func TestE2EMethodNotAllowedNamesAllowed(t *testing.T) {
 	e := startOn(t, statemachine.NewMemoryStore(statemachine.DefaultLimits()))
-	for path, want := range map[string]string{"/v1/begin": "POST", "/v1/status": "GET", "/v1/keys": "DELETE"} {
+	for path, want := range map[string]string{"/v1/begin": "POST", "/v1/status": "GET", "/v1/keys": "GET, DELETE"} {
 		resp, _ := e.raw(t, http.MethodPut, path, "application/json", strings.NewReader("{}"))
 		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != want {
 			t.Errorf("PUT %s = %d, Allow %q; want 405, Allow %q", path, resp.StatusCode, resp.Header.Get("Allow"), want)

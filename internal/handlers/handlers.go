@@ -3,6 +3,7 @@ package handlers
 import (
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -122,11 +123,13 @@ func New(cfg Config) *Service {
 	r.Use(s.observe) // inside the router, so that it sees the matched route
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeProblem(w, r, errNoRoute) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
+		var allowed []string
 		for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
 			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
-				w.Header().Add("Allow", m)
+				allowed = append(allowed, m)
 			}
 		}
+		w.Header().Set("Allow", strings.Join(allowed, ", "))
 		writeProblem(w, req, errMethod)
 	})
 	strict := api.NewStrictHandlerWithOptions(s, nil, api.StrictHTTPServerOptions{

@@ -38,6 +38,66 @@ func tenant(ctx context.Context, named *string) (string, error) {
 	return *named, nil
 }
 
+// statusRecord is rec as the API shows it, without its response.
+func statusRecord(tenant string, rec statemachine.Record) api.StatusRecord {
+	out := api.StatusRecord{
+		Key:         rec.Key,
+		Tenant:      tenant,
+		State:       api.State(rec.State.String()),
+		Attempt:     rec.Attempt,
+		Owner:       optional(rec.Owner),
+		Fingerprint: optional(rec.Fingerprint),
+		CreatedAt:   api.NewMilliTime(rec.CreatedAt),
+		UpdatedAt:   api.NewMilliTime(rec.UpdatedAt),
+		ExpiresAt:   api.NewMilliTime(rec.ExpiresAt),
+	}
+	switch rec.State {
+	case statemachine.StateInProgress:
+		out.LeaseExpiresAt = millis(rec.LeaseExpiresAt)
+		out.LeaseExpired = &rec.LeaseExpired
+	case statemachine.StateFailed:
+		out.Retryable = &rec.Retryable
+		out.Error = optional(rec.Error)
+	}
+	return out
+}
+
+// ListKeys lists the tenant's records in one state, a page at a time.
+func (s *Service) ListKeys(ctx context.Context, req api.ListKeysRequestObject) (api.ListKeysResponseObject, error) {
+	p := req.Params
+	t, err := tenant(ctx, p.Tenant)
+	if err != nil {
+		return nil, err
+	}
+	state, err := statemachine.ParseState(string(p.State))
+	if err != nil {
+		return nil, badField("state", "must be in_progress, completed or failed")
+	}
+	lr := statemachine.ListRequest{State: state, Cursor: deref(p.Cursor)}
+	if p.OlderThanS != nil {
+		if *p.OlderThanS < 0 {
+			return nil, badField("older_than_s", "must be 0 or more")
+		}
+		lr.OlderThan = time.Duration(*p.OlderThanS) * time.Second
+	}
+	if p.Limit != nil {
+		if *p.Limit < 1 {
+			return nil, badField("limit", "must be 1 to %d", statemachine.MaxListLimit)
+		}
+		lr.Limit = int(*p.Limit)
+	}
+	page, err := s.store.List(ctx, t, lr)
+	if err != nil {
+		return nil, fmt.Errorf("list: %w", err)
+	}
+	setOutcome(ctx, t, "listed")
+	out := api.ListKeys200JSONResponse{Items: make([]api.StatusRecord, 0, len(page.Records)), NextCursor: optional(page.NextCursor)}
+	for _, rec := range page.Records {
+		out.Items = append(out.Items, statusRecord(t, rec))
+	}
+	return out, nil
+}
+
 // Begin acquires a key or replays its outcome, waiting for an attempt in
 // progress when asked to.
 func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.BeginResponseObject, error) {
@@ -231,25 +291,7 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		return nil, fmt.Errorf("status: %w", err)
 	}
 	setOutcome(ctx, t, "found")
-	out := api.StatusResponse{
-		Key:         rec.Key,
-		Tenant:      t,
-		State:       api.State(rec.State.String()),
-		Attempt:     rec.Attempt,
-		Owner:       optional(rec.Owner),
-		Fingerprint: optional(rec.Fingerprint),
-		CreatedAt:   api.NewMilliTime(rec.CreatedAt),
-		UpdatedAt:   api.NewMilliTime(rec.UpdatedAt),
-		ExpiresAt:   api.NewMilliTime(rec.ExpiresAt),
-	}
-	switch rec.State {
-	case statemachine.StateInProgress:
-		out.LeaseExpiresAt = millis(rec.LeaseExpiresAt)
-		out.LeaseExpired = &rec.LeaseExpired
-	case statemachine.StateFailed:
-		out.Retryable = &rec.Retryable
-		out.Error = optional(rec.Error)
-	}
+	out := api.StatusResponse(statusRecord(t, rec))
 	if withResponse && rec.State != statemachine.StateInProgress {
 		resp := fromResponse(rec.Response)
 		out.Response = &resp

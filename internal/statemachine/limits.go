@@ -84,14 +84,8 @@ func (t token) String() string { return hex.EncodeToString(t[:]) }
 
 // checkKey validates the tenant and the client's key of any request.
 func (l *Limits) checkKey(tenant, key string) error {
-	if len(tenant) == 0 || len(tenant) > 64 {
-		return invalid("tenant", "must be 1 to 64 characters")
-	}
-	for i := 0; i < len(tenant); i++ {
-		c := tenant[i]
-		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
-			return invalid("tenant", "may hold only a-z, 0-9, _ and -")
-		}
+	if err := checkTenant(tenant); err != nil {
+		return err
 	}
 	if len(key) == 0 || len(key) > l.MaxKeyBytes {
 		return invalid("key", "must be 1 to %d bytes", l.MaxKeyBytes)
@@ -99,6 +93,20 @@ func (l *Limits) checkKey(tenant, key string) error {
 	for i := 0; i < len(key); i++ {
 		if key[i] < 0x21 || key[i] > 0x7e {
 			return invalid("key", "may hold only visible ASCII (0x21-0x7E)")
+		}
+	}
+	return nil
+}
+
+// checkTenant checks a tenant's name: [a-z0-9_-]{1,64}.
+func checkTenant(tenant string) error {
+	if len(tenant) == 0 || len(tenant) > 64 {
+		return invalid("tenant", "must be 1 to 64 characters")
+	}
+	for i := 0; i < len(tenant); i++ {
+		c := tenant[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '_' || c == '-') {
+			return invalid("tenant", "may hold only a-z, 0-9, _ and -")
 		}
 	}
 	return nil

@@ -148,6 +148,10 @@ type Store interface {
 	Status(ctx context.Context, tenant, key string, withResponse bool) (Record, error)
 	// Delete forgets the record; deleting an absent record is not an error.
 	Delete(ctx context.Context, tenant, key string) error
+	// List returns a page of the tenant's records in one state, without
+	// their responses. A record that exists for the whole listing is in
+	// one of its pages at least once.
+	List(ctx context.Context, tenant string, req ListRequest) (ListPage, error)
 	// Ping reports whether the store can be reached.
 	Ping(ctx context.Context) error
 	// Readiness reports every failed readiness check, within 500 ms:

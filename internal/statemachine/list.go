@@ -1,0 +1,320 @@
+package statemachine
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// ListRequest asks for a page of a tenant's records in one state.
+type ListRequest struct {
+	State     State
+	OlderThan time.Duration // the last transition at least this long ago
+	Limit     int           // records per page, 1–MaxListLimit; 0 is DefaultListLimit
+	Cursor    string        // "" for the first page, then the last page's NextCursor
+}
+
+// ListPage is one page of a listing.
+type ListPage struct {
+	Records    []Record // without their responses
+	NextCursor string   // "" once the listing is over
+}
+
+// Listing's page sizes.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 1000
+)
+
+// errStaleCursor answers a cursor whose node changed under it.
+var errStaleCursor = &InvalidError{Field: "cursor", Reason: "can no longer be followed (the store's nodes changed, by a failover or a restart); start the listing again"}
+
+func checkList(tenant string, req *ListRequest) error {
+	if err := checkTenant(tenant); err != nil {
+		return err
+	}
+	switch req.State {
+	case StateInProgress, StateCompleted, StateFailed:
+	default:
+		return invalid("state", "must be in_progress, completed or failed")
+	}
+	if req.OlderThan < 0 {
+		return invalid("older_than_s", "must be 0 or more")
+	}
+	if req.Limit == 0 {
+		req.Limit = DefaultListLimit
+	}
+	if req.Limit < 1 || req.Limit > MaxListLimit {
+		return invalid("limit", "must be 1 to %d", MaxListLimit)
+	}
+	return nil
+}
+
+// listed reports whether s belongs in a listing of req at time now: in the
+// state asked for (a released record is not listed: it is gone for Begin
+// too) and last changed at least req.OlderThan ago.
+func listed(s *stored, req *ListRequest, now int64) bool {
+	return s.state == req.State && !(s.state == StateFailed && s.retryable) &&
+		s.updated <= now-req.OlderThan.Milliseconds()
+}
+
+// List implements Store: records sorted by key, the cursor being the last
+// key of the page before.
+func (m *MemoryStore) List(_ context.Context, tenant string, req ListRequest) (ListPage, error) {
+	if err := checkList(tenant, &req); err != nil {
+		return ListPage{}, err
+	}
+	after := ""
+	if req.Cursor != "" {
+		b, err := base64.RawURLEncoding.DecodeString(req.Cursor)
+		if err != nil || len(b) == 0 || b[0] != 'm' {
+			return ListPage{}, invalid("cursor", "is not a cursor this store gave")
+		}
+		after = string(b[1:])
+	}
+	m.mu.Lock()
+	now := nowMs()
+	var found []*stored
+	for k, s := range m.records {
+		if k.tenant == tenant && s.key > after && s.expires >= now && listed(s, &req, now) {
+			found = append(found, s)
+		}
+	}
+	page := ListPage{}
+	slices.SortFunc(found, func(a, b *stored) int { return strings.Compare(a.key, b.key) })
+	if len(found) > req.Limit {
+		found = found[:req.Limit]
+		page.NextCursor = base64.RawURLEncoding.EncodeToString([]byte("m" + found[len(found)-1].key))
+	}
+	for _, s := range found {
+		r, _ := s.record(tenant, now, false) // without the response, nothing to decode
+		page.Records = append(page.Records, r)
+	}
+	m.mu.Unlock()
+	return page, nil
+}
+
+// redisCursor is where a listing on Redis stands: on which master (its
+// address and run id, which changes with every restart; and for a Cluster
+// the configuration epoch, which changes with failovers and slot moves),
+// at which SCAN cursor, and after which key of that SCAN batch. Without a
+// run id it is the start of the master Node.
+type redisCursor struct {
+	Node  string `json:"n,omitempty"`
+	RunID string `json:"r"`
+	Epoch string `json:"e,omitempty"`
+	Scan  uint64 `json:"s"`
+	After string `json:"a,omitempty"`
+}
+
+func (c redisCursor) encode() string {
+	b, _ := json.Marshal(c) // plain strings and a number: cannot fail
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeRedisCursor(s string) (redisCursor, error) {
+	var c redisCursor
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || json.Unmarshal(b, &c) != nil || c.Node == "" && c.RunID == "" {
+		return c, invalid("cursor", "is not a cursor this store gave")
+	}
+	return c, nil
+}
+
+// Listing's work per page on Redis: SCAN's COUNT, and how many SCAN calls
+// one page may make before it answers with what it found (possibly
+// nothing) and a cursor, so that a sparse tenant's page stays short.
+const (
+	listScanCount = 1000
+	listScanCalls = 50
+	// listHeadBytes covers a record's head with the default limits of
+	// owner, fingerprint, key and error (about 1.9 KB): GETRANGE reads it
+	// without the response. A longer head is read whole.
+	listHeadBytes = 2048
+)
+
+// List implements Store. It SCANs each master in turn (sorted by address)
+// for the tenant's records, MATCH on their name's prefix, and reads each
+// found record's head with GETRANGE, in one pipeline per SCAN batch, with
+// the node's clock. SCAN returns every key present for the whole scan at
+// least once; a cursor carries the node's run id, so one that outlived a
+// restart or failover of its node is refused rather than followed.
+func (s *RedisStore) List(ctx context.Context, tenant string, req ListRequest) (ListPage, error) {
+	if err := checkList(tenant, &req); err != nil {
+		return ListPage{}, err
+	}
+	var cur redisCursor
+	if req.Cursor != "" {
+		var err error
+		if cur, err = decodeRedisCursor(req.Cursor); err != nil {
+			return ListPage{}, err
+		}
+	}
+	ctx, cancel := context.WithTimeout(ctx, s.timeout)
+	defer cancel()
+	nodes, err := s.listNodes(ctx)
+	if err != nil {
+		return ListPage{}, fmt.Errorf("%w: list: %w", ErrStoreUnavailable, err)
+	}
+	i := 0
+	if req.Cursor != "" {
+		if i = slices.IndexFunc(nodes, func(n listNode) bool { return n.addr == cur.Node }); i < 0 {
+			return ListPage{}, errStaleCursor
+		}
+	}
+	match := "idem:{" + tenant + ":*}"
+	page := ListPage{}
+	calls := 0
+	for ; i < len(nodes); i, cur = i+1, (redisCursor{}) {
+		n := nodes[i]
+		for {
+			b, err := scanBatch(ctx, n, match, cur.Scan)
+			if err != nil {
+				return ListPage{}, fmt.Errorf("%w: list: %w", ErrStoreUnavailable, err)
+			}
+			if cur.RunID != "" && (b.runID != cur.RunID || b.epoch != cur.Epoch) {
+				return ListPage{}, errStaleCursor
+			}
+			calls++
+			at := redisCursor{Node: n.addr, RunID: b.runID, Epoch: b.epoch, Scan: cur.Scan}
+			for _, r := range b.records {
+				if r.name <= cur.After || !listed(&r.s, &req, b.now) {
+					continue
+				}
+				if len(page.Records) == req.Limit {
+					// Full: the next page repeats this batch after the last key taken.
+					page.NextCursor = at.encode()
+					return page, nil
+				}
+				rec, _ := r.s.record(tenant, b.now, false)
+				page.Records = append(page.Records, rec)
+				at.After = r.name
+			}
+			cur = redisCursor{RunID: b.runID, Epoch: b.epoch, Scan: b.next}
+			if b.next == 0 {
+				break // this node is done
+			}
+			if calls == listScanCalls || len(page.Records) == req.Limit {
+				page.NextCursor = redisCursor{Node: n.addr, RunID: b.runID, Epoch: b.epoch, Scan: b.next}.encode()
+				return page, nil
+			}
+		}
+		if len(page.Records) == req.Limit && i+1 < len(nodes) {
+			page.NextCursor = redisCursor{Node: nodes[i+1].addr}.encode()
+			return page, nil
+		}
+	}
+	return page, nil
+}
+
+// listNode is one master as a listing sees it.
+type listNode struct {
+	addr   string // "" for the one master of a standalone or Sentinel setup
+	client redis.Cmdable
+	epoch  bool // a Cluster node: check the configuration epoch too
+}
+
+// listNodes returns the masters, sorted by address.
+func (s *RedisStore) listNodes(ctx context.Context) ([]listNode, error) {
+	c, ok := s.client.(*redis.ClusterClient)
+	if !ok {
+		return []listNode{{client: s.client}}, nil
+	}
+	var mu sync.Mutex
+	var nodes []listNode
+	err := c.ForEachMaster(ctx, func(_ context.Context, shard *redis.Client) error {
+		mu.Lock()
+		defer mu.Unlock()
+		nodes = append(nodes, listNode{addr: shard.Options().Addr, client: shard, epoch: true})
+		return nil
+	})
+	slices.SortFunc(nodes, func(a, b listNode) int { return strings.Compare(a.addr, b.addr) })
+	return nodes, err
+}
+
+// scanned is one SCAN batch: the records found, sorted by name, with the
+// node's identity and clock when it answered.
+type scanned struct {
+	runID, epoch string
+	now          int64
+	next         uint64
+	records      []scannedRecord
+}
+
+type scannedRecord struct {
+	name string
+	s    stored
+}
+
+// scanBatch runs one SCAN on n with the node's run id, epoch and clock in
+// the same pipeline, then reads the head of every record found in a
+// second.
+func scanBatch(ctx context.Context, n listNode, match string, from uint64) (scanned, error) {
+	var b scanned
+	var info *redis.StringCmd
+	var epoch *redis.StringCmd
+	var clock *redis.TimeCmd
+	var scan *redis.ScanCmd
+	_, err := n.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		info = p.Info(ctx, "server")
+		if n.epoch {
+			epoch = p.ClusterInfo(ctx)
+		}
+		clock = p.Time(ctx)
+		scan = p.ScanType(ctx, from, match, listScanCount, "string")
+		return nil
+	})
+	if err != nil {
+		return b, err
+	}
+	b.runID = infoLine(info.Val(), "run_id")
+	if epoch != nil {
+		b.epoch = infoLine(epoch.Val(), "cluster_current_epoch")
+	}
+	b.now = clock.Val().UnixMilli()
+	names, next := scan.Val()
+	b.next = next
+	if len(names) == 0 {
+		return b, nil
+	}
+	slices.Sort(names)
+	heads := make([]*redis.StringCmd, len(names))
+	if _, err := n.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, name := range names {
+			heads[i] = p.GetRange(ctx, name, 0, listHeadBytes-1)
+		}
+		return nil
+	}); err != nil {
+		return b, err
+	}
+	for i, name := range names {
+		raw := heads[i].Val()
+		if raw == "" {
+			continue // expired or deleted since the SCAN
+		}
+		s, err := decodeStored(raw)
+		if err != nil && len(raw) == listHeadBytes {
+			// A head longer than listHeadBytes (limits raised): read it whole.
+			if raw, err = n.client.Get(ctx, name).Result(); err == redis.Nil {
+				continue
+			} else if err != nil {
+				return b, err
+			}
+			s, err = decodeStored(raw)
+		}
+		if err != nil {
+			return b, fmt.Errorf("record %s: %w", strconv.Quote(name[:min(len(name), 8)]), err)
+		}
+		s.response = ""
+		b.records = append(b.records, scannedRecord{name, s})
+	}
+	return b, nil
+}
