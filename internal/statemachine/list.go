@@ -135,10 +135,11 @@ func decodeRedisCursor(s string) (redisCursor, error) {
 const (
 	listScanCount = 1000
 	listScanCalls = 50
-	// listHeadBytes covers a record's head with the default limits of
-	// owner, fingerprint, key and error (about 1.9 KB): GETRANGE reads it
-	// without the response. A longer head is read whole.
-	listHeadBytes = 2048
+	// listHeadBytes covers the head of most records (68 bytes and the
+	// owner, fingerprint, key and error, typically 100 to 300 bytes):
+	// GETRANGE reads it without the response. A longer head (up to about
+	// 1.9 KB with the default limits) is read whole.
+	listHeadBytes = 512
 )
 
 // List implements Store. It SCANs each master in turn (sorted by address)
