@@ -96,8 +96,22 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		stopWatching := watchTenants(ctx, cfg.tenantsFile, keyring, tenantsData, registry, log)
 		defer stopWatching()
 	}
-	svc := handlers.New(handlers.Config{Store: store, Keyring: keyring, Logger: log, Registry: registry,
-		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait, Limiter: limiter})
+	provider, stopTracing, err := tracing(env)
+	if err != nil {
+		return err
+	}
+	defer func() { // flushes the spans buffered
+		flushCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		_ = stopTracing(flushCtx)
+	}()
+	hc := handlers.Config{Store: store, Keyring: keyring, Logger: log, Registry: registry,
+		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait, Limiter: limiter}
+	if provider != nil {
+		hc.Tracer = provider
+		log.Info("tracing: spans exported over OTLP")
+	}
+	svc := handlers.New(hc)
 	ln, err := net.Listen("tcp", cfg.listen)
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)

@@ -8,6 +8,7 @@ import (
 
 	"github.com/go-chi/chi/v5"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/auth"
@@ -46,6 +47,9 @@ type Config struct {
 	// size at MinClientRate bytes per second (defaults 5 s, 1 MiB/s).
 	WriteDeadlineBase time.Duration
 	MinClientRate     int64
+	// Tracer gives each request and each store call a span. Nil traces
+	// nothing, at no cost.
+	Tracer trace.TracerProvider
 }
 
 // Defaults of Config.
@@ -59,6 +63,7 @@ const (
 // Service implements the API over a Store. It is an http.Handler.
 type Service struct {
 	store        statemachine.Store
+	tracer       trace.Tracer // nil when tracing is off
 	keyring      *auth.Keyring
 	log          *slog.Logger
 	registry     *prometheus.Registry
@@ -116,6 +121,10 @@ func New(cfg Config) *Service {
 	}
 	if cfg.Limiter != nil {
 		cfg.Registry.MustRegister(cfg.Limiter)
+	}
+	if cfg.Tracer != nil {
+		s.tracer = cfg.Tracer.Tracer("github.com/idemsvc/idemsvc/internal/handlers")
+		s.store = tracedStore{cfg.Store, s.tracer}
 	}
 	s.waiters = newWaiters(cfg.Store, cfg.WaitPollInterval, cfg.WaitFallbackInterval, s.metrics)
 

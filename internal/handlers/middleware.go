@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/auth"
@@ -77,6 +78,10 @@ func (s *Service) observe(next http.Handler) http.Handler {
 		info := &requestInfo{ResponseWriter: w, id: requestID(r.Header.Get("X-Request-Id"))}
 		w.Header().Set("X-Request-Id", info.id)
 		r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
+		var span trace.Span
+		if s.tracer != nil {
+			r, span = s.startRequestSpan(r)
+		}
 		next.ServeHTTP(info, r)
 
 		elapsed := time.Since(start)
@@ -91,6 +96,9 @@ func (s *Service) observe(next http.Handler) http.Handler {
 		outcome := info.outcome
 		if outcome == "" {
 			outcome = "ok"
+		}
+		if span != nil {
+			endRequestSpan(span, r.Method, route, status, info, outcome)
 		}
 		s.metrics.requests.WithLabelValues(route, outcome, strconv.Itoa(status)).Inc()
 		if route == beginRoute && info.tenant != "" {
