@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,6 +14,10 @@ import (
 	"sync/atomic"
 	"testing"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/redistest"
@@ -22,16 +27,20 @@ import (
 // benchService is the service as shipped: authentication on, JSON request
 // logs (to io.Discard, to count their formatting but not a terminal's
 // speed) and metrics.
-func benchService(b *testing.B, store statemachine.Store) *handlers.Service {
+func benchService(b *testing.B, store statemachine.Store, tracer ...trace.TracerProvider) *handlers.Service {
 	keyring, err := auth.Parse([]byte(`{"tenants":[{"name":"bench","api_key_sha256":["` + auth.Digest("bench-key") + `"]}]}`))
 	if err != nil {
 		b.Fatal(err)
 	}
-	return handlers.New(handlers.Config{
+	cfg := handlers.Config{
 		Store:   store,
 		Keyring: keyring,
 		Logger:  slog.New(slog.NewJSONHandler(io.Discard, nil)),
-	})
+	}
+	if len(tracer) > 0 {
+		cfg.Tracer = tracer[0]
+	}
+	return handlers.New(cfg)
 }
 
 var benchRun atomic.Int64
@@ -39,7 +48,19 @@ var benchRun atomic.Int64
 // BenchmarkServeBegin is the handler's own cost of a begin on a new key:
 // in process, on the memory store, no network.
 func BenchmarkServeBegin(b *testing.B) {
-	svc := benchService(b, statemachine.NewMemoryStore(statemachine.DefaultLimits()))
+	benchServeBegin(b, benchService(b, statemachine.NewMemoryStore(statemachine.DefaultLimits())))
+}
+
+// BenchmarkServeBeginTraced is BenchmarkServeBegin with tracing on: the
+// OpenTelemetry SDK's batching span processor, into an exporter that drops
+// the spans (so the network is not counted).
+func BenchmarkServeBeginTraced(b *testing.B) {
+	provider := sdktrace.NewTracerProvider(sdktrace.WithBatcher(tracetest.NewNoopExporter()))
+	b.Cleanup(func() { _ = provider.Shutdown(context.Background()) })
+	benchServeBegin(b, benchService(b, statemachine.NewMemoryStore(statemachine.DefaultLimits()), provider))
+}
+
+func benchServeBegin(b *testing.B, svc *handlers.Service) {
 	prefix := fmt.Sprintf("serve-%d-", benchRun.Add(1))
 	var n atomic.Int64
 	b.ReportAllocs()

@@ -5,11 +5,15 @@ import (
 	"strings"
 	"testing"
 
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/propagation"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // Each request gets a server span that continues the caller's traceparent,
@@ -88,4 +92,34 @@ func TestE2ETracing(t *testing.T) {
 			}
 		}
 	})
+}
+
+// A caller's trace goes on into idemsvc through the Go SDK when its HTTP
+// client is instrumented, as the README shows.
+func TestE2ETracingThroughTheSDK(t *testing.T) {
+	t.Parallel()
+	recorder := tracetest.NewSpanRecorder()
+	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()),
+		Tracer: sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))})
+	caller := sdktrace.NewTracerProvider()
+	ctx, span := caller.Tracer("caller").Start(t.Context(), "charge")
+	instrumented := &http.Client{Transport: otelhttp.NewTransport(e.http.Transport,
+		otelhttp.WithTracerProvider(caller), otelhttp.WithPropagators(propagation.TraceContext{}))}
+	client, err := idem.New(e.url, idem.WithHTTP(instrumented))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Begin(ctx, idem.BeginParams{Key: unique("sdk-traced")}); err != nil {
+		t.Fatal(err)
+	}
+	span.End()
+	for _, s := range recorder.Ended() {
+		if s.Name() == "POST /v1/begin" {
+			if s.SpanContext().TraceID() != span.SpanContext().TraceID() {
+				t.Errorf("idemsvc's span is in trace %s, not the caller's %s", s.SpanContext().TraceID(), span.SpanContext().TraceID())
+			}
+			return
+		}
+	}
+	t.Errorf("no span for the begin among %d", len(recorder.Ended()))
 }
