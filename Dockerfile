@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # idemsvc: a static binary on a distroless base, running as a non-root user.
-#   docker build -t idemsvc .
+#   docker build --build-arg VERSION=v0.1.0 -t idemsvc .
 #   docker run --rm -p 8080:8080 idemsvc
 
 FROM golang:1.26-bookworm AS build
@@ -8,8 +8,10 @@ WORKDIR /src
 COPY go.mod go.sum ./
 RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
+# The version idemsvc --version and idemsvc_build_info report.
+ARG VERSION=""
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags='-s -w' -o /out/idemsvc ./cmd/idemsvc
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/idemsvc ./cmd/idemsvc
 
 # distroless/static: CA certificates (for rediss://) and time zones, no
 # shell, no package manager; "nonroot" is uid 65532.

@@ -29,6 +29,10 @@ import (
 )
 
 func main() {
+	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version") {
+		fmt.Println(versionLine())
+		return
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stderr)
@@ -92,6 +96,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		evictionAllowed.Set(1)
 	}
 	registry.MustRegister(evictionAllowed)
+	registerBuildInfo(registry)
 	if keyring != nil {
 		stopWatching := watchTenants(ctx, cfg.tenantsFile, keyring, tenantsData, registry, log)
 		defer stopWatching()

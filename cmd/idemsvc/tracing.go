@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"runtime/debug"
 	"strings"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -45,16 +44,13 @@ func tracing(env []string) (provider *sdktrace.TracerProvider, shutdown func(con
 	provider = sdktrace.NewTracerProvider(
 		sdktrace.WithBatcher(exporter),
 		sdktrace.WithResource(resource.NewSchemaless(
-			attribute.String("service.name", name), attribute.String("service.version", moduleVersion()))),
+			attribute.String("service.name", name), attribute.String("service.version", serviceVersion()))),
 	)
 	return provider, provider.Shutdown, nil
 }
 
-// moduleVersion is the version Go stamped into the binary ("(devel)" for a
-// build from a work tree).
-func moduleVersion() string {
-	if info, ok := debug.ReadBuildInfo(); ok {
-		return info.Main.Version
-	}
-	return "unknown"
+// serviceVersion is the version the traces name.
+func serviceVersion() string {
+	ver, _, _ := buildInfo()
+	return ver
 }

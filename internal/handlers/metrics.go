@@ -46,8 +46,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		}, []string{"tenant", "outcome"}),
 	}
 	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.waitPolls, m.begins)
-	// Every name starts with idemsvc_: idemsvc_go_goroutines and so on.
-	prometheus.WrapRegistererWithPrefix("idemsvc_", reg).MustRegister(
-		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	// The Go runtime's and the process's metrics keep their standard names
+	// (go_goroutines, process_resident_memory_bytes...), which dashboards
+	// and alerts for any Go service expect.
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
