@@ -343,10 +343,27 @@ func TestE2ELimitsInclusive(t *testing.T) {
 // A 405 names the methods the path takes (RFC 9110, Allow).
 func TestE2EMethodNotAllowedNamesAllowed(t *testing.T) {
 	e := startOn(t, statemachine.NewMemoryStore(statemachine.DefaultLimits()))
-	for path, want := range map[string]string{"/v1/begin": "POST", "/v1/status": "GET", "/v1/keys": "GET, DELETE"} {
+	for path, want := range map[string]string{"/v1/begin": "POST", "/v1/status": "GET, HEAD", "/v1/keys": "GET, HEAD, DELETE"} {
 		resp, _ := e.raw(t, http.MethodPut, path, "application/json", strings.NewReader("{}"))
 		if resp.StatusCode != http.StatusMethodNotAllowed || resp.Header.Get("Allow") != want {
 			t.Errorf("PUT %s = %d, Allow %q; want 405, Allow %q", path, resp.StatusCode, resp.Header.Get("Allow"), want)
+		}
+	}
+}
+
+// Every GET route answers HEAD with the GET's status and headers and no
+// body (RFC 9110).
+func TestE2EHeadOnGetRoutes(t *testing.T) {
+	e := startOn(t, statemachine.NewMemoryStore(statemachine.DefaultLimits()))
+	if resp, _ := e.raw(t, http.MethodPost, "/v1/begin", "application/json", strings.NewReader(`{"key":"headed"}`)); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("begin = %d", resp.StatusCode)
+	}
+	for _, path := range []string{"/healthz", "/readyz", "/metrics", "/v1/status?key=headed", "/v1/status?key=absent", "/v1/keys?state=in_progress"} {
+		get, _ := e.raw(t, http.MethodGet, path, "", nil)
+		head, body := e.raw(t, http.MethodHead, path, "", nil)
+		if head.StatusCode != get.StatusCode || head.Header.Get("Content-Type") != get.Header.Get("Content-Type") || len(body) != 0 {
+			t.Errorf("HEAD %s = %d %q, %d body bytes; GET = %d %q", path, head.StatusCode, head.Header.Get("Content-Type"), len(body),
+				get.StatusCode, get.Header.Get("Content-Type"))
 		}
 	}
 }

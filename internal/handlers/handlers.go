@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/go-chi/chi/v5"
+	"github.com/go-chi/chi/v5/middleware"
 	"github.com/prometheus/client_golang/prometheus"
 	"go.opentelemetry.io/otel/trace"
 
@@ -129,6 +130,10 @@ func New(cfg Config) *Service {
 	s.waiters = newWaiters(cfg.Store, cfg.WaitPollInterval, cfg.WaitFallbackInterval, s.metrics)
 
 	r := chi.NewRouter()
+	// Every GET route answers HEAD too (RFC 9110): chi routes a HEAD
+	// without a route of its own to the GET handler, and net/http drops
+	// the body it writes.
+	r.Use(middleware.GetHead)
 	r.Use(s.observe) // inside the router, so that it sees the matched route
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeProblem(w, r, errNoRoute) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
@@ -136,6 +141,9 @@ func New(cfg Config) *Service {
 		for _, m := range []string{http.MethodGet, http.MethodPost, http.MethodDelete} {
 			if r.Match(chi.NewRouteContext(), m, req.URL.Path) {
 				allowed = append(allowed, m)
+				if m == http.MethodGet {
+					allowed = append(allowed, http.MethodHead)
+				}
 			}
 		}
 		w.Header().Set("Allow", strings.Join(allowed, ", "))
