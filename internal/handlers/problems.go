@@ -126,7 +126,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 		p.Attempt = &inProgress.Attempt
 		expires := api.NewMilliTime(inProgress.LeaseExpiresAt)
 		p.LeaseExpiresAt = &expires
-		h.Set("Retry-After", retryAfter(inProgress.LeaseExpiresAt))
+		h.Set("Retry-After", wholeSeconds(inProgress.RetryIn()))
 	}
 	switch kind {
 	case kindUnauthorized:
@@ -185,9 +185,9 @@ func afterKind(msg, kind string) string {
 	return msg
 }
 
-// retryAfter is the whole seconds until t, at least 1.
-func retryAfter(t time.Time) string {
-	s := math.Ceil(time.Until(t).Seconds())
+// wholeSeconds is d in whole seconds, rounded up, at least 1.
+func wholeSeconds(d time.Duration) string {
+	s := math.Ceil(d.Seconds())
 	if s < 1 {
 		s = 1
 	}

@@ -27,6 +27,19 @@ var (
 type InProgressError struct {
 	Attempt        int64
 	LeaseExpiresAt time.Time
+	// Since is the attempt's last transition (its acquisition, or its
+	// last extend), and Now the store's clock when it answered: the
+	// attempt has been running for at least Now - Since.
+	Since, Now time.Time
+}
+
+// RetryIn is when a retry is worth making: after about as long as the
+// attempt has run since Since (at least a second), and no later than the
+// lease's end. An attempt that began 300 ms ago is retried in a second, not
+// at the end of its 30 s lease.
+func (e *InProgressError) RetryIn() time.Duration {
+	d := max(e.Now.Sub(e.Since), time.Second)
+	return min(d, e.LeaseExpiresAt.Sub(e.Now))
 }
 
 func (e *InProgressError) Error() string {

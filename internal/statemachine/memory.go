@@ -76,7 +76,8 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 				if req.Owner != "" && old.owner == req.Owner {
 					return acquired(tenant, old, now)
 				}
-				return BeginResult{}, &InProgressError{Attempt: old.attempt, LeaseExpiresAt: msTime(old.lease)}
+				return BeginResult{}, &InProgressError{Attempt: old.attempt, LeaseExpiresAt: msTime(old.lease),
+					Since: msTime(old.updated), Now: msTime(now)}
 			}
 		} else if !old.retryable {
 			return replay(tenant, old, now)

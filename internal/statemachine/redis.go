@@ -134,7 +134,8 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	case codeDone:
 		return replay(tenant, &r.rec, r.now)
 	case codeBusy:
-		return BeginResult{}, &InProgressError{Attempt: r.rec.attempt, LeaseExpiresAt: msTime(r.rec.lease)}
+		return BeginResult{}, &InProgressError{Attempt: r.rec.attempt, LeaseExpiresAt: msTime(r.rec.lease),
+			Since: msTime(r.rec.updated), Now: msTime(r.now)}
 	}
 	return BeginResult{}, r.err("begin")
 }
