@@ -48,11 +48,14 @@ var otherVars = []string{"IDEMSVC_URL", "IDEMSVC_API_KEY", "IDEMSVC_TEST_"}
 // (KEY=value entries, as os.Environ gives them). Flags keep their built-in
 // defaults, so usage never prints a value from the environment, such as a
 // password.
+// devListen is where development mode listens unless told otherwise.
+const devListen = "127.0.0.1:8080"
+
 func parseConfig(args, env []string) (config, error) {
 	d := statemachine.DefaultLimits()
 	fs := flag.NewFlagSet("idemsvc", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	listen := fs.String("listen", ":8080", "address to serve on")
+	listen := fs.String("listen", ":8080", "address to serve on ("+devListen+" in development mode: no Redis, no tenants)")
 	redisURL := fs.String("redis-url", "", "one Redis node: redis://[user:pass@]host:port[/db], rediss:// for TLS")
 	cluster := fs.String("redis-cluster-addrs", "", "comma-separated seed nodes of a Redis Cluster")
 	sentinels := fs.String("redis-sentinel-addrs", "", "comma-separated Sentinel addresses")
@@ -123,6 +126,15 @@ func parseConfig(args, env []string) (config, error) {
 		maxWait:             time.Duration(*maxWait) * time.Millisecond,
 		maxConnections:      *maxConns,
 		unknownVars:         unknown,
+	}
+	// Development mode (no Redis, no tenants: every call accepted) listens
+	// on loopback only, unless told where to listen.
+	listenGiven := setByFlag["listen"]
+	for _, kv := range env {
+		listenGiven = listenGiven || strings.HasPrefix(kv, "IDEMSVC_LISTEN=")
+	}
+	if !listenGiven && !c.usesRedis() && c.tenantsFile == "" {
+		c.listen = devListen
 	}
 	c.limits = d
 	c.limits.MaxKeyBytes = *maxKey

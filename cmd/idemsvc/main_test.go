@@ -62,6 +62,22 @@ func TestConfig(t *testing.T) {
 		t.Errorf("unknown variables = %q, want the misspelt one only", c.unknownVars)
 	}
 
+	// Development mode listens on loopback unless told where to listen.
+	for _, tt := range []struct {
+		args, env []string
+		want      string
+	}{
+		{nil, nil, "127.0.0.1:8080"},
+		{nil, []string{"IDEMSVC_LISTEN=:8080"}, ":8080"},
+		{[]string{"--listen", ":9000"}, nil, ":9000"},
+		{[]string{"--tenants-file", "t.yaml"}, nil, ":8080"},
+		{nil, []string{"IDEMSVC_REDIS_URL=redis://x:1", "IDEMSVC_INSECURE_NO_AUTH=true"}, ":8080"},
+	} {
+		if c, err := parseConfig(tt.args, tt.env); err != nil || c.listen != tt.want {
+			t.Errorf("parseConfig(%q, %q): listen %q, %v; want %s", tt.args, tt.env, c.listen, err, tt.want)
+		}
+	}
+
 	// Neither an error nor the usage shows a value from the environment.
 	secretEnv := []string{"IDEMSVC_REDIS_PASSWORD=hunter2", "IDEMSVC_REDIS_URL=redis://:hunter2@h:1", "IDEMSVC_REDIS_WAIT_REPLICAS=hunter2"}
 	for _, args := range [][]string{{"--bogus"}, {"-h"}, nil} {
