@@ -146,7 +146,9 @@ func parseConfig(args, env []string) (config, error) {
 	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
 		problems = append(problems, fmt.Errorf("log-level: %q is not debug, info, warn or error", *level))
 	}
-	problems = append(problems, c.check()...)
+	if len(problems) == 0 { // a value that did not parse is not checked again as its zero
+		problems = c.check()
+	}
 	return c, errors.Join(problems...)
 }
 

@@ -70,6 +70,10 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	defer logs.Close()
 	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}))
 
+	// First, so that a misspelt variable is named before any refusal it causes.
+	for _, name := range cfg.unknownVars {
+		log.Warn("ignoring an environment variable that names no setting", "variable", name)
+	}
 	var keyring *auth.Keyring
 	var tenantsData []byte
 	if cfg.tenantsFile != "" {
@@ -84,9 +88,6 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	defer closeStore()
 	defer limiter.Close() // before the store closes: it flushes the stored bytes
 
-	for _, name := range cfg.unknownVars {
-		log.Warn("ignoring an environment variable that names no setting", "variable", name)
-	}
 	registry := prometheus.NewRegistry()
 	evictionAllowed := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name: "idemsvc_redis_eviction_allowed",

@@ -62,6 +62,12 @@ func TestConfig(t *testing.T) {
 		t.Errorf("unknown variables = %q, want the misspelt one only", c.unknownVars)
 	}
 
+	// A value that is not a number is one error, not a second about its range.
+	if _, err := parseConfig(nil, []string{"IDEMSVC_MAX_CONNECTIONS=many"}); err == nil || strings.Contains(err.Error(), "\n") ||
+		!strings.Contains(err.Error(), "IDEMSVC_MAX_CONNECTIONS") {
+		t.Errorf("a non-numeric value: %v; want one error naming the variable", err)
+	}
+
 	// Development mode listens on loopback unless told where to listen.
 	for _, tt := range []struct {
 		args, env []string
@@ -105,9 +111,14 @@ func TestConfig(t *testing.T) {
 }
 
 func TestRefusesRedisWithoutTenants(t *testing.T) {
-	err := run(t.Context(), nil, []string{"IDEMSVC_REDIS_URL=redis://127.0.0.1:1"}, io.Discard)
+	var logs syncBuffer
+	err := run(t.Context(), nil, []string{"IDEMSVC_REDIS_URL=redis://127.0.0.1:1", "IDEMSVC_TENANT_FILE=tenants.yaml"}, &logs)
 	if err == nil || !strings.Contains(err.Error(), "--insecure-no-auth") {
 		t.Fatalf("run = %v, want a refusal naming --insecure-no-auth", err)
+	}
+	// The misspelt variable that caused it is named first.
+	if !strings.Contains(logs.String(), `"variable":"IDEMSVC_TENANT_FILE"`) {
+		t.Errorf("the misspelt IDEMSVC_TENANT_FILE is not named:\n%s", logs.String())
 	}
 }
 
