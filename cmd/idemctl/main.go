@@ -31,9 +31,10 @@
 // it.
 //
 // delete forgets the key's record, so that the next begin acquires it
-// again. idemsvc answers a delete of an absent key as done, so delete
-// succeeds whether or not the record existed. With --json it prints
-// {"deleted":true,"key":KEY} (and "tenant" when --tenant is given).
+// again. It reads the record first and says "deleted: false (no record)"
+// for a key with no record (exit status 0 all the same: the key is free).
+// With --json it prints {"deleted":true,"key":KEY} ("deleted":false when
+// there was no record; "tenant" when --tenant is given).
 //
 // Exit status: 0 when the record was found (status) or is gone (delete),
 // 3 when status finds no record, 1 on any error, usage errors included.
@@ -385,15 +386,24 @@ func addResponse(f *fields, stored *idem.StoredResponse) error {
 
 // deleteKey forgets the record of opts.key.
 func deleteKey(ctx context.Context, client *idem.Client, opts options, stdout, stderr io.Writer) int {
-	if err := client.Delete(ctx, opts.key); err != nil {
+	// idemsvc answers a delete of an absent record as done: read first, so
+	// that a key that never existed (a typo, say) is not reported deleted.
+	_, err := client.Status(ctx, opts.key, false)
+	existed := err == nil
+	if err != nil && !errors.Is(err, idem.ErrNotFound) {
 		return fail(stderr, opts, err)
+	}
+	if existed {
+		if err := client.Delete(ctx, opts.key); err != nil {
+			return fail(stderr, opts, err)
+		}
 	}
 	if opts.json {
 		out := struct {
 			Deleted bool   `json:"deleted"`
 			Key     string `json:"key"`
 			Tenant  string `json:"tenant,omitempty"`
-		}{true, opts.key, opts.tenant}
+		}{existed, opts.key, opts.tenant}
 		if err := writeJSON(stdout, out); err != nil {
 			fmt.Fprintf(stderr, "idemctl: %v\n", err)
 			return exitError
@@ -405,7 +415,11 @@ func deleteKey(ctx context.Context, client *idem.Client, opts options, stdout, s
 	if opts.tenant != "" {
 		f.add("tenant", opts.tenant)
 	}
-	f.add("deleted", "true")
+	if existed {
+		f.add("deleted", "true")
+	} else {
+		f.add("deleted", "false (no record)")
+	}
 	f.write(stdout)
 	return exitOK
 }

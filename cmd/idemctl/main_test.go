@@ -395,8 +395,18 @@ func TestDelete(t *testing.T) {
 	}
 	idemctl(t, env, "status", "order-48/charge").want(t, exitNotFound)
 
-	// Deleting an absent record is done too: the record is gone either way.
-	idemctl(t, env, "delete", "order-48/charge").want(t, exitOK)
+	// Deleting an absent record succeeds (the key is free), but does not
+	// claim a deletion.
+	r = idemctl(t, env, "delete", "order-48/charge")
+	r.want(t, exitOK)
+	if f := fieldMap(parseFields(t, r.stdout)); f["deleted"] != "false (no record)" {
+		t.Errorf("delete of an absent key printed %q", r.stdout)
+	}
+	r = idemctl(t, env, "--json", "delete", "never-existed")
+	r.want(t, exitOK)
+	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.Deleted == nil || *out.Deleted {
+		t.Errorf("delete --json of an absent key = %q (%v)", r.stdout, err)
+	}
 }
 
 func TestWrongAPIKey(t *testing.T) {
