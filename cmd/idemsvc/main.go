@@ -54,8 +54,9 @@ const (
 	writeMargin       = 15 * time.Second
 	idleTimeout       = 2 * time.Minute
 	shutdownTimeout   = 30 * time.Second
-	// logFlushInterval is how long a log line may wait in the buffer.
-	logFlushInterval = 100 * time.Millisecond
+	// logFlushInterval is how long an info line may wait in the buffer
+	// (warnings and errors are written at once).
+	logFlushInterval = 20 * time.Millisecond
 )
 
 // run serves until ctx ends, then shuts down gracefully: it stops taking
@@ -68,7 +69,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	}
 	logs := newLogWriter(logOut, logFlushInterval)
 	defer logs.Close()
-	log := slog.New(slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}))
+	log := slog.New(flushingHandler{slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}), logs})
 
 	// First, so that a misspelt variable is named before any refusal it causes.
 	for _, name := range cfg.unknownVars {

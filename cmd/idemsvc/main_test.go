@@ -5,8 +5,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"os"
 	"os/exec"
@@ -375,5 +377,36 @@ func TestLogWriter(t *testing.T) {
 	}
 	if got, want := out.String(), "first\n"+big+"\nlast\n"; got != want {
 		t.Errorf("wrote %d bytes, want %d, in order", len(got), len(want))
+	}
+}
+
+// failingOnce fails its first write, then keeps what it is given.
+type failingOnce struct {
+	syncBuffer
+	failed bool
+}
+
+func (f *failingOnce) Write(p []byte) (int, error) {
+	if !f.failed {
+		f.failed = true
+		return 0, errors.New("disk full")
+	}
+	return f.syncBuffer.Write(p)
+}
+
+// One failed write does not silence the log; a warning is written at once.
+func TestLogWriterAfterAnError(t *testing.T) {
+	out := &failingOnce{}
+	w := newLogWriter(out, time.Hour)
+	log := slog.New(flushingHandler{slog.NewTextHandler(w, nil), w})
+	log.Info("lost")
+	w.Flush() // the output refuses this batch
+	log.Info("kept")
+	log.Warn("urgent")
+	if got := out.String(); !strings.Contains(got, "msg=kept") || !strings.Contains(got, "msg=urgent") || strings.Contains(got, "msg=lost") {
+		t.Fatalf("written after a failed write, without waiting for the interval: %q", got)
+	}
+	if err := w.Close(); err == nil {
+		t.Error("Close does not report the failed write")
 	}
 }
