@@ -79,10 +79,14 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
-	// Past the read each key's watch makes as it comes into force.
+	// Past the read each key's watch makes as it comes into force: the
+	// count reaches keys once most are in force (early keys may have made
+	// their first fallback read meanwhile), and a fallback interval later
+	// every watch has long been in force, and only fallback reads remain.
 	eventually(t, time.Minute, "every watch in force", func() bool {
 		return e.metricValue(t, "idemsvc_wait_polls_total") >= keys
 	})
+	time.Sleep(handlers.DefaultWaitFallbackInterval)
 
 	scripts := scriptCalls(t, rdb)
 	before := commandsProcessed(t, rdb)
