@@ -1,15 +1,20 @@
 package handlers_test
 
 import (
+	"bufio"
 	"bytes"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -365,5 +370,60 @@ func TestE2EHeadOnGetRoutes(t *testing.T) {
 			t.Errorf("HEAD %s = %d %q, %d body bytes; GET = %d %q", path, head.StatusCode, head.Header.Get("Content-Type"), len(body),
 				get.StatusCode, get.Header.Get("Content-Type"))
 		}
+	}
+}
+
+// Strict edges: a header that must be one, given twice, is 400; API
+// answers are never cached; a body cut short gets a 400 that names no
+// socket address.
+func TestE2EStrictEdges(t *testing.T) {
+	e := startOn(t, statemachine.NewMemoryStore(statemachine.DefaultLimits()))
+	body := `{"key":"strict"}`
+	for _, header := range []string{"Authorization", "Content-Type"} {
+		req, _ := http.NewRequest(http.MethodPost, e.url+"/v1/begin", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Add(header, "Bearer a")
+		req.Header.Add(header, "application/json")
+		resp, err := e.http.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), header+" twice") {
+			t.Errorf("two %s headers: %d %s", header, resp.StatusCode, raw)
+		}
+	}
+	for _, c := range []struct{ method, path, body string }{
+		{http.MethodPost, "/v1/begin", body},
+		{http.MethodGet, "/v1/status?key=strict&include_response=true", ""},
+		{http.MethodPost, "/v1/begin", `{"key":`},
+	} {
+		resp, _ := e.raw(t, c.method, c.path, "application/json", strings.NewReader(c.body))
+		if resp.Header.Get("Cache-Control") != "no-store" {
+			t.Errorf("%s %s = %d, Cache-Control %q", c.method, c.path, resp.StatusCode, resp.Header.Get("Cache-Control"))
+		}
+	}
+
+	// A body that stalls until the server's read deadline: the error names
+	// both ends of the socket, and the answer must not.
+	svc := handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits())})
+	srv := httptest.NewUnstartedServer(svc)
+	srv.Config.ReadTimeout = 300 * time.Millisecond
+	srv.Start()
+	t.Cleanup(srv.Close)
+	conn, err := net.Dial("tcp", strings.TrimPrefix(srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/begin HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"key\":")
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusBadRequest || strings.Contains(string(raw), "127.0.0.1") || strings.Contains(string(raw), "tcp") {
+		t.Errorf("a stalled body: %d %s", resp.StatusCode, raw)
 	}
 }

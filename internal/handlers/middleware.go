@@ -160,6 +160,16 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r) // health, readiness and metrics are open
 			return
 		}
+		// Answers carry lease tokens and stored responses: no cache keeps them.
+		w.Header().Set("Cache-Control", "no-store")
+		// Two of a header that must be one would leave it to chance which
+		// one counts.
+		for _, name := range []string{"Authorization", "Content-Type"} {
+			if len(r.Header.Values(name)) > 1 {
+				writeProblem(w, r, badField("", "carries %s twice; send it once", name))
+				return
+			}
+		}
 		if s.keyring == nil {
 			info.principal = auth.Principal{Tenant: DefaultTenant, Admin: true}
 			info.authenticated = true
@@ -211,7 +221,8 @@ func (s *Service) readBody(next http.Handler) http.Handler {
 			if errors.As(err, &tooLarge) {
 				writeProblem(w, r, bodyTooLarge(s.maxBodyBytes))
 			} else {
-				writeProblem(w, r, badField("", "could not be read: %v", err))
+				// Not err's text: it names socket addresses.
+				writeProblem(w, r, badField("", "could not be read in full (the connection stalled or broke)"))
 			}
 			return
 		}
