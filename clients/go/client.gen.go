@@ -234,8 +234,10 @@ type BeginReplay struct {
 
 // BeginRequest defines model for BeginRequest.
 type BeginRequest struct {
-	// Fingerprint A digest of the request payload, at most 256 bytes. A later begin
-	// with a different fingerprint gets 422.
+	// Fingerprint A digest of the request payload, at most 256 bytes of UTF-8 (a
+	// byte count, which JSON Schema's maxLength, counting characters,
+	// cannot state; longer gets 400). A later begin with a different
+	// fingerprint gets 422.
 	//
 	//
 	// Example: sha256:9f86d081884c7d65
@@ -254,8 +256,9 @@ type BeginRequest struct {
 	// Example: 30000
 	LeaseMs *LeaseMs `json:"lease_ms,omitempty"`
 
-	// Owner A caller-chosen id (e.g. a request id), at most 256 bytes. A begin
-	// by the owner of the live lease returns that lease again.
+	// Owner A caller-chosen id (e.g. a request id), at most 256 bytes of UTF-8
+	// (longer gets 400). A begin by the owner of the live lease returns
+	// that lease again.
 	//
 	//
 	// Example: req-01HZX3
@@ -358,7 +361,9 @@ type ExtendRequest struct {
 
 // FailRequest defines model for FailRequest.
 type FailRequest struct {
-	// Error A short message for operators.
+	// Error A short message for operators, at most 1,024 bytes of UTF-8
+	// (longer gets 400 naming `error`).
+	//
 	//
 	// Example: card declined
 	Error *string `json:"error,omitempty"`

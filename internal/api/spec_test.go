@@ -42,9 +42,20 @@ func TestSpecStatesTheDefaultLimits(t *testing.T) {
 			t.Errorf("%s: the spec says %v to %v, the service %v to %v", tt.what, tt.got, tt.gotUpper, tt.want, tt.wantMax)
 		}
 	}
-	for name, want := range map[string]int{"fingerprint": l.MaxFingerprintBytes, "owner": l.MaxOwnerBytes} {
-		if got := begin[name].Value.MaxLength; got == nil || int(*got) != want {
-			t.Errorf("%s: the spec's maxLength is %v, the service's %d", name, got, want)
+	// Lengths of strings that may hold any UTF-8 are in bytes, which
+	// maxLength (characters) cannot state: x-max-bytes does.
+	for _, tt := range []struct {
+		field *openapi3.SchemaRef
+		name  string
+		want  int
+	}{
+		{begin["fingerprint"], "fingerprint", l.MaxFingerprintBytes},
+		{begin["owner"], "owner", l.MaxOwnerBytes},
+		{schema("FailRequest").Properties["error"], "error", l.MaxErrorBytes},
+	} {
+		got, _ := tt.field.Value.Extensions["x-max-bytes"].(float64)
+		if int(got) != tt.want || tt.field.Value.MaxLength != nil {
+			t.Errorf("%s: the spec says x-max-bytes %v (maxLength %v), the service %d bytes", tt.name, got, tt.field.Value.MaxLength, tt.want)
 		}
 	}
 	if got := schema("Key").MaxLength; got == nil || int(*got) != l.MaxKeyBytes {
