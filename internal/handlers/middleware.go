@@ -11,6 +11,7 @@ import (
 	"io"
 	"log/slog"
 	"mime"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
@@ -113,7 +114,7 @@ func (s *Service) observe(next http.Handler) http.Handler {
 		if !s.log.Enabled(r.Context(), level) {
 			return
 		}
-		var buf [8]slog.Attr // no allocation for the list
+		var buf [10]slog.Attr // no allocation for the list
 		attrs := append(buf[:0],
 			slog.String("request_id", info.id),
 			slog.String("method", r.Method),
@@ -121,9 +122,15 @@ func (s *Service) observe(next http.Handler) http.Handler {
 			slog.Int("status", status),
 			slog.String("outcome", outcome),
 			slog.Int64("duration_us", elapsed.Microseconds()),
+			slog.String("client", clientHost(r.RemoteAddr)),
 		)
 		if info.tenant != "" {
 			attrs = append(attrs, slog.String("tenant", info.tenant))
+		}
+		// Who acted, when it is not the tenant acted for: an admin acting
+		// for another tenant, or a key refused (403) for the tenant it named.
+		if info.authenticated && info.principal.Tenant != info.tenant && info.principal.Tenant != DefaultTenant {
+			attrs = append(attrs, slog.String("principal", info.principal.Tenant))
 		}
 		if info.err != nil && status >= 500 {
 			attrs = append(attrs, slog.String("error", info.err.Error()))
@@ -188,6 +195,15 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 		info.authenticated = true
 		next.ServeHTTP(w, r)
 	})
+}
+
+// clientHost is the host part of a connection's remote address: the
+// client, or the last proxy in front of it.
+func clientHost(remote string) string {
+	if host, _, err := net.SplitHostPort(remote); err == nil {
+		return host
+	}
+	return remote
 }
 
 // bearer takes the token out of an "Authorization: Bearer <token>" value.
