@@ -224,8 +224,8 @@ type BeginReplay struct {
 
 	// Response What the operation produced, replayed byte for byte to every
 	// duplicate. Every part is optional: a message consumer may store only
-	// a body. The body after decoding plus the headers may take at most
-	// 1 MiB.
+	// a body. The body after decoding plus every header name and value may
+	// take at most 1 MiB (413 beyond).
 	Response StoredResponse `json:"response"`
 
 	// Status The state of a finished attempt.
@@ -309,8 +309,8 @@ type CompleteRequest struct {
 
 	// Response What the operation produced, replayed byte for byte to every
 	// duplicate. Every part is optional: a message consumer may store only
-	// a body. The body after decoding plus the headers may take at most
-	// 1 MiB.
+	// a body. The body after decoding plus every header name and value may
+	// take at most 1 MiB (413 beyond).
 	Response *StoredResponse `json:"response,omitempty"`
 
 	// RetentionS How long the record lives after its last transition, in seconds.
@@ -386,8 +386,8 @@ type FailRequest struct {
 
 	// Response What the operation produced, replayed byte for byte to every
 	// duplicate. Every part is optional: a message consumer may store only
-	// a body. The body after decoding plus the headers may take at most
-	// 1 MiB.
+	// a body. The body after decoding plus every header name and value may
+	// take at most 1 MiB (413 beyond).
 	Response *StoredResponse `json:"response,omitempty"`
 
 	// Retryable `true` releases the key (the next begin acquires it);
@@ -673,8 +673,8 @@ type StatusRecord struct {
 
 	// Response What the operation produced, replayed byte for byte to every
 	// duplicate. Every part is optional: a message consumer may store only
-	// a body. The body after decoding plus the headers may take at most
-	// 1 MiB.
+	// a body. The body after decoding plus every header name and value may
+	// take at most 1 MiB (413 beyond).
 	Response *StoredResponse `json:"response,omitempty"`
 
 	// Retryable The failure released the key.
@@ -700,8 +700,8 @@ type StatusRecord struct {
 
 // StoredResponse What the operation produced, replayed byte for byte to every
 // duplicate. Every part is optional: a message consumer may store only
-// a body. The body after decoding plus the headers may take at most
-// 1 MiB.
+// a body. The body after decoding plus every header name and value may
+// take at most 1 MiB (413 beyond).
 type StoredResponse struct {
 	// Body The body, encoded as `body_encoding` says.
 	//
@@ -712,7 +712,11 @@ type StoredResponse struct {
 	// `base64` carries a binary body in standard base64 (RFC 4648).
 	BodyEncoding *BodyEncoding `json:"body_encoding,omitempty"`
 
-	// Headers Header names and their values.
+	// Headers Header names and their values. A name must be an HTTP field name
+	// (RFC 9110 token characters, not empty) and a value a string
+	// without CR, LF or NUL; anything else gets 400 naming
+	// `response.headers`.
+	//
 	//
 	// Example: {"Content-Type":"application/json"}
 	Headers map[string]string `json:"headers,omitempty"`

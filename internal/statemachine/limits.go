@@ -2,6 +2,7 @@ package statemachine
 
 import (
 	"encoding/hex"
+	"strings"
 	"time"
 )
 
@@ -174,12 +175,33 @@ func (l *Limits) checkFinish(tenant, key, tok string, retention time.Duration, r
 	}
 	size := len(resp.Body)
 	for name, value := range resp.Headers {
+		if !isFieldName(name) {
+			return token{}, invalid("response.headers", "a header name must be an HTTP field name (RFC 9110 token characters)")
+		}
+		if strings.ContainsAny(value, "\r\n\x00") {
+			return token{}, invalid("response.headers", "a header value must not hold CR, LF or NUL")
+		}
 		size += len(name) + len(value)
 	}
 	if size > l.MaxResponseBytes {
 		return token{}, sizeError(size, l.MaxResponseBytes)
 	}
 	return t, nil
+}
+
+// isFieldName reports whether name is an HTTP field name: a non-empty token
+// of RFC 9110 (letters, digits and !#$%&'*+-.^_`|~).
+func isFieldName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0) {
+			return false
+		}
+	}
+	return true
 }
 
 // checkExtend validates an Extend and returns the parsed token and the lease.
