@@ -196,6 +196,9 @@ func decodeObject(b []byte, field func(name []byte) any) error {
 		seen[n] = dst // n < maxFields: every name is known and distinct
 		n++
 		if !decodePlain(b[i:valueEnd], dst) {
+			if err := strictStrings(b[i:valueEnd], dst); err != nil {
+				return &FieldError{Field: string(name), Reason: err.Error()}
+			}
 			if err := json.Unmarshal(b[i:valueEnd], dst); err != nil {
 				return fieldError(string(name), err)
 			}
@@ -210,6 +213,78 @@ func decodeObject(b []byte, field func(name []byte) any) error {
 			return errSyntax
 		}
 	}
+}
+
+// strictStrings refuses what encoding/json would accept by changing it:
+// invalid UTF-8 or a lone surrogate escape, which it replaces with U+FFFD
+// (so a replay would not be byte for byte), and a null where a map holds
+// strings, which it turns into "".
+func strictStrings(v []byte, dst any) error {
+	switch dst.(type) {
+	case *string, **string, **BodyEncoding, *map[string]string:
+	default:
+		return nil // an object checks its own members
+	}
+	if !utf8.Valid(v) || loneSurrogate(v) {
+		return errors.New("is not valid UTF-8 (a binary body goes as base64)")
+	}
+	if _, ok := dst.(*map[string]string); ok {
+		var raw map[string]json.RawMessage
+		if json.Unmarshal(v, &raw) == nil {
+			for _, value := range raw {
+				if len(value) == 0 || value[0] != '"' {
+					return errors.New("a value is not a string")
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// loneSurrogate reports whether JSON text v holds a \u escape of a UTF-16
+// surrogate that is not part of a pair. Backslashes appear in valid JSON
+// only inside strings, so every one starts an escape.
+func loneSurrogate(v []byte) bool {
+	hex4 := func(i int) (rune, bool) {
+		if i+6 > len(v) || v[i] != '\\' || v[i+1] != 'u' {
+			return 0, false
+		}
+		var r rune
+		for _, c := range v[i+2 : i+6] {
+			switch {
+			case '0' <= c && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case 'a' <= c && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case 'A' <= c && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return r, true
+	}
+	for i := 0; i < len(v); i++ {
+		if v[i] != '\\' {
+			continue
+		}
+		r, ok := hex4(i)
+		switch {
+		case !ok:
+			i++ // a short escape: skip the escaped character
+		case 0xD800 <= r && r < 0xDC00:
+			low, ok := hex4(i + 6)
+			if !ok || low < 0xDC00 || low > 0xDFFF {
+				return true
+			}
+			i += 11
+		case 0xDC00 <= r && r <= 0xDFFF:
+			return true
+		default:
+			i += 5
+		}
+	}
+	return false
 }
 
 // decodePlain decodes the commonest values without reflection, as

@@ -184,3 +184,26 @@ func checkPlain[T any](t *testing.T, data []byte) {
 		t.Fatalf("%T: %q: decodePlain gave %s, encoding/json %s", fast, data, got, want)
 	}
 }
+
+// What encoding/json would accept by changing it is refused: invalid UTF-8,
+// a lone surrogate, a null header value; a surrogate pair and an escaped
+// backslash before "ud800" are fine.
+func TestStrictStrings(t *testing.T) {
+	for body, ok := range map[string]bool{
+		`{"body":"\ud83d\ude00"}`:    true,
+		`{"body":"a\\ud800"}`:        true,
+		`{"body":"\u00e9"}`:          true,
+		`{"body":"\ud800"}`:          false,
+		`{"body":"\udc00x"}`:         false,
+		`{"body":"\ud800\u0041"}`:    false,
+		"{\"body\":\"caf\xe9\"}":     false,
+		`{"headers":{"A":"b"}}`:      true,
+		`{"headers":{"A":null}}`:     false,
+		`{"headers":{"A":"\ud800"}}`: false,
+	} {
+		var r StoredResponse
+		if err := json.Unmarshal([]byte(body), &r); (err == nil) != ok {
+			t.Errorf("%q: %v; want accepted %v", body, err, ok)
+		}
+	}
+}
