@@ -20,4 +20,6 @@ COPY --from=build /out/idemsvc /idemsvc
 USER 65532:65532
 EXPOSE 8080
 ENV IDEMSVC_LISTEN=:8080
+# distroless has no shell or curl: the binary checks itself.
+HEALTHCHECK --interval=10s --timeout=3s --retries=3 CMD ["/idemsvc", "healthcheck"]
 ENTRYPOINT ["/idemsvc"]

@@ -33,6 +33,9 @@ func main() {
 		fmt.Println(versionLine())
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
+		os.Exit(healthcheck(os.Args[2:], os.Environ(), os.Stderr))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
 	err := run(ctx, os.Args[1:], os.Environ(), os.Stderr)

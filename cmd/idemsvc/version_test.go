@@ -1,6 +1,7 @@
 package main
 
 import (
+	"net"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -32,5 +33,26 @@ func TestMetricNames(t *testing.T) {
 	}
 	if strings.Contains(metrics, "idemsvc_go_") || strings.Contains(metrics, "idemsvc_process_") {
 		t.Error("the runtime's metrics carry idemsvc's prefix")
+	}
+}
+
+// idemsvc healthcheck exits 0 while an idemsvc listens where
+// IDEMSVC_LISTEN says, and 1 when none does.
+func TestHealthcheck(t *testing.T) {
+	in := start(t, nil, nil)
+	addr := strings.TrimPrefix(in.url, "http://")
+	var out strings.Builder
+	if code := healthcheck(nil, []string{"IDEMSVC_LISTEN=" + addr}, &out); code != 0 {
+		t.Errorf("healthcheck of a serving idemsvc = %d: %s", code, out.String())
+	}
+	_, port, _ := net.SplitHostPort(addr)
+	if code := healthcheck([]string{"--listen", ":" + port}, nil, &out); code != 0 {
+		t.Errorf("healthcheck with --listen :%s = %d: %s", port, code, out.String())
+	}
+	in.stop()
+	<-in.done
+	in.done <- nil
+	if code := healthcheck(nil, []string{"IDEMSVC_LISTEN=" + addr}, &out); code != 1 {
+		t.Errorf("healthcheck with nothing listening = %d", code)
 	}
 }
