@@ -234,13 +234,13 @@ func TestBinaryBodyReplaysByteForByte(t *testing.T) {
 		s := newSubject(t, open(t))
 		s.mustBegin(sm.BeginRequest{})
 		resp := sm.Response{StatusCode: 200, Body: body, Base64: true,
-			Headers: map[string]string{"Content-Type": "application/octet-stream", "X-Empty": "", "X-Bin": "\x00\xff"}}
+			Headers: map[string]string{"Content-Type": "application/octet-stream", "X-Empty": "", "X-Bin": "\x01\xff"}}
 		if _, err := s.store.Complete(ctx, s.tenant, sm.CompleteRequest{Key: s.key, Token: s.lease.Token, Response: resp}); err != nil {
 			t.Fatal(err)
 		}
 		got := s.mustBegin(sm.BeginRequest{}).Record.Response
 		if got.Body != body || !got.Base64 || got.StatusCode != 200 || len(got.Headers) != 3 ||
-			got.Headers["X-Bin"] != "\x00\xff" || got.Headers["Content-Type"] != "application/octet-stream" {
+			got.Headers["X-Bin"] != "\x01\xff" || got.Headers["Content-Type"] != "application/octet-stream" {
 			t.Errorf("replay differs: status %d, base64 %v, headers %q, body equal %v",
 				got.StatusCode, got.Base64, got.Headers, got.Body == body)
 		}
