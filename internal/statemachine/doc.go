@@ -15,4 +15,8 @@
 // for one node, Sentinel or Cluster; MemoryStore keeps records in process for
 // development and tests. All times come from one clock: Redis's, or the
 // process's for MemoryStore.
+//
+// List pages through a tenant's records in one state for operators; on
+// Redis it SCANs every master (never KEYS) and reads only each record's
+// head, not its stored response.
 package statemachine
