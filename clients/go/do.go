@@ -13,7 +13,16 @@ type DoOptions struct {
 	Lease       time.Duration // the lease, extended every Lease/3 while fn runs (default 30 s)
 	Retention   time.Duration // how long the outcome is replayed (default: the service's, a day)
 	Wait        time.Duration // how long each begin waits for another caller's attempt (default 5 s)
+
+	// omitBody stores a response too large to store as its status and
+	// headers, with BodyOmittedHeader, instead of failing the attempt
+	// (Middleware: a caller whose first answer was lost still learns it
+	// succeeded).
+	omitBody bool
 }
+
+// BodyOmittedHeader marks a replay whose body was too large to store.
+const BodyOmittedHeader = "Idempotent-Body-Omitted"
 
 // Defaults of DoOptions.
 const (
@@ -122,6 +131,13 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 	out := Result{Response: resp, Attempt: lease.Attempt}
 	if err == nil {
 		_, cerr := c.Complete(finishCtx, key, token, resp, opts.Retention)
+		if errors.Is(cerr, ErrTooLarge) && opts.omitBody {
+			headers := map[string]string{BodyOmittedHeader: "true"}
+			for name, value := range resp.Headers {
+				headers[name] = value
+			}
+			_, cerr = c.Complete(finishCtx, key, token, Response{StatusCode: resp.StatusCode, Headers: headers}, opts.Retention)
+		}
 		if errors.Is(cerr, ErrTooLarge) || errors.Is(cerr, ErrInvalid) {
 			// The operation ran but its outcome cannot be stored: a
 			// terminal failure keeps duplicates from running it again.

@@ -10,7 +10,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -19,7 +21,10 @@ type MiddlewareOptions struct {
 	// KeyHeader names the request header with the idempotency key
 	// (default "Idempotency-Key").
 	KeyHeader string
-	// Optional lets POST and PATCH requests without a key through, not
+	// Methods are the methods made idempotent (default POST and PATCH). A
+	// request of any other method runs every time, key or not.
+	Methods []string
+	// Optional lets requests of those methods without a key through, not
 	// idempotent; by default they get 400.
 	Optional bool
 	// Headers lists the response headers stored and replayed (default
@@ -39,14 +44,20 @@ type MiddlewareOptions struct {
 // ReplayedHeader marks a response replayed from idemsvc.
 const ReplayedHeader = "Idempotent-Replayed"
 
-// Middleware makes an HTTP handler idempotent. A request with an
-// Idempotency-Key header runs the handler at most once per key: a
-// duplicate gets the stored response byte for byte, with
-// "Idempotent-Replayed: true". The fingerprint is a SHA-256 of the method,
-// path, query and body, so reusing a key for another request gets 422; a
-// duplicate of a request still running gets 409 with Retry-After. A 5xx
-// from the handler fails the attempt retryably, so a retry runs it again.
-// When idemsvc cannot be reached the middleware fails closed with 503.
+// Middleware makes an HTTP handler idempotent, per the Idempotency-Key
+// header draft (draft-ietf-httpapi-idempotency-key-header). A request of
+// a configured method (POST, PATCH) with the key header runs the handler at
+// most once per key: a duplicate gets the stored response byte for byte,
+// with "Idempotent-Replayed: true". The header's value is a Structured
+// Field String ("abc"), or for compatibility a bare abc (the same key); an
+// empty, malformed or over-long key gets 400. The fingerprint is a SHA-256
+// of the method, path, query and body, so reusing a key for another request
+// gets 422; a duplicate of a request still running gets 409 with
+// Retry-After. A 5xx, 408 or 429 from the handler fails the attempt
+// retryably, so a retry runs it again. An answer too large to store is
+// stored without its body: its replays carry the status and headers, an
+// empty body and "Idempotent-Body-Omitted: true". When idemsvc cannot be
+// reached the middleware fails closed with 503.
 //
 // Keys live in the namespace of the client's tenant: when end users choose
 // them, give each user a namespace of its own, for instance a handler in
@@ -64,19 +75,32 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 	if opts.Lease <= 0 {
 		opts.Lease = DefaultLease
 	}
+	if opts.Methods == nil {
+		opts.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
 	allowed := make([]string, len(opts.Headers))
 	for i, h := range opts.Headers {
 		allowed[i] = http.CanonicalHeaderKey(h)
 	}
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			key := r.Header.Get(opts.KeyHeader)
-			if key == "" {
-				if !opts.Optional && (r.Method == http.MethodPost || r.Method == http.MethodPatch) {
+			if !slices.Contains(opts.Methods, r.Method) {
+				next.ServeHTTP(w, r) // not made idempotent: runs every time
+				return
+			}
+			values := r.Header.Values(opts.KeyHeader)
+			if len(values) == 0 {
+				if !opts.Optional {
 					writeProblem(w, http.StatusBadRequest, "invalid-request", "the "+opts.KeyHeader+" header is required", 0)
 					return
 				}
 				next.ServeHTTP(w, r)
+				return
+			}
+			key, ok := parseKey(values)
+			if !ok {
+				writeProblem(w, http.StatusBadRequest, "invalid-request",
+					"the "+opts.KeyHeader+" header must be one non-empty Structured Field String of at most 255 characters, such as \"8e03978e\"", 0)
 				return
 			}
 			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes))
@@ -96,7 +120,7 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 				return
 			}
 			rec := &recorder{header: make(http.Header)}
-			_, _ = c.run(r.Context(), key, res.Lease, DoOptions{Lease: opts.Lease, Retention: opts.Retention},
+			_, _ = c.run(r.Context(), key, res.Lease, DoOptions{Lease: opts.Lease, Retention: opts.Retention, omitBody: true},
 				func(ctx context.Context) (Response, error) {
 					next.ServeHTTP(rec, r.WithContext(ctx))
 					if rec.status == 0 && r.Context().Err() != nil {
@@ -105,7 +129,7 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 						return Response{}, fmt.Errorf("the request was cancelled: %w", r.Context().Err())
 					}
 					resp := rec.stored(allowed)
-					if resp.StatusCode >= 500 {
+					if retryAgain(resp.StatusCode) {
 						return resp, fmt.Errorf("the handler answered %d", resp.StatusCode)
 					}
 					return resp, nil
@@ -115,6 +139,50 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 			rec.writeTo(w)
 		})
 	}
+}
+
+// retryAgain reports whether an answer is not to be stored, so that a
+// retry runs the handler again: a server error, 408 Request Timeout and
+// 429 Too Many Requests say the request may succeed later.
+func retryAgain(status int) bool {
+	return status >= 500 || status == http.StatusRequestTimeout || status == http.StatusTooManyRequests
+}
+
+// maxKeyBytes is idemsvc's longest key.
+const maxKeyBytes = 255
+
+// parseKey reads the key header's values: one Structured Field String
+// (RFC 8941: "abc", with \" and \\ escapes, printable ASCII), or a bare
+// token, accepted as the same key for compatibility. An empty key, a
+// malformed string, several values and an over-long key are refused.
+func parseKey(values []string) (string, bool) {
+	if len(values) != 1 {
+		return "", false
+	}
+	v := strings.TrimSpace(values[0])
+	if !strings.HasPrefix(v, `"`) {
+		return v, v != "" && len(v) <= maxKeyBytes && !strings.ContainsAny(v, "\",\\")
+	}
+	var b strings.Builder
+	for i := 1; i < len(v); i++ {
+		c := v[i]
+		switch {
+		case c == '\\':
+			if i+1 == len(v) || (v[i+1] != '"' && v[i+1] != '\\') {
+				return "", false
+			}
+			i++
+			b.WriteByte(v[i])
+		case c == '"':
+			key := b.String()
+			return key, i == len(v)-1 && key != "" && len(key) <= maxKeyBytes
+		case c < 0x20 || c > 0x7e:
+			return "", false
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", false // no closing quote
 }
 
 // fingerprint is a SHA-256 of the method, path, query and body.

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -350,8 +351,9 @@ func TestMiddlewareRefusesBadRequests(t *testing.T) {
 	}
 }
 
-// A response too large for idemsvc to store is failed terminally: the
-// handler ran, and a duplicate must not run it again.
+// A response too large for idemsvc to store is stored without its body: the
+// handler ran, a duplicate must not run it again, and learns the first
+// answer's status and headers, marked Idempotent-Body-Omitted.
 func TestMiddlewareUnstorableResponseIsNotRunAgain(t *testing.T) {
 	t.Parallel()
 	svc := startIdemsvc(t, nil)
@@ -359,19 +361,22 @@ func TestMiddlewareUnstorableResponseIsNotRunAgain(t *testing.T) {
 	var runs atomic.Int32
 	url := serveIdempotent(t, c, idem.MiddlewareOptions{Lease: 200 * time.Millisecond}, func(w http.ResponseWriter, r *http.Request) {
 		runs.Add(1)
+		w.Header().Set("Location", "/exports/1")
+		w.WriteHeader(http.StatusCreated)
 		_, _ = w.Write(bytes.Repeat([]byte("x"), 2<<20))
 	})
 	first := send(t, http.MethodPost, url+"/exports", "export-1", nil)
-	if first.status != http.StatusOK || len(first.body) != 2<<20 {
-		t.Fatalf("first = %d with %d bytes; want the handler's 200", first.status, len(first.body))
+	if first.status != http.StatusCreated || len(first.body) != 2<<20 || first.header.Get(idem.BodyOmittedHeader) != "" {
+		t.Fatalf("first = %d with %d bytes; want the handler's whole 201", first.status, len(first.body))
 	}
 	time.Sleep(300 * time.Millisecond) // past the lease: a key left in progress would be taken over
 	again := send(t, http.MethodPost, url+"/exports", "export-1", nil)
 	if runs.Load() != 1 {
 		t.Fatalf("the handler ran %d times for one key", runs.Load())
 	}
-	if again.status != http.StatusInternalServerError || again.header.Get(idem.ReplayedHeader) != "true" {
-		t.Errorf("duplicate = %d %v %s; want a replayed 500", again.status, again.header, again.body)
+	if again.status != http.StatusCreated || again.header.Get(idem.ReplayedHeader) != "true" ||
+		again.header.Get(idem.BodyOmittedHeader) != "true" || again.header.Get("Location") != "/exports/1" || len(again.body) != 0 {
+		t.Errorf("duplicate = %d %v with %d bytes; want a replayed 201 with its Location, no body, marked", again.status, again.header, len(again.body))
 	}
 }
 
@@ -390,5 +395,68 @@ func TestMiddlewareWrongAPIKey(t *testing.T) {
 	a := send(t, http.MethodPost, url+"/orders", "order-1", []byte("{}"))
 	if a.status != http.StatusInternalServerError || a.header.Get("Retry-After") != "" || runs.Load() != 0 {
 		t.Errorf("with a wrong API key = %d %v %s, %d runs; want 500 without Retry-After, no run", a.status, a.header, a.body, runs.Load())
+	}
+}
+
+// The Idempotency-Key header draft, as the contract's "one middleware
+// behaviour" states it: only the configured methods; the key a Structured
+// Field String (a bare token the same key), an empty or malformed one 400;
+// 5xx, 408 and 429 not stored, so a retry runs the handler again.
+func TestMiddlewareHeaderDraft(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	var runs atomic.Int32
+	status := map[string]int{"/busy": http.StatusTooManyRequests, "/slow": http.StatusRequestTimeout, "/down": http.StatusBadGateway}
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {
+		n := runs.Add(1)
+		if code, ok := status[r.URL.Path]; ok {
+			w.WriteHeader(code)
+			return
+		}
+		fmt.Fprintf(w, `{"run":%d}`, n)
+	})
+
+	// Other methods run every time, key or not, and store nothing.
+	for _, method := range []string{http.MethodGet, http.MethodPut, http.MethodDelete} {
+		runs.Store(0)
+		for range 2 {
+			if a := send(t, method, url+"/orders", "k-"+method, nil); a.status != http.StatusOK || a.header.Get(idem.ReplayedHeader) != "" {
+				t.Errorf("%s with a key = %d %v", method, a.status, a.header)
+			}
+		}
+		if runs.Load() != 2 {
+			t.Errorf("%s with a key ran %d times in 2 requests, want 2", method, runs.Load())
+		}
+	}
+
+	// "abc" and abc are one key.
+	runs.Store(0)
+	first := send(t, http.MethodPost, url+"/orders", `"sf-key"`, nil)
+	again := send(t, http.MethodPost, url+"/orders", `sf-key`, nil)
+	if runs.Load() != 1 || again.header.Get(idem.ReplayedHeader) != "true" || string(again.body) != string(first.body) {
+		t.Errorf(`"sf-key" then sf-key: %d runs, second %d %s`, runs.Load(), again.status, again.body)
+	}
+	for _, bad := range []string{`""`, `"abc`, `"a"b"`, `"a\x"`, `a,b`, `"` + strings.Repeat("k", 256) + `"`} {
+		if a := send(t, http.MethodPost, url+"/orders", bad, nil); a.status != http.StatusBadRequest || problemKind(a) != "invalid-request" {
+			t.Errorf("key %q = %d %s, want 400 invalid-request", bad, a.status, a.body)
+		}
+	}
+	if runs.Load() != 1 {
+		t.Errorf("the handler ran for a refused key")
+	}
+
+	// 429, 408 and 5xx are not stored: the retry runs the handler again.
+	for path, code := range status {
+		runs.Store(0)
+		key := "retry" + path
+		for range 2 {
+			if a := send(t, http.MethodPost, url+path, key, nil); a.status != code || a.header.Get(idem.ReplayedHeader) != "" {
+				t.Errorf("%s = %d %v, want the handler's %d", path, a.status, a.header, code)
+			}
+		}
+		if runs.Load() != 2 {
+			t.Errorf("a %d ran %d times in 2 requests with one key, want 2", code, runs.Load())
+		}
 	}
 }
