@@ -41,8 +41,10 @@ type clientConfig struct {
 // WithAPIKey sends key as the bearer token of every call.
 func WithAPIKey(key string) Option { return func(c *clientConfig) { c.apiKey = key } }
 
-// WithHTTP sends calls through hc (an *http.Client, say) instead of a
-// default http.Client.
+// WithHTTP sends calls through hc (an *http.Client, say) instead of the
+// default: an http.Client whose transport keeps up to 64 idle connections
+// to idemsvc (http.DefaultTransport keeps 2 per host, so a service under
+// load would open and close a connection per call).
 func WithHTTP(hc HttpRequestDoer) Option { return func(c *clientConfig) { c.httpClient = hc } }
 
 // WithTenant acts for tenant; only an admin API key may name another tenant.
@@ -72,16 +74,22 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		cfg.callTimeout = DefaultCallTimeout
 	}
 	if cfg.httpClient == nil {
-		cfg.httpClient = &http.Client{}
+		cfg.httpClient = &http.Client{Transport: pooledTransport()}
 	}
-	apiOpts := []ClientOption{WithHTTPClient(cfg.httpClient)}
+	auth := ""
 	if cfg.apiKey != "" {
-		auth := "Bearer " + cfg.apiKey
-		apiOpts = append(apiOpts, WithRequestEditorFn(func(_ context.Context, req *http.Request) error {
-			req.Header.Set("Authorization", auth)
-			return nil
-		}))
+		auth = "Bearer " + cfg.apiKey
 	}
+	apiOpts := []ClientOption{WithHTTPClient(cfg.httpClient), WithRequestEditorFn(func(ctx context.Context, req *http.Request) error {
+		req.Header.Set("User-Agent", userAgent)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		if id, ok := ctx.Value(requestIDKey{}).(string); ok {
+			req.Header.Set("X-Request-Id", id)
+		}
+		return nil
+	})}
 	api, err := NewClientWithResponses(baseURL, apiOpts...)
 	if err != nil {
 		return nil, fmt.Errorf("idem: %w", err)
@@ -92,6 +100,30 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		c.tenant = &cfg.tenant
 	}
 	return c, nil
+}
+
+// Version is this SDK's version, sent in the User-Agent of every call.
+const Version = "0.1.0"
+
+const userAgent = "idemsvc-go/" + Version
+
+// pooledTransport is http.DefaultTransport's settings with room for 64 idle
+// connections to idemsvc, enough for a busy service's concurrent calls to
+// reuse their connections instead of leaving sockets in TIME_WAIT.
+func pooledTransport() *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.MaxIdleConns = 256
+	t.MaxIdleConnsPerHost = 64
+	return t
+}
+
+type requestIDKey struct{}
+
+// WithRequestID returns ctx carrying a request id that the calls made with
+// it send as X-Request-Id, so that idemsvc's log lines can be matched with
+// the caller's. Middleware passes the incoming request's on by itself.
+func WithRequestID(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, requestIDKey{}, id)
 }
 
 // API returns the generated client underneath, for calls without retries.

@@ -23,6 +23,9 @@ type idemsvc struct {
 	URL string
 	// calls counts the requests idemsvc received, by path.
 	calls *pathCounter
+
+	mu      sync.Mutex
+	headers []http.Header // of every request received
 }
 
 // startIdemsvc starts an idemsvc authenticating with keyring; nil turns
@@ -34,13 +37,25 @@ func startIdemsvc(t testing.TB, keyring *auth.Keyring) *idemsvc {
 		Keyring: keyring,
 	})
 	calls := &pathCounter{}
+	s := &idemsvc{calls: calls}
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		calls.add(r.URL.Path)
+		s.mu.Lock()
+		s.headers = append(s.headers, r.Header.Clone())
+		s.mu.Unlock()
 		svc.ServeHTTP(w, r)
 	}))
 	t.Cleanup(srv.Close)
 	t.Cleanup(svc.StopWaiting) // runs first: waiting begins answer, so Close does not wait for them
-	return &idemsvc{URL: srv.URL, calls: calls}
+	s.URL = srv.URL
+	return s
+}
+
+// received returns the headers of every request idemsvc received so far.
+func (s *idemsvc) received() []http.Header {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return append([]http.Header(nil), s.headers...)
 }
 
 // newClient is a client of url; it fails the test when New does.

@@ -39,7 +39,15 @@ type MiddlewareOptions struct {
 	// MaxBodyBytes bounds the request body read for the fingerprint
 	// (default 1 MiB); a larger one gets 413.
 	MaxBodyBytes int64
+	// Budget bounds the begin, retries included, before the middleware
+	// gives up and answers 503 (default 2 s plus Wait): on a request path,
+	// fail closed fast rather than hold the caller while idemsvc or Redis
+	// is down.
+	Budget time.Duration
 }
+
+// DefaultMiddlewareBudget is MiddlewareOptions.Budget's default.
+const DefaultMiddlewareBudget = 2 * time.Second
 
 // ReplayedHeader marks a response replayed from idemsvc.
 const ReplayedHeader = "Idempotent-Replayed"
@@ -78,6 +86,9 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 	if opts.Methods == nil {
 		opts.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
+	if opts.Budget <= 0 {
+		opts.Budget = DefaultMiddlewareBudget
+	}
 	allowed := make([]string, len(opts.Headers))
 	for i, h := range opts.Headers {
 		allowed[i] = http.CanonicalHeaderKey(h)
@@ -109,8 +120,15 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
-			res, err := c.Begin(r.Context(), BeginParams{Key: key, Fingerprint: fingerprint(r, body),
+			ctx := r.Context()
+			if id := r.Header.Get("X-Request-Id"); id != "" {
+				ctx = WithRequestID(ctx, id)
+				r = r.WithContext(ctx)
+			}
+			beginCtx, cancel := context.WithTimeout(ctx, opts.Budget+opts.Wait)
+			res, err := c.Begin(beginCtx, BeginParams{Key: key, Fingerprint: fingerprint(r, body),
 				Lease: opts.Lease, Retention: opts.Retention, Wait: opts.Wait})
+			cancel()
 			if err != nil {
 				writeBeginError(w, err)
 				return

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -458,5 +459,54 @@ func TestMiddlewareHeaderDraft(t *testing.T) {
 		if runs.Load() != 2 {
 			t.Errorf("a %d ran %d times in 2 requests with one key, want 2", code, runs.Load())
 		}
+	}
+}
+
+// The SDK's calls say who they are (User-Agent) and carry the incoming
+// request's X-Request-Id, so idemsvc's log lines match the caller's.
+func TestMiddlewareIdentifiesItsCalls(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	url := serveIdempotent(t, newClient(t, svc.URL), idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {})
+	req, _ := http.NewRequest(http.MethodPost, url+"/orders", nil)
+	req.Header.Set("Idempotency-Key", "identified")
+	req.Header.Set("X-Request-Id", "req-7f3a")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	got := svc.received()
+	if len(got) < 2 {
+		t.Fatalf("idemsvc received %d requests, want begin and complete", len(got))
+	}
+	for _, h := range got {
+		if h.Get("X-Request-Id") != "req-7f3a" || !strings.HasPrefix(h.Get("User-Agent"), "idemsvc-go/"+idem.Version) {
+			t.Errorf("a call carried X-Request-Id %q, User-Agent %q", h.Get("X-Request-Id"), h.Get("User-Agent"))
+		}
+	}
+}
+
+// Without idemsvc the middleware fails closed within its budget (2 s by
+// default), not after the client's 15 s retry budget, and the handler
+// does not run.
+func TestMiddlewareFailsClosedFast(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := "http://" + ln.Addr().String()
+	ln.Close() // nothing listens there now
+	var runs atomic.Int32
+	url := serveIdempotent(t, newClient(t, down), idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) { runs.Add(1) })
+	start := time.Now()
+	a := send(t, http.MethodPost, url+"/orders", "down", nil)
+	took := time.Since(start)
+	if a.status != http.StatusServiceUnavailable || a.header.Get("Retry-After") == "" || runs.Load() != 0 {
+		t.Errorf("without idemsvc = %d %v, handler ran %d times", a.status, a.header, runs.Load())
+	}
+	if took > 4*time.Second { // the budget is 2 s; the rest is margin for a busy machine
+		t.Errorf("the 503 took %v", took)
 	}
 }
