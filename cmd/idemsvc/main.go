@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -239,8 +240,16 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 
 // redisLogger puts go-redis's own messages (failed dials, say) into the
 // JSON log.
+// redisLogger routes go-redis's own messages into the log: Sentinel's
+// routine news (a master found, a Sentinel discovered) at info, the rest
+// (failed dials, pool trouble) at warn, each once prefixed.
 type redisLogger struct{ log *slog.Logger }
 
 func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
-	l.log.WarnContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+	text := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
+	level := slog.LevelWarn
+	if strings.HasPrefix(text, "sentinel: ") {
+		level = slog.LevelInfo
+	}
+	l.log.Log(ctx, level, "redis client: "+text)
 }

@@ -410,3 +410,21 @@ func TestLogWriterAfterAnError(t *testing.T) {
 		t.Error("Close does not report the failed write")
 	}
 }
+
+// go-redis's messages are logged once prefixed, Sentinel's routine news at
+// info and the rest at warn.
+func TestRedisLogger(t *testing.T) {
+	var out syncBuffer
+	l := redisLogger{slog.New(slog.NewJSONHandler(&out, nil))}
+	l.Printf(t.Context(), "redis: connection pool: failed to dial after %d attempts", 5)
+	l.Printf(t.Context(), "sentinel: new master=%q addr=%q", "idem", "10.0.0.5:6379")
+	got := out.String()
+	for _, want := range []string{
+		`"level":"WARN","msg":"redis client: connection pool: failed to dial after 5 attempts"`,
+		`"level":"INFO","msg":"redis client: sentinel: new master=\"idem\" addr=\"10.0.0.5:6379\""`,
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("no %s in:\n%s", want, got)
+		}
+	}
+}
