@@ -3,11 +3,14 @@ package idem
 import (
 	"context"
 	crand "crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
 	"math/rand/v2"
 	"net/http"
+	"os"
 	"strconv"
 	"time"
 )
@@ -33,6 +36,8 @@ type Option func(*clientConfig)
 type clientConfig struct {
 	apiKey      string
 	httpClient  HttpRequestDoer
+	tls         *tls.Config
+	tlsFiles    *tlsFiles
 	tenant      string
 	callTimeout time.Duration
 	retryBudget time.Duration
@@ -46,6 +51,44 @@ func WithAPIKey(key string) Option { return func(c *clientConfig) { c.apiKey = k
 // to idemsvc (http.DefaultTransport keeps 2 per host, so a service under
 // load would open and close a connection per call).
 func WithHTTP(hc HttpRequestDoer) Option { return func(c *clientConfig) { c.httpClient = hc } }
+
+// WithTLS has the default client use cfg for HTTPS: a private CA in
+// RootCAs, a client certificate in Certificates. It does not apply to a
+// client given by WithHTTP.
+func WithTLS(cfg *tls.Config) Option { return func(c *clientConfig) { c.tls = cfg } }
+
+// WithTLSFiles is WithTLS from PEM files: caFile, the CA that signs
+// idemsvc's certificate ("" for the system's), and certFile and keyFile,
+// a client certificate for an idemsvc that requires one ("" for none).
+// New reports files that do not load.
+func WithTLSFiles(caFile, certFile, keyFile string) Option {
+	return func(c *clientConfig) { c.tlsFiles = &tlsFiles{caFile, certFile, keyFile} }
+}
+
+type tlsFiles struct{ ca, cert, key string }
+
+// load builds the TLS configuration the files describe.
+func (f *tlsFiles) load() (*tls.Config, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if f.ca != "" {
+		data, err := os.ReadFile(f.ca)
+		if err != nil {
+			return nil, fmt.Errorf("idem: CA file: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(data) {
+			return nil, fmt.Errorf("idem: CA file %s holds no PEM certificate", f.ca)
+		}
+	}
+	if f.cert != "" || f.key != "" {
+		cert, err := tls.LoadX509KeyPair(f.cert, f.key)
+		if err != nil {
+			return nil, fmt.Errorf("idem: client certificate: %w", err)
+		}
+		cfg.Certificates = []tls.Certificate{cert}
+	}
+	return cfg, nil
+}
 
 // WithTenant acts for tenant; only an admin API key may name another tenant.
 func WithTenant(tenant string) Option { return func(c *clientConfig) { c.tenant = tenant } }
@@ -64,7 +107,9 @@ const (
 	DefaultRetryBudget = 15 * time.Second
 )
 
-// New returns a client of the idemsvc at baseURL, e.g. "http://idemsvc:8080".
+// New returns a client of the idemsvc at baseURL, e.g.
+// "https://idemsvc:8443" (or "http://idemsvc:8080" where idemsvc serves
+// plain HTTP).
 func New(baseURL string, opts ...Option) (*Client, error) {
 	cfg := clientConfig{callTimeout: DefaultCallTimeout, retryBudget: DefaultRetryBudget}
 	for _, opt := range opts {
@@ -73,8 +118,19 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	if cfg.callTimeout <= 0 {
 		cfg.callTimeout = DefaultCallTimeout
 	}
+	if cfg.tlsFiles != nil {
+		t, err := cfg.tlsFiles.load()
+		if err != nil {
+			return nil, err
+		}
+		cfg.tls = t
+	}
 	if cfg.httpClient == nil {
-		cfg.httpClient = &http.Client{Transport: pooledTransport()}
+		t := pooledTransport()
+		if cfg.tls != nil {
+			t.TLSClientConfig = cfg.tls
+		}
+		cfg.httpClient = &http.Client{Transport: t}
 	}
 	auth := ""
 	if cfg.apiKey != "" {

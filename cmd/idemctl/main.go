@@ -16,6 +16,9 @@
 //	--tenant T       act for tenant T; only an admin key may name another tenant
 //	--json           print JSON for scripts instead of aligned "field: value" lines
 //	--timeout D      give up after D, retries included (default 15s)
+//	--ca-file F      PEM CA that signs idemsvc's certificate (IDEMSVC_CA_FILE; default the system's)
+//	--cert-file F    PEM client certificate, for an idemsvc that requires one (IDEMSVC_CLIENT_CERT_FILE)
+//	--key-file F     its PEM key (IDEMSVC_CLIENT_KEY_FILE)
 //
 // list prints the tenant's records in state S (in_progress, completed or
 // failed) whose last transition is at least D old, one per line: key,
@@ -97,6 +100,9 @@ flags (before or after KEY; use -- before a key starting with "-"):
   --show-response  status: also print the stored response, body decoded
   --json           print JSON instead of "field: value" lines
   --timeout D      give up after D, retries included (default 15s)
+  --ca-file F      PEM CA of idemsvc's certificate (IDEMSVC_CA_FILE)
+  --cert-file F    PEM client certificate (IDEMSVC_CLIENT_CERT_FILE)
+  --key-file F     its PEM key (IDEMSVC_CLIENT_KEY_FILE)
 
 exit status: 0 found or deleted, 3 not found, 1 error
 `
@@ -121,6 +127,9 @@ type options struct {
 	state        string        // list
 	olderThan    time.Duration // list
 	limit        int           // list; 0 is all
+	caFile       string
+	certFile     string
+	keyFile      string
 }
 
 // run runs idemctl with args (without the program name) and env (KEY=value
@@ -142,6 +151,9 @@ func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int 
 	}
 	if opts.tenant != "" {
 		clientOpts = append(clientOpts, idem.WithTenant(opts.tenant))
+	}
+	if opts.caFile != "" || opts.certFile != "" || opts.keyFile != "" {
+		clientOpts = append(clientOpts, idem.WithTLSFiles(opts.caFile, opts.certFile, opts.keyFile))
 	}
 	client, err := idem.New(opts.url, clientOpts...)
 	if err != nil {
@@ -170,7 +182,8 @@ func parseArgs(args, env []string) (options, error) {
 			vars[k] = v
 		}
 	}
-	opts := options{url: defaultURL, apiKey: vars["IDEMSVC_API_KEY"], timeout: defaultTimeout}
+	opts := options{url: defaultURL, apiKey: vars["IDEMSVC_API_KEY"], timeout: defaultTimeout,
+		caFile: vars["IDEMSVC_CA_FILE"], certFile: vars["IDEMSVC_CLIENT_CERT_FILE"], keyFile: vars["IDEMSVC_CLIENT_KEY_FILE"]}
 	if v := vars["IDEMSVC_URL"]; v != "" {
 		opts.url = v
 	}
@@ -186,6 +199,9 @@ func parseArgs(args, env []string) (options, error) {
 	fs.StringVar(&opts.state, "state", "", "")
 	fs.DurationVar(&opts.olderThan, "older-than", 0, "")
 	fs.IntVar(&opts.limit, "limit", 0, "")
+	fs.StringVar(&opts.caFile, "ca-file", opts.caFile, "")
+	fs.StringVar(&opts.certFile, "cert-file", opts.certFile, "")
+	fs.StringVar(&opts.keyFile, "key-file", opts.keyFile, "")
 
 	var positional []string
 	for {

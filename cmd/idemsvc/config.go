@@ -23,7 +23,15 @@ type config struct {
 	redisClusterAddrs   []string
 	redisSentinelAddrs  []string
 	redisSentinelMaster string
+	redisUsername       string
 	redisPassword       string
+	redisTLS            bool
+	redisTLSCAFile      string
+	redisTLSCertFile    string
+	redisTLSKeyFile     string
+	tlsCertFile         string
+	tlsKeyFile          string
+	tlsClientCAFile     string
 	redisWaitReplicas   int
 	redisAllowEviction  bool
 	redisWaitTimeout    time.Duration
@@ -42,7 +50,7 @@ type config struct {
 
 // otherVars are IDEMSVC_* variables that belong to idemsvc's clients and
 // tests, not to the service.
-var otherVars = []string{"IDEMSVC_URL", "IDEMSVC_API_KEY", "IDEMSVC_TEST_"}
+var otherVars = []string{"IDEMSVC_URL", "IDEMSVC_API_KEY", "IDEMSVC_CA_FILE", "IDEMSVC_CLIENT_CERT_FILE", "IDEMSVC_CLIENT_KEY_FILE", "IDEMSVC_TEST_"}
 
 // parseConfig reads args and then, for every flag args did not set, env
 // (KEY=value entries, as os.Environ gives them). Flags keep their built-in
@@ -60,7 +68,15 @@ func parseConfig(args, env []string) (config, error) {
 	cluster := fs.String("redis-cluster-addrs", "", "comma-separated seed nodes of a Redis Cluster")
 	sentinels := fs.String("redis-sentinel-addrs", "", "comma-separated Sentinel addresses")
 	master := fs.String("redis-sentinel-master", "", "the master name Sentinel manages")
-	password := fs.String("redis-password", "", "password for Cluster or Sentinel-managed Redis")
+	username := fs.String("redis-username", "", "ACL user of every Redis node (a redis-url's own user wins)")
+	password := fs.String("redis-password", "", "password of every Redis node (a redis-url's own password wins)")
+	redisTLS := fs.Bool("redis-tls", false, "TLS to Cluster and Sentinel nodes (rediss:// says it for redis-url)")
+	redisCA := fs.String("redis-tls-ca-file", "", "PEM file of the CA that signs Redis's certificates (default: the system's)")
+	redisCert := fs.String("redis-tls-cert-file", "", "PEM client certificate presented to Redis")
+	redisKey := fs.String("redis-tls-key-file", "", "PEM key of redis-tls-cert-file")
+	tlsCert := fs.String("tls-cert-file", "", "PEM certificate (chain) to serve HTTPS with; renewed files are picked up")
+	tlsKey := fs.String("tls-key-file", "", "PEM key of tls-cert-file")
+	tlsClientCA := fs.String("tls-client-ca-file", "", "PEM CA file: require client certificates it signed")
 	waitReplicas := fs.Int("redis-wait-replicas", 0, "replicas that must confirm each transition")
 	allowEviction := fs.Bool("redis-allow-eviction", false, "serve on a Redis whose maxmemory-policy may drop records")
 	waitTimeout := fs.Int("redis-wait-timeout-ms", 1000, "how long to wait for them before answering 503")
@@ -115,7 +131,15 @@ func parseConfig(args, env []string) (config, error) {
 		redisClusterAddrs:   list(*cluster),
 		redisSentinelAddrs:  list(*sentinels),
 		redisSentinelMaster: *master,
+		redisUsername:       *username,
 		redisPassword:       *password,
+		redisTLS:            *redisTLS,
+		redisTLSCAFile:      *redisCA,
+		redisTLSCertFile:    *redisCert,
+		redisTLSKeyFile:     *redisKey,
+		tlsCertFile:         *tlsCert,
+		tlsKeyFile:          *tlsKey,
+		tlsClientCAFile:     *tlsClientCA,
 		redisWaitReplicas:   *waitReplicas,
 		redisAllowEviction:  *allowEviction,
 		redisWaitTimeout:    time.Duration(*waitTimeout) * time.Millisecond,
@@ -166,6 +190,21 @@ func (c *config) check() []error {
 	}
 	if len(c.redisSentinelAddrs) > 0 && c.redisSentinelMaster == "" {
 		problems = append(problems, errors.New("redis-sentinel-addrs needs redis-sentinel-master"))
+	}
+	if (c.tlsCertFile == "") != (c.tlsKeyFile == "") {
+		problems = append(problems, errors.New("tls-cert-file and tls-key-file go together"))
+	}
+	if c.tlsClientCAFile != "" && c.tlsCertFile == "" {
+		problems = append(problems, errors.New("tls-client-ca-file needs tls-cert-file and tls-key-file"))
+	}
+	if (c.redisTLSCertFile == "") != (c.redisTLSKeyFile == "") {
+		problems = append(problems, errors.New("redis-tls-cert-file and redis-tls-key-file go together"))
+	}
+	if c.redisTLS && c.redisURL != "" {
+		problems = append(problems, errors.New("redis-tls is for Cluster and Sentinel: give redis-url as rediss://host:port for TLS to one node"))
+	}
+	if (c.redisTLSCAFile != "" || c.redisTLSCertFile != "") && !c.redisTLS && !strings.HasPrefix(c.redisURL, "rediss://") {
+		problems = append(problems, errors.New("redis-tls-ca-file and redis-tls-cert-file need TLS to Redis: a rediss:// redis-url, or redis-tls"))
 	}
 	if c.redisWaitReplicas < 0 {
 		problems = append(problems, errors.New("redis-wait-replicas must be 0 or more"))

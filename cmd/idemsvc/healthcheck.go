@@ -1,45 +1,53 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
-	"strings"
 	"time"
 )
 
-// healthcheck asks the idemsvc listening where env's IDEMSVC_LISTEN (or
-// --listen in args) says, on this host, whether it is alive (GET /healthz),
-// for a container's HEALTHCHECK: distroless images have no shell or curl.
-// It returns the process's exit status: 0 when it answered 200.
+// healthcheck asks the idemsvc that the same configuration (IDEMSVC_*
+// variables and flags) describes, on this host, whether it is alive (GET
+// /healthz), for a container's HEALTHCHECK: distroless images have no shell
+// or curl. It returns the process's exit status: 0 when it answered 200.
+//
+// Over HTTPS it accepts only the certificate of tls-cert-file, whatever
+// names that certificate holds, and presents it as its client certificate
+// when tls-client-ca-file asks for one, so the probe passes only where that
+// CA signed it.
 func healthcheck(args, env []string, out io.Writer) int {
-	listen := ":8080"
-	for _, kv := range env {
-		if v, ok := strings.CutPrefix(kv, "IDEMSVC_LISTEN="); ok && v != "" {
-			listen = v
-		}
-	}
-	for i, a := range args {
-		if v, ok := strings.CutPrefix(a, "--listen="); ok {
-			listen = v
-		} else if a == "--listen" && i+1 < len(args) {
-			listen = args[i+1]
-		}
-	}
-	host, port, err := net.SplitHostPort(listen)
+	cfg, err := parseConfig(args, env)
 	if err != nil {
-		fmt.Fprintf(out, "idemsvc healthcheck: listen address %q: %v\n", listen, err)
+		fmt.Fprintf(out, "idemsvc healthcheck: %v\n", err)
+		return 1
+	}
+	host, port, err := net.SplitHostPort(cfg.listen)
+	if err != nil {
+		fmt.Fprintf(out, "idemsvc healthcheck: listen address %q: %v\n", cfg.listen, err)
 		return 1
 	}
 	if host == "" || host == "0.0.0.0" || host == "::" {
 		host = "127.0.0.1"
 	}
+	transport := &http.Transport{DisableKeepAlives: true}
+	scheme := "http"
+	if cfg.tlsCertFile != "" {
+		scheme = "https"
+		if transport.TLSClientConfig, err = selfTLS(&cfg); err != nil {
+			fmt.Fprintf(out, "idemsvc healthcheck: %v\n", err)
+			return 1
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
-	resp, err := http.DefaultClient.Do(req)
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+net.JoinHostPort(host, port)+"/healthz", nil)
+	resp, err := (&http.Client{Transport: transport}).Do(req)
 	if err != nil {
 		fmt.Fprintf(out, "idemsvc healthcheck: %v\n", err)
 		return 1
@@ -51,3 +59,28 @@ func healthcheck(args, env []string, out io.Writer) int {
 	}
 	return 0
 }
+
+// selfTLS trusts exactly the certificate idemsvc serves with.
+func selfTLS(cfg *config) (*tls.Config, error) {
+	own, err := tls.LoadX509KeyPair(cfg.tlsCertFile, cfg.tlsKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("tls-cert-file and tls-key-file: %w", err)
+	}
+	t := &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		// The chain and names are not verified: the peer must present the
+		// very certificate of tls-cert-file instead, checked below.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 || !bytes.Equal(cs.PeerCertificates[0].Raw, own.Certificate[0]) {
+				return errors.New("the server does not present tls-cert-file's certificate")
+			}
+			return nil
+		},
+	}
+	if cfg.tlsClientCAFile != "" {
+		t.Certificates = []tls.Certificate{own}
+	}
+	return t, nil
+}
+

@@ -6,6 +6,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -131,6 +132,21 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	// holding back Accept, so that the ones over the cap wait in the
 	// kernel's backlog instead of costing memory here.
 	ln = netutil.LimitListener(ln, cfg.maxConnections)
+	scheme := "http"
+	if cfg.tlsCertFile != "" {
+		certs, err := newServingTLS(cfg.tlsCertFile, cfg.tlsKeyFile, cfg.tlsClientCAFile, log)
+		if err != nil {
+			_ = ln.Close()
+			return err
+		}
+		ln = tls.NewListener(ln, certs.Config())
+		scheme = "https"
+		if cfg.tlsClientCAFile != "" {
+			log.Info("TLS: client certificates required")
+		}
+	} else {
+		log.Warn("TLS is off: API keys and stored responses cross the network in clear; set IDEMSVC_TLS_CERT_FILE and IDEMSVC_TLS_KEY_FILE to serve HTTPS")
+	}
 	srv := &http.Server{
 		Handler:           svc,
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -142,7 +158,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String())
+	log.Info("listening", "addr", ln.Addr().String(), "scheme", scheme)
 
 	select {
 	case err := <-served:
@@ -213,6 +229,13 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 // a hung master and tries again once a replica took over (see
 // internal/statemachine/redisfailover.go).
 func redisClient(cfg *config) (redis.UniversalClient, string, error) {
+	var tlsConfig *tls.Config
+	if cfg.redisTLS || strings.HasPrefix(cfg.redisURL, "rediss://") {
+		var err error
+		if tlsConfig, err = redisTLS(cfg); err != nil {
+			return nil, "", err
+		}
+	}
 	switch {
 	case cfg.redisURL != "":
 		opts, err := redis.ParseURL(cfg.redisURL)
@@ -220,26 +243,40 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			// ParseURL's errors quote the URL, password and all.
 			return nil, "", errors.New("IDEMSVC_REDIS_URL is not a valid redis:// or rediss:// URL")
 		}
+		if opts.TLSConfig != nil {
+			if opts.TLSConfig.InsecureSkipVerify {
+				return nil, "", errors.New("IDEMSVC_REDIS_URL: skip_verify is refused, certificates are always verified: give the CA that signs Redis's certificate as IDEMSVC_REDIS_TLS_CA_FILE")
+			}
+			tlsConfig.ServerName = opts.TLSConfig.ServerName
+			opts.TLSConfig = tlsConfig
+		}
+		if opts.Username == "" && opts.Password == "" {
+			opts.Username, opts.Password = cfg.redisUsername, cfg.redisPassword
+		}
 		opts.ContextTimeoutEnabled = true
 		return redis.NewClient(opts), "standalone", nil
 	case len(cfg.redisClusterAddrs) > 0:
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:                 cfg.redisClusterAddrs,
+			Username:              cfg.redisUsername,
 			Password:              cfg.redisPassword,
+			TLSConfig:             tlsConfig,
 			ContextTimeoutEnabled: true,
 		}), "cluster", nil
 	default:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName:            cfg.redisSentinelMaster,
 			SentinelAddrs:         cfg.redisSentinelAddrs,
+			SentinelUsername:      cfg.redisUsername,
+			SentinelPassword:      cfg.redisPassword,
+			Username:              cfg.redisUsername,
 			Password:              cfg.redisPassword,
+			TLSConfig:             tlsConfig,
 			ContextTimeoutEnabled: true,
 		}), "sentinel", nil
 	}
 }
 
-// redisLogger puts go-redis's own messages (failed dials, say) into the
-// JSON log.
 // redisLogger routes go-redis's own messages into the log: Sentinel's
 // routine news (a master found, a Sentinel discovered) at info, the rest
 // (failed dials, pool trouble) at warn, each once prefixed.

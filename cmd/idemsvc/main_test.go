@@ -105,6 +105,11 @@ func TestConfig(t *testing.T) {
 		"default lease over the max": {env: []string{"IDEMSVC_DEFAULT_LEASE_MS=7200000"}},
 		"key bytes":                  {args: []string{"--max-key-bytes", "0"}},
 		"no connections":             {env: []string{"IDEMSVC_MAX_CONNECTIONS=0"}},
+		"certificate without key":    {env: []string{"IDEMSVC_TLS_CERT_FILE=c.pem"}},
+		"client CA without TLS":      {env: []string{"IDEMSVC_TLS_CLIENT_CA_FILE=ca.pem"}},
+		"redis-tls for one node":     {env: []string{"IDEMSVC_REDIS_URL=redis://x:1", "IDEMSVC_REDIS_TLS=true"}},
+		"redis CA without TLS":       {env: []string{"IDEMSVC_REDIS_URL=redis://x:1", "IDEMSVC_REDIS_TLS_CA_FILE=ca.pem"}},
+		"redis key without cert":     {env: []string{"IDEMSVC_REDIS_URL=rediss://x:1", "IDEMSVC_REDIS_TLS_KEY_FILE=k.pem"}},
 	} {
 		if _, err := parseConfig(tt.args, tt.env); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -121,6 +126,14 @@ func TestRefusesRedisWithoutTenants(t *testing.T) {
 	// The misspelt variable that caused it is named first.
 	if !strings.Contains(logs.String(), `"variable":"IDEMSVC_TENANT_FILE"`) {
 		t.Errorf("the misspelt IDEMSVC_TENANT_FILE is not named:\n%s", logs.String())
+	}
+}
+
+// A rediss:// URL that asks to skip certificate checks is refused.
+func TestRedisSkipVerifyRefused(t *testing.T) {
+	err := run(t.Context(), []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=rediss://127.0.0.1:1?skip_verify=true"}, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "skip_verify is refused") {
+		t.Fatalf("run = %v, want skip_verify refused", err)
 	}
 }
 
@@ -149,7 +162,11 @@ func start(t *testing.T, args, env []string) *instance {
 		cancel()
 		<-in.done
 	})
-	in.url = "http://" + waitListening(t, logs.lines)
+	addr := waitListening(t, logs.lines)
+	in.url = "http://" + addr
+	if strings.Contains(logs.String(), `"scheme":"https"`) {
+		in.url = "https://" + addr
+	}
 	return in
 }
 
