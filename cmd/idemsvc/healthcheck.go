@@ -83,4 +83,3 @@ func selfTLS(cfg *config) (*tls.Config, error) {
 	}
 	return t, nil
 }
-
