@@ -4,12 +4,17 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
+	"maps"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/testpki"
 )
 
@@ -151,4 +156,81 @@ func TestPlainHTTPWarns(t *testing.T) {
 	if !strings.Contains(in.logs.String(), "TLS is off: API keys and stored responses cross the network in clear") {
 		t.Errorf("no warning that TLS is off:\n%s", in.logs.String())
 	}
+}
+
+// idemsvc reaches Redis over TLS as an ACL user, presenting a client
+// certificate and verifying Redis's, in all three modes; without any one
+// of them it is refused and answers 503.
+func TestRedisTLS(t *testing.T) {
+	sec := redistest.NewSecurity(t)
+	tenants := filepath.Join(t.TempDir(), "tenants.yaml")
+	if err := os.WriteFile(tenants, []byte(tenantsFile("tls-key")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	settings := map[string]string{
+		"IDEMSVC_REDIS_TLS_CA_FILE":   sec.CAFile,
+		"IDEMSVC_REDIS_TLS_CERT_FILE": sec.ClientCertFile,
+		"IDEMSVC_REDIS_TLS_KEY_FILE":  sec.ClientKeyFile,
+		"IDEMSVC_REDIS_USERNAME":      sec.Username,
+		"IDEMSVC_REDIS_PASSWORD":      sec.Password,
+		"IDEMSVC_TENANTS_FILE":        tenants,
+	}
+	env := func(more ...string) []string {
+		var out []string
+		for k, v := range settings {
+			out = append(out, k+"="+v)
+		}
+		return append(out, more...)
+	}
+	cycle := func(t *testing.T, in *instance) {
+		t.Helper()
+		key := fmt.Sprintf(`{"key":"tls-%d","owner":"o"}`, time.Now().UnixNano())
+		code, begun := post(t, in.url+"/v1/begin", "tls-key", key)
+		if code != http.StatusCreated {
+			t.Fatalf("begin = %d %v", code, begun)
+		}
+		complete := fmt.Sprintf(`{"key":%q,"lease_token":%q,"response":{"status_code":201,"body":"paid"}}`, begun["key"], begun["lease_token"])
+		if code, body := post(t, in.url+"/v1/complete", "tls-key", complete); code != http.StatusOK {
+			t.Fatalf("complete = %d %v", code, body)
+		}
+		if code, body := post(t, in.url+"/v1/begin", "tls-key", key); code != http.StatusOK || body["status"] != "completed" {
+			t.Fatalf("replay = %d %v", code, body)
+		}
+		if code, body := readyz(t, in.url); code != http.StatusOK {
+			t.Errorf("readyz = %d %s", code, body)
+		}
+		if strings.Contains(in.logs.String(), sec.Password) {
+			t.Error("the logs hold the Redis password")
+		}
+	}
+
+	t.Run("standalone", func(t *testing.T) {
+		url := "IDEMSVC_REDIS_URL=rediss://" + redistest.NewSecureServer(t, sec).Addr()
+		cycle(t, start(t, nil, env(url)))
+
+		// Without the client certificate, the CA or the password, Redis
+		// or idemsvc refuses the connection: 503, never a served call.
+		for name, change := range map[string]map[string]string{
+			"no client certificate": {"IDEMSVC_REDIS_TLS_CERT_FILE": "", "IDEMSVC_REDIS_TLS_KEY_FILE": ""},
+			"the system's CAs":      {"IDEMSVC_REDIS_TLS_CA_FILE": ""},
+			"a wrong password":      {"IDEMSVC_REDIS_PASSWORD": "wrong"},
+		} {
+			saved := maps.Clone(settings)
+			maps.Copy(settings, change)
+			in := start(t, nil, env(url, "IDEMSVC_REDIS_TIMEOUT_MS=300"))
+			settings = saved
+			if code, body := post(t, in.url+"/v1/begin", "tls-key", `{"key":"refused"}`); code != http.StatusServiceUnavailable {
+				t.Errorf("%s: begin = %d %v, want 503", name, code, body)
+			}
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		c := redistest.NewClusterWith(t, redistest.ClusterOptions{Security: sec})
+		cycle(t, start(t, nil, env("IDEMSVC_REDIS_TLS=true", "IDEMSVC_REDIS_CLUSTER_ADDRS="+c.Addrs()[0])))
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		st := redistest.NewSentinelWith(t, redistest.SentinelOptions{Security: sec})
+		cycle(t, start(t, nil, env("IDEMSVC_REDIS_TLS=true",
+			"IDEMSVC_REDIS_SENTINEL_ADDRS="+strings.Join(st.Addrs(), ","), "IDEMSVC_REDIS_SENTINEL_MASTER="+st.MasterName())))
+	})
 }

@@ -39,11 +39,15 @@ type ClusterOptions struct {
 	// 0, at most 3). Use 2 or more where a master's failover must leave
 	// the promoted replica a replica of its own, for WAIT 1 say.
 	ReplicasPerMaster int
+	// Security, when set, secures the nodes: TLS only, on the Cluster bus
+	// too, and an ACL user.
+	Security *Security
 }
 
 // Cluster is a Redis Cluster of 3 masters with 1 replica each, or the
 // shape its ClusterOptions gave.
 type Cluster struct {
+	sec    *Security
 	addrs  []string
 	nodes  []*Node
 	shared bool
@@ -115,7 +119,11 @@ func (c *Cluster) Addrs() []string { return slices.Clone(c.addrs) }
 // Client returns a new cluster client, closed when the test ends.
 func (c *Cluster) Client(tb testing.TB) *redis.ClusterClient {
 	tb.Helper()
-	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs()})
+	opts := &redis.ClusterOptions{Addrs: c.Addrs()}
+	if c.sec != nil {
+		opts.TLSConfig, opts.Username, opts.Password = c.sec.TLSConfig(), c.sec.Username, c.sec.Password
+	}
+	rdb := redis.NewClusterClient(opts)
 	tb.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }
@@ -216,7 +224,7 @@ func (n *Node) Pid() int {
 // the test ends.
 func (n *Node) Client(tb testing.TB) *redis.Client {
 	tb.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: n.addr})
+	rdb := redis.NewClient(secure(&redis.Options{Addr: n.addr}))
 	tb.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }
@@ -323,14 +331,14 @@ func (c *Cluster) query(f func(ctx context.Context, rdb *redis.Client) error) er
 func (c *Cluster) close(ctx context.Context) error { return c.closeStarted(ctx) }
 
 func newCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
-	if seeds := splitAddrs(os.Getenv(EnvClusterAddrs)); len(seeds) > 0 {
+	if seeds := splitAddrs(os.Getenv(EnvClusterAddrs)); len(seeds) > 0 && opts.Security == nil {
 		c, err := discoverCluster(ctx, seeds)
 		if err != nil {
 			return nil, fmt.Errorf("redistest: %s=%s: %w", EnvClusterAddrs, strings.Join(seeds, ","), err)
 		}
 		return c, nil
 	}
-	b, err := localBackend()
+	b, err := backendFor(opts.Security)
 	if err != nil {
 		return nil, err
 	}
@@ -350,6 +358,9 @@ func newCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
 func createCluster(ctx context.Context, b backend, replicas int) (*Cluster, error) {
 	size := clusterMasters * (1 + replicas)
 	c := &Cluster{nodes: make([]*Node, size)}
+	if pb, ok := b.(processBackend); ok {
+		c.sec = pb.sec
+	}
 	var (
 		wg   sync.WaitGroup
 		mu   sync.Mutex
@@ -629,14 +640,14 @@ func poll(ctx context.Context, check func() error) error {
 
 // nodeClient returns a client of one node for setup and health checks.
 func nodeClient(addr string) *redis.Client {
-	return redis.NewClient(&redis.Options{
+	return redis.NewClient(secure(&redis.Options{
 		Addr:         addr,
 		DialTimeout:  nodeTimeout,
 		ReadTimeout:  nodeTimeout,
 		WriteTimeout: nodeTimeout,
 		MaxRetries:   -1,
 		PoolSize:     1,
-	})
+	}))
 }
 
 // nodeEntry is one line of CLUSTER NODES.

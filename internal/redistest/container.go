@@ -49,7 +49,7 @@ func (containerBackend) newInstance(port int, cluster bool) (instance, error) {
 	}
 	// The pidfile name tells this server apart from others on the host.
 	pidfile := dir + "/redis-" + rand.Text() + ".pid"
-	args := append([]string{"redis-server"}, serverArgs(port, dir, "", pidfile, nodesFile)...)
+	args := append([]string{"redis-server"}, serverArgs(port, dir, "", pidfile, nodesFile, nil)...)
 	return &containerInstance{args: args, pidPath: pidfile}, nil
 }
 

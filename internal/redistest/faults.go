@@ -27,7 +27,7 @@ func NewPersistentServer(tb testing.TB) *Server {
 			return nil, identity{}, err
 		}
 		// Later arguments override earlier ones.
-		l.args = append(serverArgs(port, l.dir, l.log, l.pidPath, ""),
+		l.args = append(serverArgs(port, l.dir, l.log, l.pidPath, "", nil),
 			"--appendonly", "yes", "--appendfsync", "always")
 		return l, pidfileIdentity(l.pidPath), nil
 	})

@@ -65,11 +65,15 @@ type backend interface {
 	newInstance(port int, cluster bool) (instance, error)
 }
 
-// serverArgs returns the redis-server arguments shared by all backends.
-func serverArgs(port int, dir, logfile, pidfile, nodesFile string) []string {
+// serverArgs returns the redis-server arguments shared by all backends;
+// sec, when not nil, secures the server.
+func serverArgs(port int, dir, logfile, pidfile, nodesFile string, sec *Security) []string {
+	listen := []string{"--port", strconv.Itoa(port)}
+	if sec != nil {
+		listen = sec.serverArgs(port, nodesFile != "")
+	}
 	args := []string{
 		"--bind", "127.0.0.1",
-		"--port", strconv.Itoa(port),
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", dir,
@@ -79,6 +83,7 @@ func serverArgs(port int, dir, logfile, pidfile, nodesFile string) []string {
 		"--logfile", logfile,
 		"--pidfile", pidfile,
 	}
+	args = append(args, listen...)
 	if nodesFile != "" {
 		args = append(args,
 			"--cluster-enabled", "yes",
@@ -110,9 +115,11 @@ func replicationArgs() []string {
 	}
 }
 
-// processBackend runs redis-server binaries as child processes.
+// processBackend runs redis-server binaries as child processes, secured
+// as sec says when it is not nil.
 type processBackend struct {
 	bin string
+	sec *Security
 }
 
 func (b processBackend) newInstance(port int, cluster bool) (instance, error) {
@@ -124,7 +131,7 @@ func (b processBackend) newInstance(port int, cluster bool) (instance, error) {
 	if cluster {
 		nodesFile = filepath.Join(l.dir, "nodes.conf")
 	}
-	l.args = serverArgs(port, l.dir, l.log, l.pidPath, nodesFile)
+	l.args = serverArgs(port, l.dir, l.log, l.pidPath, nodesFile, b.sec)
 	return l, nil
 }
 
@@ -135,17 +142,26 @@ func (b processBackend) newLocal(port int) (*localInstance, error) {
 	if err != nil {
 		return nil, fmt.Errorf("create server directory: %w", err)
 	}
-	return &localInstance{
+	l := &localInstance{
 		bin:     b.bin,
 		dir:     dir,
 		log:     filepath.Join(dir, "redis.log"),
 		pidPath: filepath.Join(dir, "redis.pid"),
-	}, nil
+		sec:     b.sec,
+	}
+	if b.sec != nil {
+		l.addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		secured.Store(l.addr, b.sec)
+	}
+	return l, nil
 }
 
 // localInstance is a redis-server child process.
 type localInstance struct {
 	bin, dir, log, pidPath string
+	// sec secures the server, whose address is addr, when not nil.
+	sec  *Security
+	addr string
 	// args are the arguments of the next start; they may change while the
 	// server is stopped.
 	args []string
@@ -264,6 +280,9 @@ func (l *localInstance) logTail(context.Context) string {
 
 func (l *localInstance) destroy(ctx context.Context) error {
 	err := l.stop(ctx)
+	if l.sec != nil {
+		secured.Delete(l.addr)
+	}
 	if rmErr := os.RemoveAll(l.dir); rmErr != nil {
 		err = errors.Join(err, fmt.Errorf("remove server directory: %w", rmErr))
 	}
@@ -515,7 +534,7 @@ func waitReady(ctx context.Context, addr string, id identity, exited <-chan stru
 	defer tick.Stop()
 	var last error
 	for {
-		got, err := probe(ctx, opts, id.query)
+		got, err := probe(ctx, secure(opts), id.query)
 		switch {
 		case err != nil:
 			last = err

@@ -183,3 +183,44 @@ func assertNoAnswer(t *testing.T, addr string) {
 }
 
 func port(addr string) string { return addr[strings.LastIndexByte(addr, ':')+1:] }
+
+// Secured servers speak TLS only and admit only the ACL user, in every
+// topology.
+func TestSecured(t *testing.T) {
+	t.Parallel()
+	sec := redistest.NewSecurity(t)
+	ctx := t.Context()
+	check := func(t *testing.T, rdb redis.UniversalClient) {
+		t.Helper()
+		if err := rdb.Set(ctx, "secured", "1", 0).Err(); err != nil {
+			t.Fatalf("set over TLS as %s: %v", sec.Username, err)
+		}
+		user, err := rdb.Do(ctx, "ACL", "WHOAMI").Text()
+		if err != nil || user != sec.Username {
+			t.Errorf("ACL WHOAMI = %q, %v", user, err)
+		}
+	}
+	t.Run("standalone", func(t *testing.T) {
+		t.Parallel()
+		s := redistest.NewSecureServer(t, sec)
+		check(t, s.Client(t))
+		plain := redis.NewClient(&redis.Options{Addr: s.Addr(), MaxRetries: -1})
+		defer plain.Close()
+		if err := plain.Ping(ctx).Err(); err == nil {
+			t.Error("a plain-text client was served")
+		}
+		anon := redis.NewClient(&redis.Options{Addr: s.Addr(), TLSConfig: sec.TLSConfig(), MaxRetries: -1})
+		defer anon.Close()
+		if err := anon.Ping(ctx).Err(); err == nil {
+			t.Error("the default user was served")
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		t.Parallel()
+		check(t, redistest.NewClusterWith(t, redistest.ClusterOptions{Security: sec}).Client(t))
+	})
+	t.Run("sentinel", func(t *testing.T) {
+		t.Parallel()
+		check(t, redistest.NewSentinelWith(t, redistest.SentinelOptions{Security: sec}).Client(t))
+	})
+}

@@ -63,6 +63,8 @@ type SentinelOptions struct {
 	// 3). Use 2 or more where a failover must leave the promoted replica a
 	// replica of its own, for WAIT 1 say.
 	Replicas int
+	// Security, when set, secures the servers and the Sentinels.
+	Security *Security
 }
 
 // Sentinel is a Redis managed by Sentinel: a master, one replica (or as
@@ -72,6 +74,7 @@ type SentinelOptions struct {
 // on standalone ones, and Start and Restart bring a server that is not the
 // master back as a replica of the current master.
 type Sentinel struct {
+	sec       *Security
 	name      string
 	servers   []*Server // the Redis servers, the one started as master first
 	sentinels []*proc
@@ -97,7 +100,7 @@ func NewSentinelWith(tb testing.TB, opts SentinelOptions) *Sentinel {
 	if opts.Replicas == 0 {
 		opts.Replicas = 1
 	}
-	st, err := newSentinel(context.Background(), opts.Replicas)
+	st, err := newSentinel(context.Background(), opts.Replicas, opts.Security)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -128,7 +131,12 @@ func (st *Sentinel) Servers() []*Server { return slices.Clone(st.servers) }
 // Sentinels, closed when the test ends.
 func (st *Sentinel) Client(tb testing.TB) *redis.Client {
 	tb.Helper()
-	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: st.name, SentinelAddrs: st.Addrs()})
+	opts := &redis.FailoverOptions{MasterName: st.name, SentinelAddrs: st.Addrs()}
+	if st.sec != nil {
+		opts.TLSConfig, opts.Username, opts.Password = st.sec.TLSConfig(), st.sec.Username, st.sec.Password
+		opts.SentinelUsername, opts.SentinelPassword = st.sec.Username, st.sec.Password
+	}
+	rdb := redis.NewFailoverClient(opts)
 	tb.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }
@@ -222,14 +230,14 @@ func (st *Sentinel) WaitHealthy(tb testing.TB) {
 	}
 }
 
-func newSentinel(ctx context.Context, replicas int) (*Sentinel, error) {
+func newSentinel(ctx context.Context, replicas int, sec *Security) (*Sentinel, error) {
 	for _, env := range []string{EnvAddr, EnvClusterAddrs} {
-		if v := os.Getenv(env); v != "" {
+		if v := os.Getenv(env); v != "" && sec == nil {
 			return nil, fmt.Errorf("redistest: NewSentinel starts its own redis-server processes, "+
 				"but %s=%s names external servers; unset %s and %s to run this test", env, v, EnvAddr, EnvClusterAddrs)
 		}
 	}
-	b, err := localBackend()
+	b, err := backendFor(sec)
 	if err != nil {
 		return nil, err
 	}
@@ -249,7 +257,7 @@ func newSentinel(ctx context.Context, replicas int) (*Sentinel, error) {
 // replicas are in sync, then starts the Sentinels (so that their first look
 // at the master shows the replica) and waits until the setup is healthy.
 func createSentinel(ctx context.Context, b processBackend, replicas int) (*Sentinel, error) {
-	st := &Sentinel{name: sentinelMasterName}
+	st := &Sentinel{name: sentinelMasterName, sec: b.sec}
 	master, err := st.spawnServer(ctx, b, "")
 	if err != nil {
 		return nil, err
@@ -332,7 +340,7 @@ func (st *Sentinel) spawnServer(ctx context.Context, b processBackend, replicaOf
 // sentinelServerArgs returns the arguments of a Redis server of a
 // Sentinel setup, as a replica of master unless that is empty.
 func sentinelServerArgs(l *localInstance, port int, master string) []string {
-	args := append(serverArgs(port, l.dir, l.log, l.pidPath, ""), replicationArgs()...)
+	args := append(serverArgs(port, l.dir, l.log, l.pidPath, "", l.sec), replicationArgs()...)
 	if master != "" {
 		host, mport, _ := net.SplitHostPort(master)
 		args = append(args, "--replicaof", host, mport)
@@ -353,16 +361,20 @@ func spawnSentinel(ctx context.Context, b processBackend, name, master string) (
 		myid := hex.EncodeToString(id[:])
 		host, mport, _ := net.SplitHostPort(master)
 		conf := filepath.Join(l.dir, "sentinel.conf")
-		text := fmt.Sprintf("port %d\nbind 127.0.0.1\ndaemonize no\ndir %q\nlogfile %q\npidfile %q\nloglevel notice\n"+
+		listen, auth := fmt.Sprintf("port %d\n", port), ""
+		if b.sec != nil {
+			listen, auth = b.sec.sentinelListen(port), b.sec.sentinelAuth(name)
+		}
+		text := listen + fmt.Sprintf("bind 127.0.0.1\ndaemonize no\ndir %q\nlogfile %q\npidfile %q\nloglevel notice\n"+
 			"sentinel myid %s\n"+
 			"sentinel monitor %s %s %s %d\n"+
 			"sentinel down-after-milliseconds %s %d\n"+
 			"sentinel failover-timeout %s %d\n",
-			port, l.dir, l.log, l.pidPath,
+			l.dir, l.log, l.pidPath,
 			myid,
 			name, host, mport, sentinelQuorum,
 			name, sentinelDownAfter.Milliseconds(),
-			name, sentinelFailoverTimeout.Milliseconds())
+			name, sentinelFailoverTimeout.Milliseconds()) + auth
 		if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 			_ = os.RemoveAll(l.dir)
 			return nil, identity{}, fmt.Errorf("write Sentinel configuration: %w", err)
@@ -645,14 +657,14 @@ func masterAddrOf(ctx context.Context, addr, name string) (string, error) {
 // sentinelClient returns a client of one Sentinel for setup and health
 // checks.
 func sentinelClient(addr string) *redis.SentinelClient {
-	return redis.NewSentinelClient(&redis.Options{
+	return redis.NewSentinelClient(secure(&redis.Options{
 		Addr:         addr,
 		DialTimeout:  nodeTimeout,
 		ReadTimeout:  nodeTimeout,
 		WriteTimeout: nodeTimeout,
 		MaxRetries:   -1,
 		PoolSize:     1,
-	})
+	}))
 }
 
 // infoValue returns the value of field name in an INFO reply.

@@ -59,6 +59,27 @@ func SharedServer(tb testing.TB) *Server {
 	return shared.server
 }
 
+// NewSecureServer returns a standalone server dedicated to the test that
+// sec secures, stopped when the test ends. It is always a local process.
+func NewSecureServer(tb testing.TB, sec *Security) *Server {
+	tb.Helper()
+	b, err := backendFor(sec)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	p, err := spawnProc(context.Background(), b, false)
+	if err != nil {
+		tb.Fatalf("redistest: %v", err)
+	}
+	s := &Server{addr: p.addr, p: p}
+	tb.Cleanup(func() {
+		if err := s.close(context.Background()); err != nil {
+			tb.Error(err)
+		}
+	})
+	return s
+}
+
 func newServer(ctx context.Context) (*Server, error) {
 	if addr := os.Getenv(EnvAddr); addr != "" {
 		if err := pingExternal(ctx, addr); err != nil {
@@ -109,7 +130,7 @@ func (s *Server) Pid() int {
 // Client returns a new client of the server, closed when the test ends.
 func (s *Server) Client(tb testing.TB) *redis.Client {
 	tb.Helper()
-	rdb := redis.NewClient(&redis.Options{Addr: s.addr})
+	rdb := redis.NewClient(secure(&redis.Options{Addr: s.addr}))
 	tb.Cleanup(func() { _ = rdb.Close() })
 	return rdb
 }

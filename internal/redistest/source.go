@@ -49,6 +49,22 @@ func localBackend() (backend, error) {
 	return local.b, local.err
 }
 
+// backendFor is localBackend for servers that sec secures: redis-server
+// processes, since only they take the test's certificates.
+func backendFor(sec *Security) (backend, error) {
+	b, err := localBackend()
+	if err != nil || sec == nil {
+		return b, err
+	}
+	pb, ok := b.(processBackend)
+	if !ok {
+		return nil, errors.New("redistest: secured servers need the redis-server binary on PATH " +
+			"(install it, e.g. `apt-get install redis-server`): they are not run in containers")
+	}
+	pb.sec = sec
+	return pb, nil
+}
+
 // skipExternal is the message of tests skipped because they need control
 // over a server process that the harness did not start.
 const skipExternal = "needs a Redis the tests started; IDEMSVC_TEST_REDIS_* names external servers"
