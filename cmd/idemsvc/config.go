@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"sort"
 	"strings"
 	"time"
@@ -32,6 +33,7 @@ type config struct {
 	tlsCertFile         string
 	tlsKeyFile          string
 	tlsClientCAFile     string
+	trustedProxies      []netip.Prefix
 	redisWaitReplicas   int
 	redisAllowEviction  bool
 	redisWaitTimeout    time.Duration
@@ -77,6 +79,7 @@ func parseConfig(args, env []string) (config, error) {
 	tlsCert := fs.String("tls-cert-file", "", "PEM certificate (chain) to serve HTTPS with; renewed files are picked up")
 	tlsKey := fs.String("tls-key-file", "", "PEM key of tls-cert-file")
 	tlsClientCA := fs.String("tls-client-ca-file", "", "PEM CA file: require client certificates it signed")
+	proxies := fs.String("trusted-proxies", "", "comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client in the log")
 	waitReplicas := fs.Int("redis-wait-replicas", 0, "replicas that must confirm each transition")
 	allowEviction := fs.Bool("redis-allow-eviction", false, "serve on a Redis whose maxmemory-policy may drop records")
 	waitTimeout := fs.Int("redis-wait-timeout-ms", 1000, "how long to wait for them before answering 503")
@@ -167,6 +170,17 @@ func parseConfig(args, env []string) (config, error) {
 	c.limits.DefaultLease = time.Duration(*defaultLease) * time.Millisecond
 	c.limits.MaxRetention = time.Duration(*maxRetention) * time.Second
 	c.limits.DefaultRetention = time.Duration(*defaultRetention) * time.Second
+	for _, p := range list(*proxies) {
+		prefix, err := netip.ParsePrefix(p)
+		if addr, aerr := netip.ParseAddr(p); aerr == nil {
+			prefix, err = addr.Prefix(addr.BitLen())
+		}
+		if err != nil {
+			problems = append(problems, fmt.Errorf("trusted-proxies: %q is neither an address nor a CIDR", p))
+			continue
+		}
+		c.trustedProxies = append(c.trustedProxies, prefix.Masked())
+	}
 	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
 		problems = append(problems, fmt.Errorf("log-level: %q is not debug, info, warn or error", *level))
 	}

@@ -118,7 +118,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		_ = stopTracing(flushCtx)
 	}()
 	hc := handlers.Config{Store: store, Keyring: keyring, Logger: log, Registry: registry,
-		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait, Limiter: limiter}
+		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait, Limiter: limiter, TrustedProxies: cfg.trustedProxies}
 	if provider != nil {
 		hc.Tracer = provider
 		log.Info("tracing: spans exported over OTLP")
@@ -147,6 +147,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	} else {
 		log.Warn("TLS is off: API keys and stored responses cross the network in clear; set IDEMSVC_TLS_CERT_FILE and IDEMSVC_TLS_KEY_FILE to serve HTTPS")
 	}
+	ln = problemListener{ln}
 	srv := &http.Server{
 		Handler:           svc,
 		ReadHeaderTimeout: readHeaderTimeout,

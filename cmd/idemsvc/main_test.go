@@ -60,6 +60,10 @@ func TestConfig(t *testing.T) {
 	if c.limits.MaxKeyBytes != 64 || c.limits.DefaultLease != 5*time.Second || c.maxRequestBytes != 2<<20 || c.maxConnections != 5 {
 		t.Errorf("limits = %+v, max request %d", c.limits, c.maxRequestBytes)
 	}
+	if c, err := parseConfig(nil, []string{"IDEMSVC_TRUSTED_PROXIES=10.1.0.0/16, 192.0.2.7,::1"}); err != nil ||
+		fmt.Sprint(c.trustedProxies) != "[10.1.0.0/16 192.0.2.7/32 ::1/128]" {
+		t.Errorf("trusted proxies = %v, %v", c.trustedProxies, err)
+	}
 	if strings.Join(c.unknownVars, ",") != "IDEMSVC_REDIS_ULR" {
 		t.Errorf("unknown variables = %q, want the misspelt one only", c.unknownVars)
 	}
@@ -110,6 +114,7 @@ func TestConfig(t *testing.T) {
 		"redis-tls for one node":     {env: []string{"IDEMSVC_REDIS_URL=redis://x:1", "IDEMSVC_REDIS_TLS=true"}},
 		"redis CA without TLS":       {env: []string{"IDEMSVC_REDIS_URL=redis://x:1", "IDEMSVC_REDIS_TLS_CA_FILE=ca.pem"}},
 		"redis key without cert":     {env: []string{"IDEMSVC_REDIS_URL=rediss://x:1", "IDEMSVC_REDIS_TLS_KEY_FILE=k.pem"}},
+		"a proxy that is no address": {env: []string{"IDEMSVC_TRUSTED_PROXIES=10.0.0.0/8,proxy.local"}},
 	} {
 		if _, err := parseConfig(tt.args, tt.env); err == nil {
 			t.Errorf("%s: accepted", name)

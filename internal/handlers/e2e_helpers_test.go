@@ -125,7 +125,7 @@ func (e *env) raw(t *testing.T, method, path, contentType string, body io.Reader
 		req.Header.Set("Content-Type", contentType)
 	}
 	for i := 0; i+1 < len(header); i += 2 {
-		req.Header.Set(header[i], header[i+1])
+		req.Header.Add(header[i], header[i+1])
 	}
 	resp, err := e.http.Do(req)
 	if err != nil {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"testing"
@@ -55,7 +56,7 @@ func TestE2EAuditLog(t *testing.T) {
 	}{
 		{"admin-for-payments", keyOps, `{"key":"audit","tenant":"payments"}`, http.StatusCreated, "payments", "ops"},
 		{"own", keyPayments, `{"key":"audit-2"}`, http.StatusCreated, "payments", nil},
-		{"refused", keyPayments, `{"key":"audit-3","tenant":"billing"}`, http.StatusForbidden, nil, "payments"},
+		{"refused", keyPayments, `{"key":"audit-3","tenant":"billing"}`, http.StatusForbidden, "billing", "payments"},
 		{"no-key", "wrong", `{"key":"audit-4"}`, http.StatusUnauthorized, nil, nil},
 	} {
 		resp, _ := e.raw(t, http.MethodPost, "/v1/begin", "application/json", strings.NewReader(tt.body),
@@ -64,13 +65,50 @@ func TestE2EAuditLog(t *testing.T) {
 			t.Fatalf("%s: %d", tt.id, resp.StatusCode)
 		}
 		line := logs.find(t, tt.id)
-		if line["client"] != "127.0.0.1" || line["tenant"] != tt.tenant || line["principal"] != tt.principal {
+		if line["client"] != "127.0.0.1" || line["peer"] != nil || line["tenant"] != tt.tenant || line["principal"] != tt.principal {
 			t.Errorf("%s: client %v, tenant %v, principal %v; want 127.0.0.1, %v, %v", tt.id, line["client"], line["tenant"], line["principal"], tt.tenant, tt.principal)
 		}
 		for _, v := range line {
 			if s, ok := v.(string); ok && (strings.Contains(s, tt.apiKey) || strings.Contains(s, "audit")) {
 				t.Errorf("%s: the log line holds %q", tt.id, s)
 			}
+		}
+	}
+	// A 401 names the tenant its query names.
+	resp, _ := e.raw(t, http.MethodGet, "/v1/status?key=audit&tenant=payments", "", nil, "Authorization", "Bearer wrong", "X-Request-Id", "no-key-status")
+	if line := logs.find(t, "no-key-status"); resp.StatusCode != http.StatusUnauthorized || line["tenant"] != "payments" {
+		t.Errorf("401 with ?tenant=payments: %d, tenant %v", resp.StatusCode, line["tenant"])
+	}
+}
+
+// X-Forwarded-For names the client in the log only when the connection
+// comes from a trusted proxy; the proxy is then the peer.
+func TestE2EForwardedFor(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		name         string
+		trusted      []netip.Prefix
+		forwarded    []string
+		client, peer any
+	}{
+		{"no trusted proxies", nil, []string{"203.0.113.9"}, "127.0.0.1", nil},
+		{"a trusted proxy", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, []string{"198.51.100.1, 203.0.113.9"}, "203.0.113.9", "127.0.0.1"},
+		{"a chain of trusted proxies", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/8")},
+			[]string{"203.0.113.9, 10.1.2.3", "10.0.0.7"}, "203.0.113.9", "127.0.0.1"},
+		{"a malformed hop", []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8")}, []string{"203.0.113.9, junk"}, "127.0.0.1", nil},
+		{"another proxy", []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}, []string{"203.0.113.9"}, "127.0.0.1", nil},
+	} {
+		logs := &logLines{}
+		e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()),
+			Logger: slog.New(slog.NewJSONHandler(logs, nil)), TrustedProxies: tt.trusted})
+		headers := []string{"X-Request-Id", "xff"}
+		for _, f := range tt.forwarded {
+			headers = append(headers, "X-Forwarded-For", f)
+		}
+		resp, _ := e.raw(t, http.MethodGet, "/healthz", "", nil, headers...)
+		resp.Body.Close()
+		if line := logs.find(t, "xff"); line["client"] != tt.client || line["peer"] != tt.peer {
+			t.Errorf("%s: client %v, peer %v; want %v, %v", tt.name, line["client"], line["peer"], tt.client, tt.peer)
 		}
 	}
 }

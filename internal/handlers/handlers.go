@@ -3,6 +3,7 @@ package handlers
 import (
 	"log/slog"
 	"net/http"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -51,6 +52,11 @@ type Config struct {
 	// Tracer gives each request and each store call a span. Nil traces
 	// nothing, at no cost.
 	Tracer trace.TracerProvider
+	// TrustedProxies are the networks of the proxies in front of idemsvc:
+	// a request from one of them is logged with the client its
+	// X-Forwarded-For names (the last address not itself trusted), and
+	// with the proxy as its peer. Without them X-Forwarded-For is ignored.
+	TrustedProxies []netip.Prefix
 }
 
 // Defaults of Config.
@@ -77,6 +83,7 @@ type Service struct {
 	// answer.
 	writeDeadlineBase time.Duration
 	minClientRate     int64
+	trustedProxies    []netip.Prefix
 	handler           http.Handler
 }
 
@@ -119,6 +126,7 @@ func New(cfg Config) *Service {
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,
 		limiter:           cfg.Limiter,
+		trustedProxies:    cfg.TrustedProxies,
 	}
 	if cfg.Limiter != nil {
 		cfg.Registry.MustRegister(cfg.Limiter)

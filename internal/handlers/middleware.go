@@ -13,6 +13,7 @@ import (
 	"mime"
 	"net"
 	"net/http"
+	"net/netip"
 	"strconv"
 	"strings"
 	"time"
@@ -34,6 +35,7 @@ type requestInfo struct {
 	authenticated       bool
 	tenants             *auth.Keyring // the tenants the principal's key was found among; nil without authentication
 	tenant              string        // the tenant acted for, once known
+	named               string        // a tenant the request named but may not act for (401, 403), for the log only
 	outcome             string        // e.g. "acquired", or the problem kind
 	err                 error         // the error answered, if any
 }
@@ -78,6 +80,13 @@ func (s *Service) observe(next http.Handler) http.Handler {
 		start := time.Now()
 		info := &requestInfo{ResponseWriter: w, id: requestID(r.Header.Get("X-Request-Id"))}
 		w.Header().Set("X-Request-Id", info.id)
+		if len(r.TransferEncoding) > 0 {
+			// net/http drops a Content-Length sent with Transfer-Encoding,
+			// which RFC 9112 (section 6.3) requires the server to close
+			// the connection after; it cannot be told apart here, so every
+			// chunked request's connection is closed after its answer.
+			w.Header().Set("Connection", "close")
+		}
 		r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
 		var span trace.Span
 		if s.tracer != nil {
@@ -114,7 +123,8 @@ func (s *Service) observe(next http.Handler) http.Handler {
 		if !s.log.Enabled(r.Context(), level) {
 			return
 		}
-		var buf [10]slog.Attr // no allocation for the list
+		var buf [12]slog.Attr // no allocation for the list
+		client, peer := s.client(r)
 		attrs := append(buf[:0],
 			slog.String("request_id", info.id),
 			slog.String("method", r.Method),
@@ -122,14 +132,19 @@ func (s *Service) observe(next http.Handler) http.Handler {
 			slog.Int("status", status),
 			slog.String("outcome", outcome),
 			slog.Int64("duration_us", elapsed.Microseconds()),
-			slog.String("client", clientHost(r.RemoteAddr)),
+			slog.String("client", client),
 		)
+		if peer != "" {
+			attrs = append(attrs, slog.String("peer", peer))
+		}
 		if info.tenant != "" {
 			attrs = append(attrs, slog.String("tenant", info.tenant))
+		} else if info.named != "" {
+			attrs = append(attrs, slog.String("tenant", info.named))
 		}
 		// Who acted, when it is not the tenant acted for: an admin acting
 		// for another tenant, or a key refused (403) for the tenant it named.
-		if info.authenticated && info.principal.Tenant != info.tenant && info.principal.Tenant != DefaultTenant {
+		if info.authenticated && info.principal.Tenant != info.tenant && info.principal.Tenant != DefaultTenant && status != http.StatusUnauthorized {
 			attrs = append(attrs, slog.String("principal", info.principal.Tenant))
 		}
 		if info.err != nil && status >= 500 {
@@ -189,6 +204,11 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 			info.tenants = s.keyring
 		}
 		if !ok {
+			// The tenant a refused call names in its query, if any, for
+			// the log (a body is not read for a call refused here).
+			if named := r.URL.Query().Get("tenant"); auth.ValidTenantName(named) {
+				info.named = named
+			}
 			writeProblem(w, r, errUnauthorized)
 			return
 		}
@@ -197,13 +217,48 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 	})
 }
 
-// clientHost is the host part of a connection's remote address: the
-// client, or the last proxy in front of it.
-func clientHost(remote string) string {
-	if host, _, err := net.SplitHostPort(remote); err == nil {
-		return host
+// client is the address of the request's client, and of the proxy it
+// came through ("" when it came directly): the connection's peer, unless
+// the peer is a trusted proxy; then the last address of X-Forwarded-For
+// that is not a trusted proxy itself.
+func (s *Service) client(r *http.Request) (client, peer string) {
+	host := r.RemoteAddr
+	if h, _, err := net.SplitHostPort(host); err == nil {
+		host = h
 	}
-	return remote
+	if len(s.trustedProxies) == 0 || !s.trusted(host) {
+		return host, ""
+	}
+	forwarded := r.Header.Values("X-Forwarded-For")
+	for i := len(forwarded) - 1; i >= 0; i-- {
+		hops := strings.Split(forwarded[i], ",")
+		for j := len(hops) - 1; j >= 0; j-- {
+			hop := strings.TrimSpace(hops[j])
+			addr, err := netip.ParseAddr(hop)
+			if err != nil {
+				return host, "" // a malformed hop: nothing before it can be trusted
+			}
+			if !s.trusted(hop) {
+				return addr.String(), host
+			}
+		}
+	}
+	return host, ""
+}
+
+// trusted reports whether host is the address of a trusted proxy.
+func (s *Service) trusted(host string) bool {
+	addr, err := netip.ParseAddr(host)
+	if err != nil {
+		return false
+	}
+	addr = addr.Unmap()
+	for _, p := range s.trustedProxies {
+		if p.Contains(addr) {
+			return true
+		}
+	}
+	return false
 }
 
 // bearer takes the token out of an "Authorization: Bearer <token>" value.

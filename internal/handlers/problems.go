@@ -193,3 +193,18 @@ func wholeSeconds(d time.Duration) string {
 	}
 	return strconv.FormatInt(int64(s), 10)
 }
+
+// ConnectionProblem is the complete HTTP/1.1 answer, a problem detail, to
+// a request that net/http refused before any handler could see it: a
+// malformed request (400), headers over the limit (431), an unknown
+// transfer coding (501). detail is net/http's own fixed text. The
+// connection is closed after it.
+func ConnectionProblem(status int, detail string) []byte {
+	kind := kindInvalid
+	if status == http.StatusRequestHeaderFieldsTooLarge {
+		kind = kindTooLarge
+	}
+	body, _ := json.Marshal(api.Problem{Type: ProblemBaseURI + kind.name, Title: kind.title, Status: status, Detail: detail})
+	return fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nCache-Control: no-store\r\nConnection: close\r\n"+
+		"Content-Length: %d\r\nContent-Type: application/problem+json\r\n\r\n%s", status, http.StatusText(status), len(body), body)
+}

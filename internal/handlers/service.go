@@ -28,6 +28,9 @@ func tenant(ctx context.Context, named *string) (string, error) {
 		return p.Tenant, nil
 	}
 	if !p.Admin {
+		if auth.ValidTenantName(*named) {
+			info.named = *named
+		}
 		return "", fmt.Errorf("%w: this API key acts for its own tenant only", errForbidden)
 	}
 	// A malformed name is refused as invalid with the rest of the request.
