@@ -2,6 +2,9 @@
 # idemsvc: a static binary on a distroless base, running as a non-root user.
 #   docker build --build-arg VERSION=v0.1.0 -t idemsvc .
 #   docker run --rm -p 8080:8080 idemsvc
+# HTTPS (see the README's "HTTPS"): mount a certificate and its key, e.g.
+#   docker run --rm -p 8443:8443 -v $PWD/tls:/tls:ro -e IDEMSVC_LISTEN=:8443 \
+#     -e IDEMSVC_TLS_CERT_FILE=/tls/tls.crt -e IDEMSVC_TLS_KEY_FILE=/tls/tls.key idemsvc
 
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
@@ -20,6 +23,7 @@ COPY --from=build /out/idemsvc /idemsvc
 USER 65532:65532
 EXPOSE 8080
 ENV IDEMSVC_LISTEN=:8080
-# distroless has no shell or curl: the binary checks itself.
+# distroless has no shell or curl: the binary checks itself, over HTTPS when
+# IDEMSVC_TLS_CERT_FILE is set.
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 CMD ["/idemsvc", "healthcheck"]
 ENTRYPOINT ["/idemsvc"]

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net/http/httptest"
@@ -14,6 +15,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testpki"
 )
 
 // The API keys of the test's tenants: payments and shipping act for
@@ -581,5 +583,41 @@ func TestList(t *testing.T) {
 		if r := idemctl(t, env, args...); r.code != exitError || !strings.Contains(r.stderr, "usage:") {
 			t.Errorf("%q = %d %q, want a usage error", args, r.code, r.stderr)
 		}
+	}
+}
+
+// idemctl reaches an idemsvc that serves HTTPS and requires client
+// certificates with --ca-file, --cert-file and --key-file, or the same
+// from the environment.
+func TestClientCertificates(t *testing.T) {
+	dir := t.TempDir()
+	ca := testpki.NewCA(t, "idemsvc test CA")
+	caFile := ca.Write(t, dir, "ca")
+	certFile, keyFile := ca.Issue(t, "idemctl").Write(t, dir, "idemctl")
+	keyring, err := auth.Parse([]byte(fmt.Sprintf("tenants:\n  - name: payments\n    api_key_sha256: [%q]\n", auth.Digest(paymentsKey))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewUnstartedServer(handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: keyring}))
+	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, "idemsvc").TLS(t)}, ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert}
+	srv.StartTLS()
+	t.Cleanup(srv.Close)
+
+	status := func(args []string, env ...string) (int, string) {
+		var stdout, stderr strings.Builder
+		code := run(t.Context(), append([]string{"status", "nothing-here", "--url", srv.URL, "--api-key", paymentsKey, "--timeout", "2s"}, args...), env, &stdout, &stderr)
+		return code, stderr.String()
+	}
+	if code, stderr := status([]string{"--ca-file", caFile, "--cert-file", certFile, "--key-file", keyFile}); code != exitNotFound {
+		t.Errorf("with the CA and a client certificate: exit %d, %s; want %d (no record)", code, stderr, exitNotFound)
+	}
+	if code, stderr := status(nil, "IDEMSVC_CA_FILE="+caFile, "IDEMSVC_CLIENT_CERT_FILE="+certFile, "IDEMSVC_CLIENT_KEY_FILE="+keyFile); code != exitNotFound {
+		t.Errorf("with the same from the environment: exit %d, %s", code, stderr)
+	}
+	if code, _ := status([]string{"--ca-file", caFile}); code != exitError {
+		t.Errorf("without a client certificate: exit %d, want %d", code, exitError)
+	}
+	if code, _ := status(nil); code != exitError {
+		t.Errorf("without the CA: exit %d, want %d", code, exitError)
 	}
 }

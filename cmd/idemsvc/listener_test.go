@@ -95,5 +95,3 @@ func TestProtocolErrorsAreProblems(t *testing.T) {
 		}
 	}
 }
-
-
