@@ -714,8 +714,8 @@ type StoredResponse struct {
 
 	// Headers Header names and their values. A name must be an HTTP field name
 	// (RFC 9110 token characters, not empty) and a value a string
-	// without CR, LF or NUL; anything else gets 400 naming
-	// `response.headers`.
+	// without CR, LF or NUL; anything else, or more than 1000
+	// headers, gets 400 naming `response.headers`.
 	//
 	//
 	// Example: {"Content-Type":"application/json"}

@@ -231,6 +231,7 @@ func TestE2EBadInput(t *testing.T) {
 			`{"key":%[2]s,"lease_token":%[3]s,"response":{"headers":{"X A":"a"}}}`), 400, "invalid-request", "response.headers"},
 		{"fail: a header name with a colon", raw("POST", "/v1/fail", json,
 			`{"key":%[2]s,"lease_token":%[3]s,"retryable":false,"response":{"headers":{"X:A":"a"}}}`), 400, "invalid-request", "response.headers"},
+		{"complete: 1001 headers", completeWith(idem.StoredResponse{Headers: manyHeaders(1001)}), 400, "invalid-request", "response.headers"},
 		{"complete: body_encoding hex", completeWith(idem.StoredResponse{Body: ptr("cafe"), BodyEncoding: ptr(idem.BodyEncoding("hex"))}), 400, "invalid-request", "response.body_encoding"},
 		{"complete: bad base64", completeWith(idem.StoredResponse{Body: ptr("not base64!"), BodyEncoding: ptr(idem.BodyEncodingBase64)}), 400, "invalid-request", "response.body"},
 		{"fail: status_code 600", fail(func(f limitsFixture) idem.FailRequest {
@@ -344,6 +345,16 @@ func TestE2ELimitsInclusive(t *testing.T) {
 				}
 			})
 		}
+		t.Run("1000 headers", func(t *testing.T) {
+			t.Parallel()
+			c := e.as(t, "")
+			key := unique("bound")
+			l := c.acquire(idem.BeginRequest{Key: key})
+			c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Headers: manyHeaders(1000)}})
+			if r := c.begin(idem.BeginRequest{Key: key}); len(r.JSON200.Response.Headers) != 1000 {
+				t.Fatalf("replay: %d headers", len(r.JSON200.Response.Headers))
+			}
+		})
 		t.Run("content type with parameters", func(t *testing.T) {
 			t.Parallel()
 			resp, body := e.raw(t, http.MethodPost, "/v1/begin", "application/json; charset=utf-8",
@@ -442,4 +453,13 @@ func TestE2EStrictEdges(t *testing.T) {
 	if resp.StatusCode != http.StatusBadRequest || strings.Contains(string(raw), "127.0.0.1") || strings.Contains(string(raw), "tcp") {
 		t.Errorf("a stalled body: %d %s", resp.StatusCode, raw)
 	}
+}
+
+// manyHeaders returns n distinct headers with empty values.
+func manyHeaders(n int) map[string]string {
+	h := make(map[string]string, n)
+	for i := range n {
+		h[fmt.Sprintf("X-%d", i)] = ""
+	}
+	return h
 }
