@@ -22,6 +22,11 @@
 # (RateBatch 1, through go build -overlay), each beside the first idemsvc,
 # which has no limits.
 #
+# TLS=1 adds, to each run, begin and cycle loads on a second idemsvc that
+# serves HTTPS (a self-signed certificate made with openssl, which idembench
+# trusts through SSL_CERT_FILE), each beside the same load on the first,
+# which serves plain HTTP: the cost of TLS to callers.
+#
 # PROFILE=1 adds, after the runs, one more begin and one more cycle load on
 # an idemsvc built with a net/http/pprof listener (added at build time with
 # go build -overlay; the source is not changed) and saves their CPU
@@ -48,6 +53,7 @@ free_port() {
 # wait_http URL: until something answers HTTP there.
 wait_http() {
   for _ in $(seq 100); do
+    curl -s -o /dev/null --cacert "$dir/tls.crt" "$1" 2>/dev/null && return 0
     curl -s -o /dev/null "$1" && return 0
     sleep 0.1
   done
@@ -82,12 +88,22 @@ export IDEMSVC_API_KEY=$api_key
 start_idemsvc() {
   idemsvc_port=$(free_port)
   "$1" --listen "127.0.0.1:$idemsvc_port" --redis-url "$redis_url" \
-    --tenants-file "${2:-$dir/tenants.yaml}" --log-level info 2>>"$dir/idemsvc.log" &
+    --tenants-file "${2:-$dir/tenants.yaml}" --log-level info "${@:3}" 2>>"$dir/idemsvc.log" &
   idemsvc_pid=$!
   pids+=("$idemsvc_pid")
-  wait_http "http://127.0.0.1:$idemsvc_port/readyz"
+  local scheme=http
+  [ "$#" -gt 2 ] && scheme=https
+  wait_http "$scheme://127.0.0.1:$idemsvc_port/readyz"
 }
 start_idemsvc "$dir/idemsvc"
+if [ -n "${TLS:-}" ]; then
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 1 -subj /CN=127.0.0.1 \
+    -addext subjectAltName=IP:127.0.0.1 -keyout "$dir/tls.key" -out "$dir/tls.crt" 2>/dev/null
+  main_port=$idemsvc_port main_pid=$idemsvc_pid
+  start_idemsvc "$dir/idemsvc" "$dir/tenants.yaml" --tls-cert-file "$dir/tls.crt" --tls-key-file "$dir/tls.key"
+  tls_port=$idemsvc_port tls_pid=$idemsvc_pid
+  idemsvc_port=$main_port idemsvc_pid=$main_pid
+fi
 if [ -n "${LIMITS:-}" ]; then
   main_port=$idemsvc_port main_pid=$idemsvc_pid
   start_idemsvc "$dir/idemsvc" "$dir/tenants-limits.yaml"
@@ -113,12 +129,13 @@ machine_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 
 # per_request TICKS REQUESTS: CPU µs per request.
 per_request() { awk -v t="$1" -v n="$2" -v hz="$clk_tck" 'BEGIN { printf "%.1f\n", n ? t * 1e6 / hz / n : 0 }'; }
 
-# load NAME PORT SERVER_PID MIX: one idembench run on a flushed Redis. The
+# load NAME PORT SERVER_PID MIX [SCHEME]: one idembench run on a flushed
+# Redis, over http unless SCHEME says https. The
 # report goes to $results/NAME.txt; the CPU µs per request of the server,
 # Redis and idembench, and the share of the machine's CPU that other
 # processes took meanwhile, to $results/NAME.cpu.
 load() {
-  local name=$1 port=$2 server=$3 mix=$4
+  local name=$1 port=$2 server=$3 mix=$4 scheme=${5:-http}
   redis-cli -p "$redis_port" flushall sync >/dev/null
   : >"$dir/idemsvc.log" # as shipped it logs every request; keep the file small
   local s0 r0 m0 s1 r1 m1 status=0
@@ -126,7 +143,7 @@ load() {
   r0=$(cpu_ticks "$redis_pid")
   m0=$(machine_ticks)
   TIMEFORMAT='%U %S'
-  { time "$dir/idembench" --url "http://127.0.0.1:$port" --mix "$mix" --concurrency "$concurrency" \
+  { time SSL_CERT_FILE="$dir/tls.crt" "$dir/idembench" --url "$scheme://127.0.0.1:$port" --mix "$mix" --concurrency "$concurrency" \
     --duration "${duration}s" >"$results/$name.txt" 2>"$dir/idembench.err" || status=$?; } 2>"$dir/time"
   s1=$(cpu_ticks "$server")
   r1=$(cpu_ticks "$redis_pid")
@@ -175,6 +192,10 @@ for run in $(seq "$runs"); do
     load "limits-cycle-$run" "$limits_port" "$limits_pid" cycle
     load "idemsvc-cycle-$run" "$idemsvc_port" "$idemsvc_pid" cycle
   fi
+  if [ -n "${TLS:-}" ]; then
+    load "tls-begin-$run" "$tls_port" "$tls_pid" begin https
+    load "tls-cycle-$run" "$tls_port" "$tls_pid" cycle https
+  fi
   load "barechi-begin-$run" "$barechi_port" "$barechi_pid" begin
   b=idemsvc-begin-$run c=idemsvc-cycle-$run bare=barechi-begin-$run
   record idemsvc_begin "$(total "$b" requests/s)" - "$(row "$b" begin)" "$(cat "$results/$b.cpu")"
@@ -189,6 +210,12 @@ for run in $(seq "$runs"); do
     record percall_begin "$(total "$pb" requests/s)" - "$(row "$pb" begin)" "$(cat "$results/$pb.cpu")"
     record limits_cycle "$(total "$lc" requests/s)" "$(total "$lc" cycles/s)" "$(row "$lc" cycle)" "$(cat "$results/$lc.cpu")"
     lines=8 limit_errors=", limits begin $(errors "$lb"), per-call begin $(errors "$pb"), limits cycle $(errors "$lc")"
+  fi
+  if [ -n "${TLS:-}" ]; then
+    tb=tls-begin-$run tc=tls-cycle-$run
+    record tls_begin "$(total "$tb" requests/s)" - "$(row "$tb" begin)" "$(cat "$results/$tb.cpu")"
+    record tls_cycle "$(total "$tc" requests/s)" "$(total "$tc" cycles/s)" "$(row "$tc" cycle)" "$(cat "$results/$tc.cpu")"
+    lines=$((lines + 2)) limit_errors="$limit_errors, TLS begin $(errors "$tb"), TLS cycle $(errors "$tc")"
   fi
   echo
   echo "run $run of $runs (errors: idemsvc begin $(errors "$b"), cycle $(errors "$c"), barechi begin $(errors "$bare")$limit_errors; load $(cut -d' ' -f1-3 /proc/loadavg))"
@@ -209,6 +236,7 @@ echo "medians of $runs runs, ${duration}s each, concurrency $concurrency"
 fmt_row "" "${columns[@]}"
 labels=(idemsvc_begin idemsvc_cycle.begin idemsvc_cycle.complete idemsvc_cycle barechi_begin)
 [ -n "${LIMITS:-}" ] && labels+=(limits_begin percall_begin limits_cycle)
+[ -n "${TLS:-}" ] && labels+=(tls_begin tls_cycle)
 for label in "${labels[@]}"; do
   cols=()
   for c in $(seq 2 $((${#columns[@]} + 1))); do cols+=("$(column "$label" "$c")"); done
@@ -216,14 +244,21 @@ for label in "${labels[@]}"; do
 done
 awk -v a="$(column idemsvc_begin 2)" -v b="$(column barechi_begin 2)" \
   'BEGIN { printf "idemsvc begin / barechi begin: %.1f%% of the requests/s\n", 100 * a / b }'
+# ratio A B N: the median over the runs of A's figure in column N over
+# B's, each run's pair measured side by side.
+ratio() {
+  paste <(awk -v l="$1" -v c="$3" '$1 == l { print $c }' "$dir/figures") \
+    <(awk -v l="$2" -v c="$3" '$1 == l { print $c }' "$dir/figures") |
+    awk '{ printf "%.4f\n", $1 / $2 }' | median
+}
+if [ -n "${TLS:-}" ]; then
+  for pair in "tls_begin idemsvc_begin begin over HTTPS" "tls_cycle idemsvc_cycle cycle over HTTPS"; do
+    read -r a b what <<<"$pair"
+    awk -v r="$(ratio "$a" "$b" 2)" -v cpu="$(ratio "$a" "$b" 8)" -v gen="$(ratio "$a" "$b" 10)" -v what="$what" \
+      'BEGIN { printf "%s / over HTTP: %.1f%% of the requests/s, %.1f%% of the idemsvc CPU and %.1f%% of the caller CPU per request\n", what, 100 * r, 100 * cpu, 100 * gen }'
+  done
+fi
 if [ -n "${LIMITS:-}" ]; then
-  # ratio A B N: the median over the runs of A's figure in column N over
-  # B's, each run's pair measured side by side.
-  ratio() {
-    paste <(awk -v l="$1" -v c="$3" '$1 == l { print $c }' "$dir/figures") \
-      <(awk -v l="$2" -v c="$3" '$1 == l { print $c }' "$dir/figures") |
-      awk '{ printf "%.4f\n", $1 / $2 }' | median
-  }
   # The requests/s, and the idemsvc CPU per request, which the machine's
   # other load disturbs less.
   for pair in "limits_begin idemsvc_begin begin with limits (batched)" \

@@ -13,7 +13,7 @@ import (
 
 // tlsRecheck is how often, at most, a TLS handshake checks whether the
 // certificate files changed. Renewed files reach new connections within it.
-var tlsRecheck = 5 * time.Second
+const tlsRecheck = 5 * time.Second
 
 // servingTLS is the TLS configuration of idemsvc's listener, built from
 // its files and built again when a handshake finds that they changed (a
