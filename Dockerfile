@@ -9,7 +9,9 @@
 FROM golang:1.26-bookworm AS build
 WORKDIR /src
 COPY go.mod go.sum ./
-RUN --mount=type=cache,target=/go/pkg/mod go mod download
+# The Go client is a module of its own that go.mod takes from the repository.
+COPY clients/go/go.mod clients/go/go.sum ./clients/go/
+RUN --mount=type=cache,target=/go/pkg/mod GOWORK=off go mod download
 COPY . .
 # The version idemsvc --version and idemsvc_build_info report.
 ARG VERSION=""

@@ -2,7 +2,7 @@
 
 # Regenerate code from its sources (api/openapi.yaml).
 generate:
-	go generate ./...
+	go generate ./... ./clients/go/...
 
 # The test suite, against real Redis started by the tests.
 test:

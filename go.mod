@@ -9,6 +9,7 @@ require (
 	github.com/getkin/kin-openapi v0.142.0
 	github.com/go-chi/chi/v5 v5.5.0
 	github.com/go-redis/redis_rate/v10 v10.0.1
+	github.com/idemsvc/idemsvc/clients/go v0.1.0
 	github.com/moby/moby/api v1.56.1
 	github.com/moby/moby/client v0.6.1
 	github.com/nats-io/nats.go v1.55.0
@@ -110,3 +111,8 @@ require (
 )
 
 tool github.com/oapi-codegen/oapi-codegen/v2/cmd/oapi-codegen
+
+// The Go client is a module of its own (clients/go), tagged clients/go/vX.Y.Z.
+// Until a tag of it is published, builds outside the workspace (go.work),
+// such as the Docker image's and go mod tidy's, take it from the repository.
+replace github.com/idemsvc/idemsvc/clients/go v0.1.0 => ./clients/go

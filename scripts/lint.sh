@@ -8,10 +8,23 @@ if [ -n "$unformatted" ]; then
   echo "gofmt would change:" $unformatted >&2
   exit 1
 fi
-go vet ./...
+# Two modules, one workspace (go.work): idemsvc and its Go client.
+go vet ./... ./clients/go/...
 go mod tidy -diff
+(cd clients/go && go mod tidy -diff)
+# The client requires the oapi-codegen runtime and nothing else directly.
+direct=$(cd clients/go && GOWORK=off go list -m -f '{{if not (or .Main .Indirect)}}{{.Path}}{{end}}' all | sed '/^$/d')
+if [ "$direct" != "github.com/oapi-codegen/runtime" ]; then
+  echo "clients/go requires more than the oapi-codegen runtime:" $direct >&2
+  exit 1
+fi
+# The service binary links neither the Go client nor an OpenAPI library.
+if go list -deps ./cmd/idemsvc | grep -E '^github.com/idemsvc/idemsvc/clients/go$|kin-openapi|jsonschema'; then
+  echo "cmd/idemsvc links the packages above" >&2
+  exit 1
+fi
 before=$(git ls-files -co --exclude-standard '*.gen.go' | xargs -r sha256sum)
-go generate ./...
+go generate ./... ./clients/go/...
 after=$(git ls-files -co --exclude-standard '*.gen.go' | xargs -r sha256sum)
 if [ "$before" != "$after" ]; then
   echo "generated code is stale: run go generate ./... and commit the result" >&2

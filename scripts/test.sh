@@ -23,4 +23,5 @@ if ! command -v nats-server >/dev/null; then
   apt_install nats-server
 fi
 
-exec go test -race -count=1 "$@" ./...
+# Both modules of the workspace (go.work): idemsvc and its Go client.
+exec go test -race -count=1 "$@" ./... ./clients/go/...

@@ -2,80 +2,60 @@ package idem_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
-	"io"
+	"log"
 	"net/http"
-	"net/http/httptest"
-	"strings"
+	"os"
+	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
-func ExampleClient_Do() {
-	// An idemsvc in process, over an in-memory store, stands in for a real one.
-	idemsvc := httptest.NewServer(handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits())}))
-	defer idemsvc.Close()
-
-	client, err := idem.New(idemsvc.URL) // add idem.WithAPIKey(key) when idemsvc has tenants
+func ExampleNew() {
+	client, err := idem.New("https://idemsvc.internal:8443",
+		idem.WithAPIKey(os.Getenv("IDEMSVC_API_KEY")),
+		idem.WithTLSFiles("/etc/idemsvc/ca.crt", "", ""), // a private CA; no client certificate
+		idem.WithRetryBudget(5*time.Second),
+	)
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
-	charge := func(ctx context.Context) (idem.Response, error) {
-		fmt.Println("charging the card")
-		return idem.Response{StatusCode: 201, Body: []byte(`{"charge":"ch_1"}`)}, nil
-	}
+	_ = client
+}
 
-	// The same request, twice: the card is charged once, and the second
-	// call gets the first one's response.
-	for range 2 {
-		res, err := client.Do(context.Background(), "order-42/charge", idem.DoOptions{}, charge)
-		if err != nil {
-			panic(err)
-		}
+func ExampleClient_Do() {
+	client, err := idem.New("http://127.0.0.1:8080")
+	if err != nil {
+		log.Fatal(err)
+	}
+	// A message delivered twice charges the card once: the second delivery
+	// gets the first one's stored response.
+	res, err := client.Do(context.Background(), "order-42/charge", idem.DoOptions{}, func(ctx context.Context) (idem.Response, error) {
+		// charge the card here; return idem.Terminal(err) for a failure
+		// that no retry can fix
+		return idem.Response{StatusCode: 201, Body: []byte(`{"charge":"ch_1"}`)}, nil
+	})
+	switch {
+	case errors.Is(err, idem.ErrUnavailable):
+		log.Print("idemsvc is unavailable: leave the message for redelivery")
+	case err != nil:
+		log.Print(err)
+	default:
 		fmt.Printf("%d %s replayed=%v\n", res.Response.StatusCode, res.Response.Body, res.Replayed)
 	}
-	// Output:
-	// charging the card
-	// 201 {"charge":"ch_1"} replayed=false
-	// 201 {"charge":"ch_1"} replayed=true
 }
 
 func ExampleMiddleware() {
-	idemsvc := httptest.NewServer(handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits())}))
-	defer idemsvc.Close()
-	client, err := idem.New(idemsvc.URL)
+	client, err := idem.New("http://127.0.0.1:8080", idem.WithAPIKey(os.Getenv("IDEMSVC_API_KEY")))
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
-
-	orders := 0
 	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		orders++
-		w.Header().Set("Location", fmt.Sprintf("/orders/%d", orders))
 		w.WriteHeader(http.StatusCreated)
-		fmt.Fprintf(w, "order %d created\n", orders)
 	})
-	api := httptest.NewServer(idem.Middleware(client, idem.MiddlewareOptions{})(createOrder))
-	defer api.Close()
-
-	// A client retries its POST with the same Idempotency-Key.
-	for range 2 {
-		req, _ := http.NewRequest(http.MethodPost, api.URL+"/orders", strings.NewReader(`{"item":"book"}`))
-		req.Header.Set("Idempotency-Key", "4f1c2a")
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			panic(err)
-		}
-		body, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		fmt.Printf("%d %s replayed=%q %s", resp.StatusCode, resp.Header.Get("Location"),
-			resp.Header.Get("Idempotent-Replayed"), body)
-	}
-	fmt.Println("orders created:", orders)
-	// Output:
-	// 201 /orders/1 replayed="" order 1 created
-	// 201 /orders/1 replayed="true" order 1 created
-	// orders created: 1
+	// POST and PATCH requests carrying Idempotency-Key run once per key;
+	// their retries get the stored answer with Idempotent-Replayed: true.
+	http.Handle("POST /orders", idem.Middleware(client, idem.MiddlewareOptions{})(createOrder))
+	log.Fatal(http.ListenAndServe(":8000", nil))
 }

@@ -1,3 +1,5 @@
 package idem
 
-//go:generate go tool oapi-codegen -config client.cfg.yaml ../../api/openapi.yaml
+// The generator is a tool of idemsvc's own module, so that this module
+// requires only what the client needs at run time.
+//go:generate go -C ../.. tool oapi-codegen -config clients/go/client.cfg.yaml api/openapi.yaml

@@ -1,44 +1,14 @@
 package idem
 
 import (
-	"fmt"
 	"time"
+
+	"github.com/idemsvc/idemsvc/clients/go/millitime"
 )
 
-// milliLayout is RFC 3339 in UTC with exactly three fractional digits.
-const milliLayout = "2006-01-02T15:04:05.000Z"
-
-// MilliTime is an instant of the API: it encodes as RFC 3339 in UTC with
-// millisecond precision ("2026-11-21T12:00:00.123Z") and decodes any
-// RFC 3339 time.
-type MilliTime struct{ time.Time }
+// MilliTime is an instant of the API: RFC 3339 in UTC with millisecond
+// precision. See package millitime.
+type MilliTime = millitime.Time
 
 // NewMilliTime returns t as a MilliTime in UTC, truncated to the millisecond.
-func NewMilliTime(t time.Time) MilliTime {
-	return MilliTime{t.UTC().Truncate(time.Millisecond)}
-}
-
-// MarshalJSON writes the time as a JSON string in the API's layout.
-func (t MilliTime) MarshalJSON() ([]byte, error) {
-	return t.AppendJSON(make([]byte, 0, len(milliLayout)+2)), nil
-}
-
-// AppendJSON appends the time to b as MarshalJSON writes it.
-func (t MilliTime) AppendJSON(b []byte) []byte {
-	b = append(b, '"')
-	b = t.UTC().AppendFormat(b, milliLayout)
-	return append(b, '"')
-}
-
-// UnmarshalJSON reads an RFC 3339 JSON string.
-func (t *MilliTime) UnmarshalJSON(b []byte) error {
-	if len(b) < 2 || b[0] != '"' || b[len(b)-1] != '"' {
-		return fmt.Errorf("time %s: not a JSON string", b)
-	}
-	parsed, err := time.Parse(time.RFC3339Nano, string(b[1:len(b)-1]))
-	if err != nil {
-		return fmt.Errorf("time: %w", err)
-	}
-	t.Time = parsed
-	return nil
-}
+func NewMilliTime(t time.Time) MilliTime { return millitime.New(t) }

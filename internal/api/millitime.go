@@ -3,12 +3,12 @@ package api
 import (
 	"time"
 
-	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/clients/go/millitime"
 )
 
 // MilliTime is the API's instant: RFC 3339 in UTC with millisecond
-// precision. The Go client defines it; server and client share it.
-type MilliTime = idem.MilliTime
+// precision, from the leaf package the Go client shares.
+type MilliTime = millitime.Time
 
 // NewMilliTime returns t as a MilliTime in UTC, truncated to the millisecond.
-func NewMilliTime(t time.Time) MilliTime { return idem.NewMilliTime(t) }
+func NewMilliTime(t time.Time) MilliTime { return millitime.New(t) }

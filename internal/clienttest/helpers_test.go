@@ -1,4 +1,4 @@
-package idem_test
+package clienttest_test
 
 import (
 	"context"
