@@ -87,16 +87,13 @@ func (c *Client) Begin(ctx context.Context, p BeginParams) (BeginResult, error) 
 		Fingerprint: nonEmpty(p.Fingerprint), LeaseMs: millis(p.Lease),
 		RetentionS: seconds(p.Retention), WaitMs: millis(p.Wait)}
 	var out BeginResult
-	err := c.call(ctx, "begin", c.callTimeout+p.Wait, func(ctx context.Context) (*http.Response, *Problem, error) {
+	err := c.call(ctx, "begin", c.callTimeout+p.Wait, func(ctx context.Context) (*http.Response, []byte, error) {
 		r, err := c.api.BeginWithResponse(ctx, body)
 		if err != nil {
 			return nil, nil, err
 		}
 		out = BeginResult{Lease: r.JSON201, Replay: r.JSON200}
-		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
-			r.ApplicationproblemJSON403, r.ApplicationproblemJSON409, r.ApplicationproblemJSON413,
-			r.ApplicationproblemJSON415, r.ApplicationproblemJSON422, r.ApplicationproblemJSON429,
-			r.ApplicationproblemJSON500, r.ApplicationproblemJSON503), nil
+		return r.HTTPResponse, r.Body, nil
 	})
 	return out, err
 }
@@ -106,7 +103,7 @@ func (c *Client) Complete(ctx context.Context, key, token string, resp Response,
 	body := CompleteRequest{Key: key, LeaseToken: token, Response: resp.stored(),
 		RetentionS: seconds(retention), Tenant: c.tenant}
 	var out FinishResult
-	err := c.call(ctx, "complete", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+	err := c.call(ctx, "complete", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
 		r, err := c.api.CompleteWithResponse(ctx, body)
 		if err != nil {
 			return nil, nil, err
@@ -114,10 +111,7 @@ func (c *Client) Complete(ctx context.Context, key, token string, resp Response,
 		if r.JSON200 != nil {
 			out = *r.JSON200
 		}
-		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
-			r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON409,
-			r.ApplicationproblemJSON413, r.ApplicationproblemJSON415, r.ApplicationproblemJSON500,
-			r.ApplicationproblemJSON503), nil
+		return r.HTTPResponse, r.Body, nil
 	})
 	return out, err
 }
@@ -154,7 +148,7 @@ func (c *Client) Fail(ctx context.Context, key, token string, p FailParams) (Fin
 	body := FailRequest{Key: key, LeaseToken: token, Retryable: &retryable,
 		Error: nonEmpty(shortMessage(p.Error)), Response: p.Response.stored(), Tenant: c.tenant}
 	var out FinishResult
-	err := c.call(ctx, "fail", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+	err := c.call(ctx, "fail", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
 		r, err := c.api.FailWithResponse(ctx, body)
 		if err != nil {
 			return nil, nil, err
@@ -162,10 +156,7 @@ func (c *Client) Fail(ctx context.Context, key, token string, p FailParams) (Fin
 		if r.JSON200 != nil {
 			out = *r.JSON200
 		}
-		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
-			r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON409,
-			r.ApplicationproblemJSON413, r.ApplicationproblemJSON415, r.ApplicationproblemJSON500,
-			r.ApplicationproblemJSON503), nil
+		return r.HTTPResponse, r.Body, nil
 	})
 	return out, err
 }
@@ -174,7 +165,7 @@ func (c *Client) Fail(ctx context.Context, key, token string, p FailParams) (Fin
 func (c *Client) Extend(ctx context.Context, key, token string, lease time.Duration) (Lease, error) {
 	body := ExtendRequest{Key: key, LeaseToken: token, LeaseMs: millis(lease), Tenant: c.tenant}
 	var out Lease
-	err := c.call(ctx, "extend", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+	err := c.call(ctx, "extend", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
 		r, err := c.api.ExtendWithResponse(ctx, body)
 		if err != nil {
 			return nil, nil, err
@@ -182,9 +173,7 @@ func (c *Client) Extend(ctx context.Context, key, token string, lease time.Durat
 		if r.JSON200 != nil {
 			out = *r.JSON200
 		}
-		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
-			r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON409,
-			r.ApplicationproblemJSON415, r.ApplicationproblemJSON500, r.ApplicationproblemJSON503), nil
+		return r.HTTPResponse, r.Body, nil
 	})
 	return out, err
 }
@@ -196,7 +185,7 @@ func (c *Client) Status(ctx context.Context, key string, includeResponse bool) (
 		params.IncludeResponse = &includeResponse
 	}
 	var out StatusRecord
-	err := c.call(ctx, "status", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+	err := c.call(ctx, "status", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
 		r, err := c.api.GetStatusWithResponse(ctx, params)
 		if err != nil {
 			return nil, nil, err
@@ -204,9 +193,7 @@ func (c *Client) Status(ctx context.Context, key string, includeResponse bool) (
 		if r.JSON200 != nil {
 			out = *r.JSON200
 		}
-		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
-			r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON500,
-			r.ApplicationproblemJSON503), nil
+		return r.HTTPResponse, r.Body, nil
 	})
 	return out, err
 }
@@ -236,7 +223,7 @@ func (c *Client) Keys(ctx context.Context, p ListParams) iter.Seq2[StatusRecord,
 		}
 		for {
 			var page KeyList
-			err := c.call(ctx, "list", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+			err := c.call(ctx, "list", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
 				r, err := c.api.ListKeysWithResponse(ctx, params)
 				if err != nil {
 					return nil, nil, err
@@ -244,9 +231,7 @@ func (c *Client) Keys(ctx context.Context, p ListParams) iter.Seq2[StatusRecord,
 				if r.JSON200 != nil {
 					page = *r.JSON200
 				}
-				return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
-					r.ApplicationproblemJSON403, r.ApplicationproblemJSON404, r.ApplicationproblemJSON500,
-					r.ApplicationproblemJSON503), nil
+				return r.HTTPResponse, r.Body, nil
 			})
 			if err != nil {
 				yield(StatusRecord{}, err)
@@ -268,13 +253,12 @@ func (c *Client) Keys(ctx context.Context, p ListParams) iter.Seq2[StatusRecord,
 // Delete forgets key's record; deleting an absent record is no error.
 func (c *Client) Delete(ctx context.Context, key string) error {
 	params := &DeleteKeyParams{Key: key, Tenant: c.tenant}
-	return c.call(ctx, "delete", c.callTimeout, func(ctx context.Context) (*http.Response, *Problem, error) {
+	return c.call(ctx, "delete", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
 		r, err := c.api.DeleteKeyWithResponse(ctx, params)
 		if err != nil {
 			return nil, nil, err
 		}
-		return r.HTTPResponse, firstProblem(r.ApplicationproblemJSON400, r.ApplicationproblemJSON401,
-			r.ApplicationproblemJSON403, r.ApplicationproblemJSON500, r.ApplicationproblemJSON503), nil
+		return r.HTTPResponse, r.Body, nil
 	})
 }
 

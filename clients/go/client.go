@@ -6,8 +6,10 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"mime"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -256,12 +258,12 @@ func (e *Error) Is(target error) bool {
 
 // call runs one API call until it succeeds, fails for good, or the retry
 // budget or ctx ends. do makes one HTTP exchange, bounded by timeout, and
-// returns its response and, for an error status, the problem it carried.
-func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do func(ctx context.Context) (*http.Response, *Problem, error)) error {
+// returns its response and body.
+func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do func(ctx context.Context) (*http.Response, []byte, error)) error {
 	deadline := time.Now().Add(c.retryBudget)
 	for attempt := 0; ; attempt++ {
 		callCtx, cancel := context.WithTimeout(ctx, timeout)
-		resp, problem, err := do(callCtx)
+		resp, body, err := do(callCtx)
 		cancel()
 		var wait time.Duration
 		switch {
@@ -272,13 +274,7 @@ func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do 
 		case resp.StatusCode < 300:
 			return nil
 		default:
-			e := &Error{StatusCode: resp.StatusCode}
-			if problem != nil {
-				e.Problem = *problem
-			} else {
-				e.Problem = Problem{Status: e.StatusCode, Title: http.StatusText(e.StatusCode),
-					Detail: "an answer idemsvc does not document"}
-			}
+			e := &Error{StatusCode: resp.StatusCode, Problem: problemOf(resp, body)}
 			if s, perr := strconv.Atoi(resp.Header.Get("Retry-After")); perr == nil && s > 0 {
 				e.RetryAfter = time.Duration(s) * time.Second
 				wait = e.RetryAfter
@@ -300,14 +296,17 @@ func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do 
 	}
 }
 
-// firstProblem is the one problem a parsed response carries, if any.
-func firstProblem(problems ...*Problem) *Problem {
-	for _, p := range problems {
-		if p != nil {
-			return p
-		}
+// problemOf is the problem detail an error answer carries: every error
+// idemsvc answers is application/problem+json. Anything else (a proxy's
+// page, say) becomes a problem of its status.
+func problemOf(resp *http.Response, body []byte) Problem {
+	var p Problem
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt == "application/problem+json" &&
+		json.Unmarshal(body, &p) == nil && p.Type != "" {
+		return p
 	}
-	return nil
+	return Problem{Status: resp.StatusCode, Title: http.StatusText(resp.StatusCode),
+		Detail: "an answer idemsvc does not document"}
 }
 
 // backoff is a full-jitter exponential delay for the attempt'th retry.

@@ -2782,7 +2782,7 @@ func (sh *strictHandler) Begin(w http.ResponseWriter, r *http.Request) {
 	var request BeginRequestObject
 
 	var body BeginJSONRequestBody
-	if err := runtime.BindJSONBody(r, &body); err != nil {
+	if err := decodeBody(r, &body); err != nil {
 		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
 		return
 	}
@@ -2813,7 +2813,7 @@ func (sh *strictHandler) Complete(w http.ResponseWriter, r *http.Request) {
 	var request CompleteRequestObject
 
 	var body CompleteJSONRequestBody
-	if err := runtime.BindJSONBody(r, &body); err != nil {
+	if err := decodeBody(r, &body); err != nil {
 		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
 		return
 	}
@@ -2844,7 +2844,7 @@ func (sh *strictHandler) Extend(w http.ResponseWriter, r *http.Request) {
 	var request ExtendRequestObject
 
 	var body ExtendJSONRequestBody
-	if err := runtime.BindJSONBody(r, &body); err != nil {
+	if err := decodeBody(r, &body); err != nil {
 		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
 		return
 	}
@@ -2875,7 +2875,7 @@ func (sh *strictHandler) Fail(w http.ResponseWriter, r *http.Request) {
 	var request FailRequestObject
 
 	var body FailJSONRequestBody
-	if err := runtime.BindJSONBody(r, &body); err != nil {
+	if err := decodeBody(r, &body); err != nil {
 		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
 		return
 	}

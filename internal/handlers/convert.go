@@ -2,26 +2,11 @@ package handlers
 
 import (
 	"encoding/base64"
-	"math"
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
-
-// duration converts an optional count of unit. Absent is zero, which the
-// store reads as "the default". A given value that is zero, negative or
-// too large to count becomes -1ns, which the store refuses with the
-// field's limits in the message: the limits are checked in one place.
-func duration(v *int64, unit time.Duration) time.Duration {
-	if v == nil {
-		return 0
-	}
-	if *v <= 0 || *v > math.MaxInt64/int64(unit) {
-		return -1
-	}
-	return time.Duration(*v) * unit
-}
 
 // toResponse decodes a response to store.
 func toResponse(r *api.StoredResponse) (statemachine.Response, error) {

@@ -78,7 +78,9 @@ type Service struct {
 	waiters      *waiters
 	limiter      quota.Limiter
 	maxBodyBytes int64
-	maxWait      time.Duration
+	// limits are the store's, with MaxWait from Config: every value a
+	// request carries is checked against them.
+	limits statemachine.Limits
 	// writeDeadlineBase and minClientRate bound the writing of a large
 	// answer.
 	writeDeadlineBase time.Duration
@@ -122,12 +124,13 @@ func New(cfg Config) *Service {
 		registry:          cfg.Registry,
 		metrics:           newMetrics(cfg.Registry),
 		maxBodyBytes:      cfg.MaxBodyBytes,
-		maxWait:           cfg.MaxWait,
+		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,
 		limiter:           cfg.Limiter,
 		trustedProxies:    cfg.TrustedProxies,
 	}
+	s.limits.MaxWait = cfg.MaxWait
 	if cfg.Limiter != nil {
 		cfg.Registry.MustRegister(cfg.Limiter)
 	}

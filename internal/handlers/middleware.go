@@ -1,13 +1,10 @@
 package handlers
 
 import (
-	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"mime"
@@ -23,6 +20,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // requestInfo is what the layers of one request tell each other and the
@@ -297,17 +295,9 @@ func (s *Service) readBody(next http.Handler) http.Handler {
 			}
 			return
 		}
-		if !json.Valid(body) {
-			writeProblem(w, r, badField("", "is not valid JSON"))
-			return
-		}
-		r.Body = &bodyReader{Reader: bytes.NewReader(body)}
+		r.Body = api.NewBody(body) // the generated handler decodes it, strictly
 		next.ServeHTTP(w, r)
 	})
-}
-
-func bodyTooLarge(limit int64) error {
-	return fmt.Errorf("%w: the request body is over the limit of %d bytes", errTooLargeBody, limit)
 }
 
 // isJSON reports whether a Content-Type names application/json.
@@ -354,28 +344,23 @@ func readAll(r io.Reader, length int64) ([]byte, error) {
 	return b, nil
 }
 
-// bodyReader is a request body already read into memory.
-type bodyReader struct{ *bytes.Reader }
-
-func (*bodyReader) Close() error { return nil }
-
 // requestError answers a request the generated code could not decode: a
 // body that does not fit its schema, or a bad query parameter.
 func requestError(w http.ResponseWriter, r *http.Request, err error) {
-	var field *api.FieldError
+	var invalid *statemachine.InvalidError
 	var required *api.RequiredParamError
 	var format *api.InvalidParamFormatError
 	var many *api.TooManyValuesForParamError
 	switch {
-	case errors.As(err, &field):
-		writeProblem(w, r, field)
+	case errors.As(err, &invalid):
+		writeProblem(w, r, invalid)
 	case errors.As(err, &required):
 		writeProblem(w, r, badField(required.ParamName, "is required"))
 	case errors.As(err, &format):
 		writeProblem(w, r, badField(format.ParamName, "is not valid"))
 	case errors.As(err, &many):
 		writeProblem(w, r, badField(many.ParamName, "must be given once"))
-	default:
-		writeProblem(w, r, badField("", "%v", err))
+	default: // the JSON, which readBody checked, does not fit the body's type
+		writeProblem(w, r, badField("", "does not fit the operation's request body"))
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"math"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
@@ -44,57 +43,86 @@ var (
 	kindInternal         = problemKind{"internal", http.StatusInternalServerError, "Internal error"}
 )
 
-// errorKinds maps the errors of the store and of request decoding to their
-// problem kinds: the one table from Go errors to HTTP answers. The first
-// entry the error matches wins.
+// errorKinds maps the errors of the store, the limits and the HTTP layer to
+// their problem kinds and fixed details: the one table from Go errors to
+// HTTP answers. The first row the error matches wins. An error that says
+// more than its row (which field, which limit, which attempt) has a
+// Detail method, and its detail wins.
 var errorKinds = []struct {
-	err  error
-	kind problemKind
+	err    error
+	kind   problemKind
+	detail string
 }{
-	{statemachine.ErrInvalid, kindInvalid},
-	{api.ErrBadRequest, kindInvalid},
-	{errUnauthorized, kindUnauthorized},
-	{errForbidden, kindForbidden},
-	{statemachine.ErrNotFound, kindNotFound},
-	{errNoRoute, kindNotFound},
-	{errNoTenant, kindNotFound},
-	{errMethod, kindMethod},
-	{errMediaType, kindMediaType},
-	{statemachine.ErrTooLarge, kindTooLarge},
-	{errTooLargeBody, kindTooLarge},
-	{statemachine.ErrInProgress, kindInProgress},
-	{statemachine.ErrLeaseLost, kindLeaseLost},
-	{statemachine.ErrFingerprintMismatch, kindFingerprint},
-	{quota.ErrRateLimited, kindRateLimited},
-	{quota.ErrQuotaExceeded, kindQuotaExceeded},
-	{statemachine.ErrStoreUnavailable, kindStoreUnavailable},
+	{statemachine.ErrInvalid, kindInvalid, "the request does not fit the API"},
+	{errUnauthorized, kindUnauthorized, "a valid API key is required"},
+	{errForbidden, kindForbidden, "this API key acts for its own tenant only"},
+	{statemachine.ErrNotFound, kindNotFound, "no record for this key: it never existed, expired or was deleted"},
+	{errNoRoute, kindNotFound, "no such path"},
+	{errNoTenant, kindNotFound, "no such tenant"},
+	{errMethod, kindMethod, "the path does not take this method"},
+	{errMediaType, kindMediaType, "the request body must be application/json"},
+	{statemachine.ErrTooLarge, kindTooLarge, "too large"},
+	{statemachine.ErrInProgress, kindInProgress, "another attempt holds the lease"},
+	{statemachine.ErrLeaseLost, kindLeaseLost, "the lease token is not the current attempt's: the lease was taken over or the attempt finished another way"},
+	{statemachine.ErrFingerprintMismatch, kindFingerprint, "the key was used with a different fingerprint"},
+	{quota.ErrRateLimited, kindRateLimited, "over the tenant's begin rate"},
+	{quota.ErrQuotaExceeded, kindQuotaExceeded, "over the tenant's quota"},
+	{statemachine.ErrStoreUnavailable, kindStoreUnavailable, "the store cannot be reached or did not answer in time; the call may or may not have taken effect, and a retry with the same owner or lease token is safe"},
 }
+
+// internalDetail is the detail of every error the table does not know.
+const internalDetail = "an unexpected error; it has been logged"
 
 // Errors of the HTTP layer; each has its row in errorKinds.
 var (
-	errUnauthorized = errors.New("a valid API key is required")
+	errUnauthorized = errors.New("unauthorized")
 	errForbidden    = errors.New("forbidden")
 	errNoRoute      = errors.New("no such path")
 	errNoTenant     = errors.New("no such tenant")
-	errMethod       = errors.New("the path does not take this method")
-	errMediaType    = errors.New("the request body must be application/json")
-	errTooLargeBody = errors.New("too large")
+	errMethod       = errors.New("method not allowed")
+	errMediaType    = errors.New("unsupported media type")
 )
 
-// badField is a bad request naming the request field at fault, as the
-// strict decoder reports one.
+// noTenantError names the tenant an admin asked for that the tenants file
+// does not list.
+type noTenantError struct{ tenant string }
+
+func (e *noTenantError) Error() string { return "no such tenant: " + e.tenant }
+func (e *noTenantError) Detail() string {
+	return strconv.Quote(e.tenant) + " is not in the tenants file"
+}
+func (e *noTenantError) Is(target error) bool { return target == errNoTenant }
+
+// badField is a bad request naming the request field at fault.
 func badField(field, format string, args ...any) error {
-	return &api.FieldError{Field: field, Reason: fmt.Sprintf(format, args...)}
+	return &statemachine.InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
-// kindOf finds err's problem kind; anything unknown is internal.
-func kindOf(err error) problemKind {
+// bodyTooLarge is a request body over limit bytes.
+func bodyTooLarge(limit int64) error {
+	return &statemachine.TooLargeError{What: "the request body", Limit: limit}
+}
+
+// problemOf finds err's problem kind and detail: the error's own detail
+// when it has one, its row's otherwise; anything unknown is internal.
+func problemOf(err error) (problemKind, string) {
 	for _, row := range errorKinds {
-		if errors.Is(err, row.err) {
-			return row.kind
+		if !errors.Is(err, row.err) {
+			continue
 		}
+		var d interface{ Detail() string }
+		var limit *quota.Error
+		switch {
+		case row.kind == kindStoreUnavailable:
+			return row.kind, row.detail // never which connection failed how
+		case errors.As(err, &limit):
+			return row.kind, limit.Detail
+		case errors.As(err, &d):
+			return row.kind, d.Detail()
+		}
+		return row.kind, row.detail
 	}
-	return kindInternal
+	return kindInternal, internalDetail
 }
 
 // storeRetryAfter is the Retry-After of a 503: the store is usually back,
@@ -103,24 +131,21 @@ const storeRetryAfter = "1"
 
 // writeProblem answers err as an RFC 9457 problem detail.
 func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
-	kind := kindOf(err)
+	kind, detail := problemOf(err)
 	p := api.Problem{
 		Type:   ProblemBaseURI + kind.name,
 		Title:  kind.title,
 		Status: kind.status,
-		Detail: detail(kind, err),
+		Detail: detail,
 	}
 	h := w.Header()
-	var field *api.FieldError
 	var invalid *statemachine.InvalidError
 	var inProgress *statemachine.InProgressError
 	var limit *quota.Error
 	switch {
 	case errors.As(err, &limit):
 		h.Set("Retry-After", limitRetryAfter(limit))
-	case errors.As(err, &field) && field.Field != "":
-		p.Field = &field.Field
-	case errors.As(err, &invalid):
+	case errors.As(err, &invalid) && invalid.Field != "":
 		p.Field = &invalid.Field
 	case errors.As(err, &inProgress):
 		p.Attempt = &inProgress.Attempt
@@ -141,48 +166,6 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	h.Set("Content-Type", "application/problem+json")
 	w.WriteHeader(kind.status)
 	_ = json.NewEncoder(w).Encode(p) // the client went away; nothing else to do
-}
-
-// detail explains err without internals: a 500 or 503 says what happened,
-// not which connection failed how.
-func detail(kind problemKind, err error) string {
-	var field *api.FieldError
-	var invalid *statemachine.InvalidError
-	var inProgress *statemachine.InProgressError
-	var limit *quota.Error
-	switch {
-	case kind == kindInternal:
-		return "an unexpected error; it has been logged"
-	case kind == kindStoreUnavailable:
-		return "the store cannot be reached or did not answer in time; the call may or may not have taken effect, and a retry with the same owner or lease token is safe"
-	case errors.As(err, &limit):
-		return limit.Detail
-	case errors.As(err, &field):
-		return field.Error()
-	case errors.As(err, &invalid):
-		return invalid.Field + ": " + invalid.Reason
-	case errors.As(err, &inProgress):
-		return fmt.Sprintf("attempt %d holds the lease until %s", inProgress.Attempt,
-			inProgress.LeaseExpiresAt.UTC().Format("2006-01-02T15:04:05.000Z"))
-	case kind == kindTooLarge:
-		return afterKind(err.Error(), "too large: ")
-	case kind == kindNotFound && errors.Is(err, statemachine.ErrNotFound):
-		return "no record for this key: it never existed, expired or was deleted"
-	case kind == kindLeaseLost:
-		return "the lease token is not the current attempt's: the lease was taken over or the attempt finished another way"
-	case kind == kindFingerprint:
-		return "the key was used with a different fingerprint"
-	}
-	return err.Error()
-}
-
-// afterKind is the part of an error message after its kind's name, which
-// the problem's title already says, and after the layers' prefixes.
-func afterKind(msg, kind string) string {
-	if i := strings.Index(msg, kind); i >= 0 {
-		return msg[i+len(kind):]
-	}
-	return msg
 }
 
 // wholeSeconds is d in whole seconds, rounded up, at least 1.

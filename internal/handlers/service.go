@@ -31,11 +31,11 @@ func tenant(ctx context.Context, named *string) (string, error) {
 		if auth.ValidTenantName(*named) {
 			info.named = *named
 		}
-		return "", fmt.Errorf("%w: this API key acts for its own tenant only", errForbidden)
+		return "", errForbidden
 	}
 	// A malformed name is refused as invalid with the rest of the request.
 	if info.tenants != nil && auth.ValidTenantName(*named) && !info.tenants.Has(*named) {
-		return "", fmt.Errorf("%w: %q is not in the tenants file", errNoTenant, *named)
+		return "", &noTenantError{*named}
 	}
 	info.tenant = *named
 	return *named, nil
@@ -109,19 +109,24 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 	if err != nil {
 		return nil, err
 	}
-	var wait time.Duration
-	if b.WaitMs != nil {
-		if *b.WaitMs < 0 || *b.WaitMs > s.maxWait.Milliseconds() {
-			return nil, badField("wait_ms", "must be 0 to %d", s.maxWait.Milliseconds())
-		}
-		wait = time.Duration(*b.WaitMs) * time.Millisecond
+	wait, err := s.limits.Wait(b.WaitMs)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := s.limits.Lease(b.LeaseMs)
+	if err != nil {
+		return nil, err
+	}
+	retention, err := s.limits.Retention(b.RetentionS)
+	if err != nil {
+		return nil, err
 	}
 	breq := statemachine.BeginRequest{
 		Key:         b.Key,
 		Fingerprint: deref(b.Fingerprint),
 		Owner:       deref(b.Owner),
-		Lease:       duration(b.LeaseMs, time.Millisecond),
-		Retention:   duration(b.RetentionS, time.Second),
+		Lease:       lease,
+		Retention:   retention,
 	}
 	lim, overBudget, err := s.admitBegin(ctx, t)
 	if err != nil {
@@ -153,7 +158,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 func (s *Service) beginResult(ctx context.Context, t string, res statemachine.BeginResult) api.BeginResponseObject {
 	if res.Acquired {
 		setOutcome(ctx, t, "acquired")
-		return api.BeginAcquiredResponse{
+		return api.Begin201JSONResponse{
 			Status:         api.BeginAcquiredStatusAcquired,
 			Key:            res.Record.Key,
 			Attempt:        res.Lease.Attempt,
@@ -195,18 +200,22 @@ func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (
 	if err != nil {
 		return nil, err
 	}
+	retention, err := s.limits.Retention(b.RetentionS)
+	if err != nil {
+		return nil, err
+	}
 	rec, err := s.store.Complete(ctx, t, statemachine.CompleteRequest{
 		Key:       b.Key,
 		Token:     b.LeaseToken,
 		Response:  resp,
-		Retention: duration(b.RetentionS, time.Second),
+		Retention: retention,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("complete: %w", err)
 	}
 	s.stored(t, &resp, rec.ExpiresAt)
 	setOutcome(ctx, t, "completed")
-	return finishResult(&rec), nil
+	return api.Complete200JSONResponse(finishResult(&rec)), nil
 }
 
 // Fail ends the attempt with a failure, terminal or retryable.
@@ -237,11 +246,11 @@ func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.Fail
 		s.stored(t, &resp, rec.ExpiresAt)
 		setOutcome(ctx, t, "failed")
 	}
-	return finishResult(&rec), nil
+	return api.Fail200JSONResponse(finishResult(&rec)), nil
 }
 
-func finishResult(rec *statemachine.Record) api.FinishedResponse {
-	out := api.FinishedResponse{
+func finishResult(rec *statemachine.Record) api.FinishResult {
+	out := api.FinishResult{
 		Key:       rec.Key,
 		Attempt:   rec.Attempt,
 		ExpiresAt: api.NewMilliTime(rec.ExpiresAt),
@@ -264,11 +273,11 @@ func (s *Service) Extend(ctx context.Context, req api.ExtendRequestObject) (api.
 	if err != nil {
 		return nil, err
 	}
-	lease, err := s.store.Extend(ctx, t, statemachine.ExtendRequest{
-		Key:   b.Key,
-		Token: b.LeaseToken,
-		Lease: duration(b.LeaseMs, time.Millisecond),
-	})
+	d, err := s.limits.Lease(b.LeaseMs)
+	if err != nil {
+		return nil, err
+	}
+	lease, err := s.store.Extend(ctx, t, statemachine.ExtendRequest{Key: b.Key, Token: b.LeaseToken, Lease: d})
 	if err != nil {
 		return nil, fmt.Errorf("extend: %w", err)
 	}

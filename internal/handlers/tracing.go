@@ -73,7 +73,10 @@ func end(span trace.Span, ok string, err error) {
 }
 
 // storeOutcome names err by its problem kind, as the request log does.
-func storeOutcome(err error) string { return kindOf(err).name }
+func storeOutcome(err error) string {
+	kind, _ := problemOf(err)
+	return kind.name
+}
 
 func (t tracedStore) Begin(ctx context.Context, tenant string, req statemachine.BeginRequest) (statemachine.BeginResult, error) {
 	ctx, span := t.start(ctx, "begin.lua", tenant)

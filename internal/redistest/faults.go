@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 )
 
@@ -32,15 +33,9 @@ func NewPersistentServer(tb testing.TB) *Server {
 		return l, pidfileIdentity(l.pidPath), nil
 	})
 	if err != nil {
-		tb.Fatalf("redistest: %v", err)
+		return dedicated(tb, nil, fmt.Errorf("redistest: %w", err))
 	}
-	s := &Server{addr: p.addr, p: p}
-	tb.Cleanup(func() {
-		if err := s.close(context.Background()); err != nil {
-			tb.Error(err)
-		}
-	})
-	return s
+	return dedicated(tb, &Server{addr: p.addr, p: p}, nil)
 }
 
 // Running reports whether the node's process runs (it may be paused).

@@ -25,6 +25,12 @@ type Server struct {
 func NewServer(tb testing.TB) *Server {
 	tb.Helper()
 	s, err := newServer(context.Background())
+	return dedicated(tb, s, err)
+}
+
+// dedicated fails tb with err, or has s stopped when tb ends.
+func dedicated(tb testing.TB, s *Server, err error) *Server {
+	tb.Helper()
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -69,15 +75,9 @@ func NewSecureServer(tb testing.TB, sec *Security) *Server {
 	}
 	p, err := spawnProc(context.Background(), b, false)
 	if err != nil {
-		tb.Fatalf("redistest: %v", err)
+		return dedicated(tb, nil, fmt.Errorf("redistest: %w", err))
 	}
-	s := &Server{addr: p.addr, p: p}
-	tb.Cleanup(func() {
-		if err := s.close(context.Background()); err != nil {
-			tb.Error(err)
-		}
-	})
-	return s
+	return dedicated(tb, &Server{addr: p.addr, p: p}, nil)
 }
 
 func newServer(ctx context.Context) (*Server, error) {

@@ -206,3 +206,15 @@ func (s *stored) record(tenant string, now int64, withResponse bool) (Record, er
 }
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
+
+// acquired answers a Begin, on either store, that holds the lease of s.
+func acquired(tenant string, s *stored, now int64) (BeginResult, error) {
+	rec, err := s.record(tenant, now, false)
+	return BeginResult{Acquired: true, Lease: s.leaseOf(), Record: rec}, err
+}
+
+// replay answers a Begin on the finished record s.
+func replay(tenant string, s *stored, now int64) (BeginResult, error) {
+	rec, err := s.record(tenant, now, true)
+	return BeginResult{Record: rec}, err
+}

@@ -42,6 +42,11 @@ func (e *InProgressError) RetryIn() time.Duration {
 	return min(d, e.LeaseExpiresAt.Sub(e.Now))
 }
 
+// Detail says which attempt holds the lease, and until when.
+func (e *InProgressError) Detail() string {
+	return fmt.Sprintf("attempt %d holds the lease until %s", e.Attempt, e.LeaseExpiresAt.UTC().Format("2006-01-02T15:04:05.000Z"))
+}
+
 func (e *InProgressError) Error() string {
 	return fmt.Sprintf("statemachine: in progress: attempt %d holds the lease until %s",
 		e.Attempt, e.LeaseExpiresAt.Format(time.RFC3339Nano))
@@ -50,15 +55,23 @@ func (e *InProgressError) Error() string {
 // Is makes errors.Is(err, ErrInProgress) hold.
 func (e *InProgressError) Is(target error) bool { return target == ErrInProgress }
 
-// InvalidError is ErrInvalid naming the offending request field.
+// InvalidError is ErrInvalid naming the offending request field: the one
+// error of a request that does not fit the API, from the JSON decoder to
+// the store's limits.
 type InvalidError struct {
-	Field  string // as the API names it, e.g. "lease_ms"
+	Field  string // as the API names it, e.g. "lease_ms" or "response.headers"; "" for the body as a whole
 	Reason string
 }
 
-func (e *InvalidError) Error() string {
-	return fmt.Sprintf("statemachine: invalid request: %s: %s", e.Field, e.Reason)
+// Detail names the field and what is wrong with it.
+func (e *InvalidError) Detail() string {
+	if e.Field == "" {
+		return "request body: " + e.Reason
+	}
+	return e.Field + ": " + e.Reason
 }
+
+func (e *InvalidError) Error() string { return "statemachine: invalid request: " + e.Detail() }
 
 // Is makes errors.Is(err, ErrInvalid) hold.
 func (e *InvalidError) Is(target error) bool { return target == ErrInvalid }
@@ -67,6 +80,26 @@ func invalid(field, format string, args ...any) error {
 	return &InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
 }
 
+// TooLargeError is ErrTooLarge saying what was too large, how large it was
+// (0 when unknown) and its limit, in bytes.
+type TooLargeError struct {
+	What        string // e.g. "the response"
+	Size, Limit int64
+}
+
+func (e *TooLargeError) Error() string { return "statemachine: too large: " + e.Detail() }
+
+// Detail says what was too large, for the problem detail.
+func (e *TooLargeError) Detail() string {
+	if e.Size > 0 {
+		return fmt.Sprintf("%s is %d bytes, over the limit of %d", e.What, e.Size, e.Limit)
+	}
+	return fmt.Sprintf("%s is over the limit of %d bytes", e.What, e.Limit)
+}
+
+// Is makes errors.Is(err, ErrTooLarge) hold.
+func (e *TooLargeError) Is(target error) bool { return target == ErrTooLarge }
+
 func sizeError(size, limit int) error {
-	return fmt.Errorf("%w: the response is %d bytes, over the limit of %d", ErrTooLarge, size, limit)
+	return &TooLargeError{What: "the response", Size: int64(size), Limit: int64(limit)}
 }

@@ -2,6 +2,7 @@ package statemachine
 
 import (
 	"encoding/hex"
+	"math"
 	"strings"
 	"time"
 )
@@ -21,6 +22,8 @@ type Limits struct {
 	MaxResponseBytes int
 	// MaxErrorBytes bounds the error message of a failure.
 	MaxErrorBytes int
+	// MaxWait bounds how long a begin may wait for an attempt in progress.
+	MaxWait time.Duration
 }
 
 // maxPrefixed is the longest key, owner or fingerprint a record can hold:
@@ -41,6 +44,7 @@ func DefaultLimits() Limits {
 		DefaultRetention:    24 * time.Hour,
 		MaxResponseBytes:    1 << 20,
 		MaxErrorBytes:       1024,
+		MaxWait:             30 * time.Second,
 	}
 }
 
@@ -72,6 +76,7 @@ func (l Limits) withDefaults() Limits {
 	fillD(&l.MinRetention, d.MinRetention)
 	fillD(&l.MaxRetention, d.MaxRetention)
 	fillD(&l.DefaultRetention, d.DefaultRetention)
+	fillD(&l.MaxWait, d.MaxWait)
 	l.DefaultLease = l.DefaultLease.Truncate(time.Millisecond)
 	l.DefaultRetention = l.DefaultRetention.Truncate(time.Second)
 	return l
@@ -134,6 +139,57 @@ func (l *Limits) checkBegin(tenant string, req *BeginRequest) (lease, retention 
 		retention = l.DefaultRetention
 	}
 	return lease, retention, nil
+}
+
+// The API gives durations as counts of a unit, absent or not. A request's
+// counts are checked here, by the same rules as the store's requests, so
+// that every limit is stated once.
+
+// Lease is a request's lease_ms: 0 (the default lease) when absent, or an
+// error naming lease_ms when out of range.
+func (l *Limits) Lease(ms *int64) (time.Duration, error) {
+	if ms == nil {
+		return 0, nil
+	}
+	d, ok := count(*ms, time.Millisecond)
+	if !ok || d == 0 {
+		return 0, invalid("lease_ms", "must be %d to %d", l.MinLease.Milliseconds(), l.MaxLease.Milliseconds())
+	}
+	return l.checkLease(d)
+}
+
+// Retention is a request's retention_s: 0 (the record's own, or the
+// default) when absent, or an error naming retention_s when out of range.
+func (l *Limits) Retention(s *int64) (time.Duration, error) {
+	if s == nil {
+		return 0, nil
+	}
+	d, ok := count(*s, time.Second)
+	if !ok || d == 0 {
+		return 0, invalid("retention_s", "must be %d to %d", int64(l.MinRetention.Seconds()), int64(l.MaxRetention.Seconds()))
+	}
+	return l.checkRetention(d)
+}
+
+// Wait is a begin's wait_ms: 0 when absent, or an error naming wait_ms when
+// over MaxWait.
+func (l *Limits) Wait(ms *int64) (time.Duration, error) {
+	if ms == nil {
+		return 0, nil
+	}
+	d, ok := count(*ms, time.Millisecond)
+	if !ok || d > l.MaxWait {
+		return 0, invalid("wait_ms", "must be 0 to %d", l.MaxWait.Milliseconds())
+	}
+	return d, nil
+}
+
+// count is n units, if that is 0 or more and fits a Duration.
+func count(n int64, unit time.Duration) (time.Duration, bool) {
+	if n < 0 || n > math.MaxInt64/int64(unit) {
+		return 0, false
+	}
+	return time.Duration(n) * unit, true
 }
 
 // checkLease validates a lease, defaulting zero.

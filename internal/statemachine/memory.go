@@ -221,19 +221,10 @@ func (m *MemoryStore) Delete(_ context.Context, tenant, key string) error {
 	return nil
 }
 
+// Limits implements Store.
+func (m *MemoryStore) Limits() Limits { return m.limits }
+
 // Ping implements Store; memory is always there.
 func (m *MemoryStore) Ping(context.Context) error { return nil }
 
 func nowMs() int64 { return time.Now().UnixMilli() }
-
-// acquired answers a Begin that holds the lease of s.
-func acquired(tenant string, s *stored, now int64) (BeginResult, error) {
-	rec, err := s.record(tenant, now, false)
-	return BeginResult{Acquired: true, Lease: s.leaseOf(), Record: rec}, err
-}
-
-// replay answers a Begin on the finished record s.
-func replay(tenant string, s *stored, now int64) (BeginResult, error) {
-	rec, err := s.record(tenant, now, true)
-	return BeginResult{Record: rec}, err
-}

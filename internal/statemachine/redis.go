@@ -112,6 +112,9 @@ type reply struct {
 }
 
 // Begin implements Store; see internal/lua/begin.lua.
+// Limits implements Store.
+func (s *RedisStore) Limits() Limits { return s.limits }
+
 func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest) (BeginResult, error) {
 	lease, retention, err := s.limits.checkBegin(tenant, &req)
 	if err != nil {

@@ -152,6 +152,8 @@ type Store interface {
 	// their responses. A record that exists for the whole listing is in
 	// one of its pages at least once.
 	List(ctx context.Context, tenant string, req ListRequest) (ListPage, error)
+	// Limits are the limits the store enforces, defaults filled in.
+	Limits() Limits
 	// Ping reports whether the store can be reached.
 	Ping(ctx context.Context) error
 	// Readiness reports every failed readiness check, within 500 ms:
