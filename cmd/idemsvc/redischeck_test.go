@@ -122,6 +122,35 @@ func TestReadyzNamesFailedChecks(t *testing.T) {
 	}
 }
 
+// /readyz answers within 500 ms when Redis hangs or is gone, not after the
+// store's 1 s timeout: a probe's own timeout is often 1 s.
+func TestReadyzAnswersFastWhenRedisIsDown(t *testing.T) {
+	srv := redistest.NewServer(t)
+	in := start(t, []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=redis://" + srv.Addr()})
+	if code, body := readyz(t, in.url); code != http.StatusOK {
+		t.Fatalf("readyz = %d %s", code, body)
+	}
+	for _, fault := range []struct {
+		name   string
+		inject func()
+	}{
+		{"paused", func() { srv.Pause(t) }}, // resumed when the test ends
+		{"stopped", func() { srv.Stop(t) }},
+	} {
+		fault.inject()
+		began := time.Now()
+		code, body := readyz(t, in.url)
+		// The check gives up after 400 ms, inside the 500 ms bound; the
+		// test allows a loaded machine up to 900 ms, still short of the
+		// store's 1 s timeout that it used to wait for.
+		elapsed := time.Since(began)
+		t.Logf("Redis %s: readyz answered %d in %v", fault.name, code, elapsed)
+		if code != http.StatusServiceUnavailable || elapsed > 900*time.Millisecond {
+			t.Errorf("Redis %s: readyz = %d %s after %v, want 503 within 500 ms", fault.name, code, body, elapsed)
+		}
+	}
+}
+
 func readyz(t *testing.T, url string) (int, string) {
 	t.Helper()
 	resp, err := http.Get(url + "/readyz")

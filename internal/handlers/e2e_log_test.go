@@ -10,6 +10,7 @@ import (
 	"sync"
 	"testing"
 
+	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -110,5 +111,29 @@ func TestE2EForwardedFor(t *testing.T) {
 		if line := logs.find(t, "xff"); line["client"] != tt.client || line["peer"] != tt.peer {
 			t.Errorf("%s: client %v, peer %v; want %v, %v", tt.name, line["client"], line["peer"], tt.client, tt.peer)
 		}
+	}
+}
+
+// Begin latency is a histogram per outcome, so that a wait or a 503 does
+// not blur acquisitions and replays.
+func TestE2EBeginDurationByOutcome(t *testing.T) {
+	t.Parallel()
+	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits())})
+	c := e.as(t, "")
+	key := unique("histogram")
+	l := c.acquire(idem.BeginRequest{Key: key})
+	if r := c.begin(idem.BeginRequest{Key: key, Owner: ptr("another"), WaitMs: ptr[int64](50)}); r.StatusCode() != http.StatusConflict {
+		t.Fatalf("begin while in progress: %d %s", r.StatusCode(), r.Body)
+	}
+	c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken})
+	c.begin(idem.BeginRequest{Key: key})
+	for outcome, want := range map[string]float64{"acquired": 1, "in-progress": 1, "replayed-completed": 1} {
+		if got := e.labelled(t, "idemsvc_begin_duration_seconds_count", `outcome="`+outcome+`"`); got != want {
+			t.Errorf("begins observed as %s: %v, want %v", outcome, got, want)
+		}
+	}
+	// The waited begin took its 50 ms: it is not in the acquisitions' fast buckets.
+	if got := e.labelled(t, "idemsvc_begin_duration_seconds_bucket", `outcome="in-progress",le="0.025"`); got != 0 {
+		t.Errorf("a begin that waited 50 ms counted under 25 ms: %v", got)
 	}
 }

@@ -9,6 +9,7 @@ import (
 type metrics struct {
 	requests    *prometheus.CounterVec
 	duration    *prometheus.HistogramVec
+	beginTime   *prometheus.HistogramVec
 	storeErrors *prometheus.CounterVec
 	waiters     prometheus.Gauge
 	waitPolls   prometheus.Counter
@@ -28,6 +29,11 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help:    "HTTP request latency by route.",
 			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
 		}, []string{"route"}),
+		beginTime: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "idemsvc_begin_duration_seconds",
+			Help:    "Begin latency by outcome, so that waits and errors do not blur acquisitions and replays.",
+			Buckets: []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30},
+		}, []string{"outcome"}),
 		storeErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemsvc_store_errors_total",
 			Help: "Requests that failed on the store, by route: unreachable or slow (store-unavailable) or unexpected (internal).",
@@ -45,7 +51,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Help: "Begins by tenant and outcome (acquired, replayed-completed, replayed-failed, or the problem kind: in-progress, rate-limited, quota-exceeded...).",
 		}, []string{"tenant", "outcome"}),
 	}
-	reg.MustRegister(m.requests, m.duration, m.storeErrors, m.waiters, m.waitPolls, m.begins)
+	reg.MustRegister(m.requests, m.duration, m.beginTime, m.storeErrors, m.waiters, m.waitPolls, m.begins)
 	// The Go runtime's and the process's metrics keep their standard names
 	// (go_goroutines, process_resident_memory_bytes...), which dashboards
 	// and alerts for any Go service expect.

@@ -109,8 +109,11 @@ func (s *Service) observe(next http.Handler) http.Handler {
 			endRequestSpan(span, r.Method, route, status, info, outcome)
 		}
 		s.metrics.requests.WithLabelValues(route, outcome, strconv.Itoa(status)).Inc()
-		if route == beginRoute && info.tenant != "" {
-			s.metrics.begins.WithLabelValues(info.tenant, outcome).Inc()
+		if route == beginRoute {
+			s.metrics.beginTime.WithLabelValues(outcome).Observe(elapsed.Seconds())
+			if info.tenant != "" {
+				s.metrics.begins.WithLabelValues(info.tenant, outcome).Inc()
+			}
 		}
 		s.metrics.duration.WithLabelValues(route).Observe(elapsed.Seconds())
 		level := slog.LevelInfo
