@@ -15,14 +15,11 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 )
 
 func TestRunAgainstIdemsvc(t *testing.T) {
-	srv := httptest.NewServer(handlers.New(handlers.Config{
-		Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()),
-	}))
-	defer srv.Close()
+	srv := idemtest.Serve(t, handlers.Config{})
 
 	for _, mix := range []string{"begin", "cycle", "replay", "hot", "begin=1,cycle=1,replay=2,hot=1"} {
 		t.Run(mix, func(t *testing.T) {

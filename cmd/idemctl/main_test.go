@@ -14,6 +14,7 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 	"github.com/idemsvc/idemsvc/internal/testpki"
 )
@@ -33,24 +34,13 @@ const chargeBody = `{"id":"ch_1","amount":1000,"currency":"eur"}`
 // loopback port until the test ends, and returns its URL.
 func startIdemsvc(t *testing.T) string {
 	t.Helper()
-	tenants := fmt.Sprintf(`tenants:
-  - name: payments
-    api_key_sha256: [%q]
-  - name: shipping
-    api_key_sha256: [%q]
-  - name: ops
-    admin: true
-    api_key_sha256: [%q]
-`, auth.Digest(paymentsKey), auth.Digest(shippingKey), auth.Digest(adminKey))
-	keyring, err := auth.Parse([]byte(tenants))
-	if err != nil {
-		t.Fatal(err)
-	}
-	svc := handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: keyring})
-	srv := httptest.NewServer(svc)
-	t.Cleanup(srv.Close)
-	t.Cleanup(svc.StopWaiting)
-	return srv.URL
+	return idemtest.Serve(t, handlers.Config{Keyring: tenants(t)}).URL
+}
+
+// tenants is the keyring of the three tenants above.
+func tenants(t *testing.T) *auth.Keyring {
+	return idemtest.Keyring(t, idemtest.Tenant{Name: "payments", Key: paymentsKey},
+		idemtest.Tenant{Name: "shipping", Key: shippingKey}, idemtest.Tenant{Name: "ops", Key: adminKey, Admin: true})
 }
 
 // sdk is a client of the idemsvc at url with apiKey, to set up records.
@@ -594,11 +584,7 @@ func TestClientCertificates(t *testing.T) {
 	ca := testpki.NewCA(t, "idemsvc test CA")
 	caFile := ca.Write(t, dir, "ca")
 	certFile, keyFile := ca.Issue(t, "idemctl").Write(t, dir, "idemctl")
-	keyring, err := auth.Parse([]byte(fmt.Sprintf("tenants:\n  - name: payments\n    api_key_sha256: [%q]\n", auth.Digest(paymentsKey))))
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewUnstartedServer(handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: keyring}))
+	srv := httptest.NewUnstartedServer(handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: tenants(t)}))
 	srv.TLS = &tls.Config{Certificates: []tls.Certificate{ca.Issue(t, "idemsvc").TLS(t)}, ClientCAs: ca.Pool(), ClientAuth: tls.RequireAndVerifyClientCert}
 	srv.StartTLS()
 	t.Cleanup(srv.Close)

@@ -12,14 +12,14 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	"github.com/idemsvc/idemsvc/internal/redistest"
 )
 
@@ -229,11 +229,7 @@ func TestMemoryStoreDevelopmentMode(t *testing.T) {
 }
 
 func TestRedisWithTenants(t *testing.T) {
-	tenants := filepath.Join(t.TempDir(), "tenants.yaml")
-	file := fmt.Sprintf("tenants:\n  - name: payments\n    api_key_sha256: [%q]\n", auth.Digest("s3cret-key"))
-	if err := os.WriteFile(tenants, []byte(file), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "payments", Key: "s3cret-key"})
 	backends := map[string]func(t *testing.T) []string{
 		"standalone": func(t *testing.T) []string {
 			return []string{"IDEMSVC_REDIS_URL=redis://" + redistest.SharedServer(t).Addr()}

@@ -17,8 +17,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	"github.com/idemsvc/idemsvc/internal/api"
-	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 )
@@ -43,11 +44,8 @@ const (
 // measure another build the same way.
 func TestBoundedMemory(t *testing.T) {
 	bin := idemsvcBinary(t)
-	tenants := filepath.Join(t.TempDir(), "tenants.yaml")
 	const apiKey = "memory-test-key"
-	if err := os.WriteFile(tenants, []byte(`{"tenants":[{"name":"t","api_key_sha256":["`+auth.Digest(apiKey)+`"]}]}`), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "t", Key: apiKey})
 	memory := []string{"IDEMSVC_TENANTS_FILE=" + tenants}
 
 	// Two waves of slow bodies: memory a process has never used is not

@@ -2,19 +2,17 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 )
 
@@ -23,11 +21,7 @@ import (
 // IDEMSVC_REDIS_ALLOW_EVICTION; then it serves, warns, and says so in a
 // metric. Masters without persistence are warned about by name.
 func TestEvictingRedis(t *testing.T) {
-	tenants := filepath.Join(t.TempDir(), "tenants.yaml")
-	file := fmt.Sprintf("tenants:\n  - name: payments\n    api_key_sha256: [%q]\n", auth.Digest("s3cret-key"))
-	if err := os.WriteFile(tenants, []byte(file), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "payments", Key: "s3cret-key"})
 	// Each backend sets an evicting policy on one master and returns the
 	// variables that point idemsvc at it, and that master's address.
 	backends := map[string]func(t *testing.T) ([]string, string){

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 )
 
 // writeFileAtomically replaces path by a rename, as deployment tools do.
@@ -39,11 +40,7 @@ func tenantsFile(keys ...string) string {
 // is margin for a busy machine).
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within 10 s: %s", what)
-		}
-	}
+	idemtest.Eventually(t, 10*time.Second, what, cond)
 }
 
 // TestRotateKeyWithoutRestart: a caller switches from an old API key to a

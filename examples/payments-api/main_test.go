@@ -12,17 +12,14 @@ import (
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 )
 
 // startAPI serves an in-process idemsvc and, in front of it, the payment
 // API, both on real loopback ports, and returns the API's URL and ledger.
 func startAPI(t *testing.T) (string, *ledger) {
 	t.Helper()
-	svc := handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits())})
-	idemsvc := httptest.NewServer(svc)
-	t.Cleanup(idemsvc.Close)
-	t.Cleanup(svc.StopWaiting)
+	idemsvc := idemtest.Serve(t, handlers.Config{})
 
 	client, err := idem.New(idemsvc.URL)
 	if err != nil {

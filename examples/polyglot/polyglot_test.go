@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -20,7 +19,7 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 )
 
 // script is a way to run one of the scripts.
@@ -48,11 +47,7 @@ func scripts(t *testing.T) []script {
 // authentication), on a real loopback port until the test ends.
 func startIdemsvc(t *testing.T, keyring *auth.Keyring) string {
 	t.Helper()
-	svc := handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: keyring})
-	srv := httptest.NewServer(svc)
-	t.Cleanup(srv.Close)
-	t.Cleanup(svc.StopWaiting)
-	return srv.URL
+	return idemtest.Serve(t, handlers.Config{Keyring: keyring}).URL
 }
 
 // run is one run of a script.
@@ -158,10 +153,7 @@ func TestScripts(t *testing.T) {
 
 			t.Run("with an API key", func(t *testing.T) {
 				const apiKey = "polyglot-test-key"
-				keyring, err := auth.Parse(fmt.Appendf(nil, "tenants:\n  - name: polyglot\n    api_key_sha256: [%q]\n", auth.Digest(apiKey)))
-				if err != nil {
-					t.Fatal(err)
-				}
+				keyring := idemtest.Keyring(t, idemtest.Tenant{Name: "polyglot", Key: apiKey})
 				idemURL := startIdemsvc(t, keyring)
 				c, err := idem.New(idemURL, idem.WithAPIKey(apiKey))
 				if err != nil {

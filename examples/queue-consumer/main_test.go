@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,18 +19,14 @@ import (
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 )
 
 // startIdemsvc serves an in-process idemsvc on a real loopback port until
 // the test ends.
 func startIdemsvc(t *testing.T) string {
 	t.Helper()
-	svc := handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits())})
-	srv := httptest.NewServer(svc)
-	t.Cleanup(srv.Close)
-	t.Cleanup(svc.StopWaiting)
-	return srv.URL
+	return idemtest.Serve(t, handlers.Config{}).URL
 }
 
 func testContext(t *testing.T) context.Context {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -14,8 +13,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/auth"
 )
 
 // A begin that acquired the key but whose reply was lost is retried with
@@ -367,17 +367,8 @@ func TestRetryStopsWithTheContext(t *testing.T) {
 // WithAPIKey authenticates; WithTenant lets an admin key act for a tenant.
 func TestAPIKeyAndTenant(t *testing.T) {
 	t.Parallel()
-	keyring, err := auth.Parse(fmt.Appendf(nil, `
-tenants:
-  - name: payments
-    api_key_sha256: [%q]
-  - name: ops
-    admin: true
-    api_key_sha256: [%q]
-`, auth.Digest("payments-secret"), auth.Digest("ops-secret")))
-	if err != nil {
-		t.Fatal(err)
-	}
+	keyring := idemtest.Keyring(t, idemtest.Tenant{Name: "payments", Key: "payments-secret"},
+		idemtest.Tenant{Name: "ops", Key: "ops-secret", Admin: true})
 	svc := startIdemsvc(t, keyring)
 	ctx := testContext(t)
 

@@ -16,7 +16,7 @@ import (
 func ExampleClient_Do() {
 	// An idemsvc in process, over an in-memory store, stands in for a real one.
 	idemsvc := httptest.NewServer(handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits())}))
-	defer idemsvc.Close()
+	defer idemsvc.Close() // Example functions have no testing.TB for idemtest.Serve
 
 	client, err := idem.New(idemsvc.URL) // add idem.WithAPIKey(key) when idemsvc has tenants
 	if err != nil {
@@ -44,7 +44,7 @@ func ExampleClient_Do() {
 
 func ExampleMiddleware() {
 	idemsvc := httptest.NewServer(handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits())}))
-	defer idemsvc.Close()
+	defer idemsvc.Close() // Example functions have no testing.TB for idemtest.Serve
 	client, err := idem.New(idemsvc.URL)
 	if err != nil {
 		panic(err)

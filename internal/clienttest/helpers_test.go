@@ -5,16 +5,16 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // idemsvc is an idemsvc served in process on a port of its own, over an
@@ -32,22 +32,16 @@ type idemsvc struct {
 // authentication off (every call acts for tenant "default").
 func startIdemsvc(t testing.TB, keyring *auth.Keyring) *idemsvc {
 	t.Helper()
-	svc := handlers.New(handlers.Config{
-		Store:   statemachine.NewMemoryStore(statemachine.DefaultLimits()),
-		Keyring: keyring,
-	})
-	calls := &pathCounter{}
-	s := &idemsvc{calls: calls}
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		calls.add(r.URL.Path)
-		s.mu.Lock()
-		s.headers = append(s.headers, r.Header.Clone())
-		s.mu.Unlock()
-		svc.ServeHTTP(w, r)
-	}))
-	t.Cleanup(srv.Close)
-	t.Cleanup(svc.StopWaiting) // runs first: waiting begins answer, so Close does not wait for them
-	s.URL = srv.URL
+	s := &idemsvc{calls: &pathCounter{}}
+	s.URL = idemtest.Serve(t, handlers.Config{Keyring: keyring}, func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			s.calls.add(r.URL.Path)
+			s.mu.Lock()
+			s.headers = append(s.headers, r.Header.Clone())
+			s.mu.Unlock()
+			next.ServeHTTP(w, r)
+		})
+	}).URL
 	return s
 }
 
@@ -115,9 +109,7 @@ func eventually(cond func() bool) bool {
 // Call it from the test's goroutine only.
 func waitFor(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	if !eventually(cond) {
-		t.Fatalf("timed out waiting for %s", what)
-	}
+	idemtest.Eventually(t, 5*time.Second, what, cond)
 }
 
 // recv receives from ch, failing the test after a few seconds.

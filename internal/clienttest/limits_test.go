@@ -3,34 +3,25 @@ package clienttest_test
 import (
 	"errors"
 	"net/http"
-	"net/http/httptest"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/quota"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // startLimited serves an idemsvc whose tenant "limited" (API key
 // "sk-limited") has limits.
 func startLimited(t *testing.T, limits string) string {
 	t.Helper()
-	k, err := auth.Parse([]byte("tenants:\n  - name: limited\n    api_key_sha256: [\"" +
-		auth.Digest("sk-limited") + "\"]\n    limits: " + limits + "\n"))
-	if err != nil {
-		t.Fatal(err)
-	}
+	k := idemtest.Keyring(t, idemtest.Tenant{Name: "limited", Key: "sk-limited", Limits: limits})
 	limiter := quota.NewMemory(quota.Options{FlushInterval: 50 * time.Millisecond})
 	t.Cleanup(limiter.Close)
-	svc := handlers.New(handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()),
-		Keyring: k, Limiter: limiter})
-	srv := httptest.NewServer(svc)
-	t.Cleanup(srv.Close)
-	return srv.URL
+	return idemtest.Serve(t, handlers.Config{Keyring: k, Limiter: limiter}).URL
 }
 
 // A begin over the tenant's rate is retried after Retry-After within the

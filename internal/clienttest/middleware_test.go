@@ -16,8 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/auth"
 )
 
 // serveIdempotent serves h behind idem.Middleware(c, opts) until the test
@@ -385,10 +386,7 @@ func TestMiddlewareUnstorableResponseIsNotRunAgain(t *testing.T) {
 // without Retry-After.
 func TestMiddlewareWrongAPIKey(t *testing.T) {
 	t.Parallel()
-	keyring, err := auth.Parse([]byte(`{"tenants":[{"name":"shop","api_key_sha256":["` + auth.Digest("right") + `"]}]}`))
-	if err != nil {
-		t.Fatal(err)
-	}
+	keyring := idemtest.Keyring(t, idemtest.Tenant{Name: "shop", Key: "right"})
 	svc := startIdemsvc(t, keyring)
 	c := newClient(t, svc.URL, idem.WithAPIKey("wrong"))
 	var runs atomic.Int32

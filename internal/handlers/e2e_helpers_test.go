@@ -9,7 +9,6 @@ import (
 	"io"
 	"mime"
 	"net/http"
-	"net/http/httptest"
 	"regexp"
 	"slices"
 	"strconv"
@@ -21,6 +20,7 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -76,11 +76,8 @@ type env struct {
 // start serves handlers.New(cfg) on a port of its own until the test ends.
 func start(t testing.TB, cfg handlers.Config) *env {
 	t.Helper()
-	svc := handlers.New(cfg)
-	srv := httptest.NewServer(svc)
-	t.Cleanup(srv.Close)
-	t.Cleanup(svc.StopWaiting) // runs first: waiters answer, so Close does not wait for them
-	return &env{url: srv.URL, svc: svc, http: srv.Client()}
+	s := idemtest.Serve(t, cfg)
+	return &env{url: s.URL, svc: s.Service, http: http.DefaultClient}
 }
 
 // startOn serves a store without authentication: every call acts as the
@@ -372,22 +369,10 @@ func unique(prefix string) string {
 
 func ptr[T any](v T) *T { return &v }
 
-// eventually polls cond every 10ms until it holds, failing after d.
-func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("%s: not within %s", what, d)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // awaitLeaseExpired waits until the status of key shows its lease ran out.
 func (c *caller) awaitLeaseExpired(key string) {
 	c.t.Helper()
-	eventually(c.t, 5*time.Second, "lease of "+key+" expired", func() bool {
+	idemtest.Eventually(c.t, 5*time.Second, "lease of "+key+" expired", func() bool {
 		rec := c.record(key)
 		return rec.LeaseExpired != nil && *rec.LeaseExpired
 	})
@@ -433,38 +418,12 @@ const (
 // and the admin tenant ops.
 func tenantsKeyring(t *testing.T) *auth.Keyring {
 	t.Helper()
-	file := fmt.Sprintf(`tenants:
-  - name: payments
-    api_key_sha256: [%q]
-  - name: billing
-    api_key_sha256: [%q]
-  - name: ops
-    admin: true
-    api_key_sha256: [%q]
-`, auth.Digest(keyPayments), auth.Digest(keyBilling), auth.Digest(keyOps))
-	k, err := auth.Parse([]byte(file))
-	if err != nil {
-		t.Fatalf("tenants file: %v", err)
-	}
-	return k
+	return idemtest.Keyring(t, idemtest.Tenant{Name: "payments", Key: keyPayments},
+		idemtest.Tenant{Name: "billing", Key: keyBilling}, idemtest.Tenant{Name: "ops", Key: keyOps, Admin: true})
 }
 
 // metricValue reads the value of an unlabelled metric from /metrics.
 func (e *env) metricValue(t *testing.T, name string) float64 {
 	t.Helper()
-	resp, body := e.raw(t, http.MethodGet, "/metrics", "", nil)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("/metrics: %d", resp.StatusCode)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+" "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %q", name, v)
-			}
-			return f
-		}
-	}
-	t.Fatalf("metric %s not in /metrics", name)
-	return 0
+	return idemtest.Metric(t, e.url, name, "")
 }

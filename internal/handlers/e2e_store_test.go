@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
@@ -74,7 +76,7 @@ func requireUnavailable(t *testing.T, e *env, key, token string) {
 func awaitReady(t *testing.T, e *env) {
 	t.Helper()
 	c := e.client(t, "")
-	eventually(t, 15*time.Second, "readyz 200 again", func() bool {
+	idemtest.Eventually(t, 15*time.Second, "readyz 200 again", func() bool {
 		r, err := c.ReadyzWithResponse(bg)
 		return err == nil && r.StatusCode() == http.StatusOK
 	})

@@ -16,6 +16,7 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
@@ -88,20 +89,7 @@ func limitedTenants(t *testing.T, limits map[string]string) (*auth.Keyring, map[
 // labelled reads the value of a labelled metric (0 when absent).
 func (e *env) labelled(t *testing.T, name, labels string) float64 {
 	t.Helper()
-	resp, body := e.raw(t, http.MethodGet, "/metrics", "", nil)
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("/metrics: %d", resp.StatusCode)
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, name+"{"+labels+"} "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				t.Fatalf("metric %s: %q", name, v)
-			}
-			return f
-		}
-	}
-	return 0
+	return idemtest.Metric(t, e.url, name, labels)
 }
 
 // Each limit answers 429 with its problem and Retry-After, at begin only;
@@ -166,12 +154,12 @@ func TestE2ETenantLimits(t *testing.T) {
 						Response: &idem.StoredResponse{Body: &body, Headers: headers}})
 					done[i] = l.Key
 				}
-				eventually(t, 5*time.Second, "stored bytes counted", func() bool {
+				idemtest.Eventually(t, 5*time.Second, "stored bytes counted", func() bool {
 					return e.labelled(t, "idemsvc_stored_bytes", `tenant="`+names["bytes"]+`"`) == 2*(590+22)
 				})
 				var r *idem.BeginResponse
 				refused := unique("new")
-				eventually(t, 5*time.Second, "quota-exceeded", func() bool {
+				idemtest.Eventually(t, 5*time.Second, "quota-exceeded", func() bool {
 					r = c.begin(idem.BeginRequest{Key: refused})
 					if r.StatusCode() == http.StatusCreated { // not known over yet: let it go
 						c.mustFail(idem.FailRequest{Key: refused, LeaseToken: r.JSON201.LeaseToken})
@@ -207,7 +195,7 @@ func TestE2ETenantLimits(t *testing.T) {
 				l := c.acquire(idem.BeginRequest{Key: unique("k")})
 				c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, RetentionS: ptr[int64](1),
 					Response: &idem.StoredResponse{Body: ptr("12345")}})
-				eventually(t, 5*time.Second, "unlimited tenant's bytes counted", func() bool {
+				idemtest.Eventually(t, 5*time.Second, "unlimited tenant's bytes counted", func() bool {
 					return e.labelled(t, "idemsvc_stored_bytes", `tenant="`+names["free"]+`"`) >= 5
 				})
 			})
@@ -223,7 +211,7 @@ func TestE2ETenantLimits(t *testing.T) {
 					}
 					first <- r
 				}()
-				eventually(t, 5*time.Second, "one waiter", func() bool { return e.metricValue(t, "idemsvc_waiters") >= 1 })
+				idemtest.Eventually(t, 5*time.Second, "one waiter", func() bool { return e.metricValue(t, "idemsvc_waiters") >= 1 })
 				r := c.begin(idem.BeginRequest{Key: l.Key, WaitMs: ptr[int64](10_000)})
 				requireProblem(t, r.HTTPResponse, r.Body, http.StatusTooManyRequests, "rate-limited")
 				requireRetryAfter(t, r.HTTPResponse, 1, 60)

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 )
@@ -30,7 +32,7 @@ func startWaiters(t *testing.T, e *env, req idem.BeginRequest, n int) <-chan wai
 			out <- waited{r, err, time.Since(start)}
 		}()
 	}
-	eventually(t, 10*time.Second, "begins waiting", func() bool {
+	idemtest.Eventually(t, 10*time.Second, "begins waiting", func() bool {
 		return e.metricValue(t, "idemsvc_waiters") == float64(n)
 	})
 	return out

@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
@@ -38,7 +40,7 @@ func TestWaitersSurviveFailover(t *testing.T) {
 			if err := syscall.Kill(master.Pid(), syscall.SIGKILL); err != nil {
 				t.Fatal(err)
 			}
-			eventually(t, 30*time.Second, "the replica takes over", func() bool {
+			idemtest.Eventually(t, 30*time.Second, "the replica takes over", func() bool {
 				return cl.MasterOf(t, statemachine.RedisKey(handlers.DefaultTenant, keys[0])) != master
 			})
 		})
@@ -82,7 +84,7 @@ func waitAcrossFailover(t *testing.T, client redis.UniversalClient, keys []strin
 			}()
 		}
 	}
-	eventually(t, 30*time.Second, "begins waiting, their watches in force", func() bool {
+	idemtest.Eventually(t, 30*time.Second, "begins waiting, their watches in force", func() bool {
 		return e.metricValue(t, "idemsvc_waiters") == float64(len(keys)*failoverWaiters) &&
 			e.metricValue(t, "idemsvc_wait_polls_total") >= float64(len(keys))
 	})

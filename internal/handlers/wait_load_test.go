@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
@@ -83,7 +85,7 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 	// count reaches keys once most are in force (early keys may have made
 	// their first fallback read meanwhile), and a fallback interval later
 	// every watch has long been in force, and only fallback reads remain.
-	eventually(t, time.Minute, "every watch in force", func() bool {
+	idemtest.Eventually(t, time.Minute, "every watch in force", func() bool {
 		return e.metricValue(t, "idemsvc_wait_polls_total") >= keys
 	})
 	time.Sleep(handlers.DefaultWaitFallbackInterval)

@@ -79,6 +79,9 @@ func NewClusterWith(tb testing.TB, opts ClusterOptions) *Cluster {
 		tb.Fatalf("redistest: ClusterOptions.ReplicasPerMaster = %d, want 0 to %d", opts.ReplicasPerMaster, maxReplicasPerMaster)
 	}
 	c, err := newCluster(context.Background(), opts)
+	if errors.Is(err, errNeedsBinary) {
+		tb.Skip(err)
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -23,9 +23,10 @@
 // skipped silently.
 //
 // NewSentinel always starts local redis-server processes (the Sentinels
-// with --sentinel and a configuration file each). It fails with
-// instructions when the environment names external servers or when there
-// is no redis-server binary.
+// with --sentinel and a configuration file each), also when the
+// environment names external servers, and so do the secured topologies
+// (NewSecurity). Where only Docker is available, their tests are skipped,
+// saying that they need the redis-server binary.
 //
 // NewServer, NewCluster and NewSentinel start servers dedicated to one test
 // and stop them when the test ends. SharedServer and SharedCluster start one

@@ -2,6 +2,7 @@ package redistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"testing"
@@ -70,6 +71,9 @@ func SharedServer(tb testing.TB) *Server {
 func NewSecureServer(tb testing.TB, sec *Security) *Server {
 	tb.Helper()
 	b, err := backendFor(sec)
+	if errors.Is(err, errNeedsBinary) {
+		tb.Skip(err)
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}

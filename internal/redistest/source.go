@@ -49,6 +49,11 @@ func localBackend() (backend, error) {
 	return local.b, local.err
 }
 
+// errNeedsBinary is why a test that needs redis-server processes (Sentinel
+// setups, secured servers) is skipped where only Docker is available.
+var errNeedsBinary = errors.New("redistest: this test needs the redis-server binary on PATH " +
+	"(install it, e.g. `apt-get install redis-server`)")
+
 // backendFor is localBackend for servers that sec secures: redis-server
 // processes, since only they take the test's certificates.
 func backendFor(sec *Security) (backend, error) {
@@ -58,8 +63,7 @@ func backendFor(sec *Security) (backend, error) {
 	}
 	pb, ok := b.(processBackend)
 	if !ok {
-		return nil, errors.New("redistest: secured servers need the redis-server binary on PATH " +
-			"(install it, e.g. `apt-get install redis-server`): they are not run in containers")
+		return nil, fmt.Errorf("%w: secured servers are not run in containers", errNeedsBinary)
 	}
 	pb.sec = sec
 	return pb, nil

@@ -4,12 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 
 	"github.com/redis/go-redis/v9"
 
@@ -130,10 +131,8 @@ func newProbers(t *testing.T, newClient func() redis.UniversalClient) []prober {
 			return err
 		}})
 	}
-	svc := handlers.New(handlers.Config{Store: sm.NewRedisStore(newClient(), sm.RedisOptions{})})
-	srv := httptest.NewServer(svc)
-	t.Cleanup(srv.Close)
-	client, err := idem.NewClientWithResponses(srv.URL, idem.WithHTTPClient(srv.Client()))
+	srv := idemtest.Serve(t, handlers.Config{Store: sm.NewRedisStore(newClient(), sm.RedisOptions{})})
+	client, err := idem.NewClientWithResponses(srv.URL)
 	if err != nil {
 		t.Fatal(err)
 	}
