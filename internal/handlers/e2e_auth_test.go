@@ -17,7 +17,7 @@ import (
 // admin ops.
 func startWithTenants(t *testing.T, b backend) *env {
 	t.Helper()
-	return start(t, handlers.Config{Store: b.open(t), Keyring: tenantsKeyring(t)})
+	return start(t, handlers.Config{Store: b.Open(t), Keyring: tenantsKeyring(t)})
 }
 
 // API keys, tenants and what each may see and change.

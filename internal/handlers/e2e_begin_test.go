@@ -17,7 +17,7 @@ import (
 func TestE2EBegin(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
-		e := startOn(t, b.open(t))
+		e := startOn(t, b.Open(t))
 
 		t.Run("a new key is acquired", func(t *testing.T) {
 			t.Parallel()
@@ -300,7 +300,7 @@ func TestE2EBegin(t *testing.T) {
 func TestE2ELeaseExpiry(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
-		e := startOn(t, b.open(t))
+		e := startOn(t, b.Open(t))
 
 		t.Run("the next begin takes over with recovered", func(t *testing.T) {
 			t.Parallel()

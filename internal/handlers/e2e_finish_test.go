@@ -18,7 +18,7 @@ const wellFormedToken = "0123456789abcdef0123456789abcdef"
 func TestE2EComplete(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
-		e := startOn(t, b.open(t))
+		e := startOn(t, b.Open(t))
 
 		t.Run("stores the response", func(t *testing.T) {
 			t.Parallel()
@@ -180,7 +180,7 @@ func TestE2EComplete(t *testing.T) {
 func TestE2EFail(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
-		e := startOn(t, b.open(t))
+		e := startOn(t, b.Open(t))
 
 		t.Run("a terminal failure is stored", func(t *testing.T) {
 			t.Parallel()
@@ -288,7 +288,7 @@ func TestE2EFail(t *testing.T) {
 func TestE2EExtend(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
-		e := startOn(t, b.open(t))
+		e := startOn(t, b.Open(t))
 
 		t.Run("pushes lease_expires_at", func(t *testing.T) {
 			t.Parallel()
@@ -374,7 +374,7 @@ func TestE2EExtend(t *testing.T) {
 func TestE2EStatus(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
-		e := startOn(t, b.open(t))
+		e := startOn(t, b.Open(t))
 
 		t.Run("in progress", func(t *testing.T) {
 			t.Parallel()
@@ -481,7 +481,7 @@ func TestE2EStatus(t *testing.T) {
 func TestE2EDelete(t *testing.T) {
 	t.Parallel()
 	forEachBackend(t, func(t *testing.T, b backend) {
-		e := startOn(t, b.open(t))
+		e := startOn(t, b.Open(t))
 
 		t.Run("a completed key is forgotten", func(t *testing.T) {
 			t.Parallel()

@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -30,40 +29,19 @@ func TestMain(m *testing.M) { redistest.Main(m) }
 // problemBase prefixes every problem type the contract names.
 const problemBase = "https://idemsvc.dev/problems/"
 
-// backend makes stores over one backing store. Every call of open gives a
-// store with its own client, as separate idemsvc replicas would have; the
-// memory backend gives the same store to every call of one backends() list.
-type backend struct {
-	name string
-	open func(t testing.TB) statemachine.Store
-}
+// backend is a store the tests run against.
+type backend = idemtest.Backend
 
-func backends() []backend {
-	var once sync.Once
-	var memory *statemachine.MemoryStore
-	return []backend{
-		{"memory", func(testing.TB) statemachine.Store {
-			once.Do(func() { memory = statemachine.NewMemoryStore(statemachine.DefaultLimits()) })
-			return memory
-		}},
-		{"redis", func(t testing.TB) statemachine.Store {
-			return statemachine.NewRedisStore(redistest.SharedServer(t).Client(t), statemachine.RedisOptions{})
-		}},
-		{"cluster", func(t testing.TB) statemachine.Store {
-			return statemachine.NewRedisStore(redistest.SharedCluster(t).Client(t), statemachine.RedisOptions{})
-		}},
-	}
-}
-
-// forEachBackend runs test, in parallel, once per backend.
+// forEachBackend runs test on the memory store. The HTTP layer is the same
+// over every store, whose rules internal/statemachine tests on all three;
+// TestE2EEveryEndpointOnRedis runs each endpoint on Redis and a Cluster.
 func forEachBackend(t *testing.T, test func(t *testing.T, b backend)) {
 	t.Helper()
-	for _, b := range backends() {
-		t.Run(b.name, func(t *testing.T) {
-			t.Parallel()
-			test(t, b)
-		})
-	}
+	b := idemtest.Backends()[0]
+	t.Run(b.Name, func(t *testing.T) {
+		t.Parallel()
+		test(t, b)
+	})
 }
 
 // env is one idemsvc instance listening on a real port.
@@ -77,7 +55,9 @@ type env struct {
 func start(t testing.TB, cfg handlers.Config) *env {
 	t.Helper()
 	s := idemtest.Serve(t, cfg)
-	return &env{url: s.URL, svc: s.Service, http: http.DefaultClient}
+	transport := http.DefaultTransport.(*http.Transport).Clone() // the test's own, to tune
+	t.Cleanup(transport.CloseIdleConnections)
+	return &env{url: s.URL, svc: s.Service, http: &http.Client{Transport: transport}}
 }
 
 // startOn serves a store without authentication: every call acts as the

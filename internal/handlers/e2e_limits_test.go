@@ -268,7 +268,7 @@ func TestE2EBadInput(t *testing.T) {
 	}
 
 	forEachBackend(t, func(t *testing.T, b backend) {
-		e := startOn(t, b.open(t))
+		e := startOn(t, b.Open(t))
 		for _, r := range rows {
 			t.Run(r.name, func(t *testing.T) {
 				t.Parallel()
@@ -299,7 +299,7 @@ func TestE2ELimitsInclusive(t *testing.T) {
 	t.Parallel()
 	const mib = 1 << 20
 	forEachBackend(t, func(t *testing.T, b backend) {
-		e := startOn(t, b.open(t))
+		e := startOn(t, b.Open(t))
 		for _, r := range []struct {
 			name string
 			req  idem.BeginRequest

@@ -25,7 +25,7 @@ func TestE2ETracing(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		recorder := tracetest.NewSpanRecorder()
 		provider := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(recorder))
-		e := start(t, handlers.Config{Store: b.open(t), Keyring: tenantsKeyring(t), Tracer: provider})
+		e := start(t, handlers.Config{Store: b.Open(t), Keyring: tenantsKeyring(t), Tracer: provider})
 
 		const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
 		key, owner, fingerprint, body := unique("secret-key"), "owner-secret", "fp-secret", "body-secret"

@@ -60,7 +60,7 @@ func TestE2EWait(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, b backend) {
 		t.Run("waiters get the completed response", func(t *testing.T) {
 			t.Parallel()
-			e := startOn(t, b.open(t))
+			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
 			key := unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("holder")})
@@ -80,7 +80,7 @@ func TestE2EWait(t *testing.T) {
 
 		t.Run("after a retryable failure one waiter acquires, the others get its response", func(t *testing.T) {
 			t.Parallel()
-			e := startOn(t, b.open(t))
+			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
 			key := unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
@@ -104,7 +104,7 @@ func TestE2EWait(t *testing.T) {
 
 		t.Run("a waiter gets a terminal failure", func(t *testing.T) {
 			t.Parallel()
-			e := startOn(t, b.open(t))
+			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
 			key := unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
@@ -119,7 +119,7 @@ func TestE2EWait(t *testing.T) {
 
 		t.Run("a waiter takes over a lease that runs out", func(t *testing.T) {
 			t.Parallel()
-			e := startOn(t, b.open(t))
+			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
 			key := unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](300)})
@@ -134,7 +134,7 @@ func TestE2EWait(t *testing.T) {
 
 		t.Run("a waiter whose wait ends gets 409", func(t *testing.T) {
 			t.Parallel()
-			e := startOn(t, b.open(t))
+			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
 			key := unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](30000)})
@@ -160,8 +160,8 @@ func TestE2EWait(t *testing.T) {
 			t.Parallel()
 			// The fallback read comes after a minute: an answer sooner came
 			// by the push. Each replica has a store of its own.
-			a := start(t, handlers.Config{Store: b.open(t), WaitFallbackInterval: time.Minute})
-			other := startOn(t, b.open(t)).as(t, "")
+			a := start(t, handlers.Config{Store: b.Open(t), WaitFallbackInterval: time.Minute})
+			other := startOn(t, b.Open(t)).as(t, "")
 			key := unique("order")
 			l := other.acquire(idem.BeginRequest{Key: key})
 			answers := startWaiters(t, a, idem.BeginRequest{Key: key, WaitMs: ptr[int64](30000)}, 3)
@@ -186,7 +186,7 @@ func TestE2EWait(t *testing.T) {
 
 		t.Run("deleting the key wakes its waiters, who acquire it", func(t *testing.T) {
 			t.Parallel()
-			e := start(t, handlers.Config{Store: b.open(t), WaitFallbackInterval: time.Minute})
+			e := start(t, handlers.Config{Store: b.Open(t), WaitFallbackInterval: time.Minute})
 			c := e.as(t, "")
 			key := unique("order")
 			c.acquire(idem.BeginRequest{Key: key})
@@ -206,7 +206,7 @@ func TestE2EWait(t *testing.T) {
 
 		t.Run("StopWaiting answers the waiters now", func(t *testing.T) {
 			t.Parallel()
-			e := startOn(t, b.open(t))
+			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
 			key := unique("order")
 			c.acquire(idem.BeginRequest{Key: key})

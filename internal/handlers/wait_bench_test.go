@@ -11,6 +11,7 @@ import (
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -20,9 +21,9 @@ import (
 // after the other per run (run it with -benchtime 1x). It reports the
 // median and the 99th percentile in ms.
 func BenchmarkWaiterLatency(b *testing.B) {
-	for _, be := range backends() {
-		b.Run(be.name, func(b *testing.B) {
-			e := start(b, handlers.Config{Store: be.open(b), MaxWait: time.Minute})
+	for _, be := range idemtest.Backends() {
+		b.Run(be.Name, func(b *testing.B) {
+			e := start(b, handlers.Config{Store: be.Open(b), MaxWait: time.Minute})
 			for b.Loop() {
 				l := waiterLatencies(b, e, 200)
 				b.ReportMetric(float64(l[len(l)/2])/1e6, "p50-ms")

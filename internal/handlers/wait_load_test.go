@@ -169,9 +169,9 @@ func commandsProcessed(t testing.TB, rdb *redis.Client) int64 {
 // runs with the race detector on machines shared with other tests.
 // BenchmarkWaiterLatency measures it precisely.
 func TestWaiterLatency(t *testing.T) {
-	for _, b := range backends() {
-		t.Run(b.name, func(t *testing.T) {
-			e := start(t, handlers.Config{Store: b.open(t), WaitFallbackInterval: time.Minute})
+	for _, b := range idemtest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := start(t, handlers.Config{Store: b.Open(t), WaitFallbackInterval: time.Minute})
 			latencies := waiterLatencies(t, e, 100)
 			// The 99th of 100 samples, the 100th being the slowest.
 			median, p99 := latencies[len(latencies)/2], latencies[len(latencies)*99/100-1]

@@ -1,6 +1,6 @@
 // Package idemtest is the kit that idemsvc's tests share: idemsvc served
-// in process on a real loopback port, tenants files, polling, and reading
-// a metric. It is for tests only.
+// in process on a real loopback port, the stores to run against, tenants
+// files, polling, and reading a metric. It is for tests only.
 package idemtest
 
 import (
@@ -12,11 +12,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -135,4 +137,34 @@ func Metric(tb testing.TB, baseURL, name, labels string) float64 {
 		}
 	}
 	return 0
+}
+
+// Backend is one kind of store the tests run against.
+type Backend struct {
+	Name string
+	// Open returns a store over the backend. Every call gives a store
+	// with a client of its own, as separate idemsvc replicas have; the
+	// memory backend gives the same store to every call of one Backends
+	// list, as its replicas would share one.
+	Open func(tb testing.TB) statemachine.Store
+}
+
+// Backends are the memory store, one Redis node and a Redis Cluster (the
+// test binary's shared ones: tests use unique keys, and the package's
+// TestMain calls redistest.Main).
+func Backends() []Backend {
+	var once sync.Once
+	var memory *statemachine.MemoryStore
+	return []Backend{
+		{"memory", func(testing.TB) statemachine.Store {
+			once.Do(func() { memory = statemachine.NewMemoryStore(statemachine.DefaultLimits()) })
+			return memory
+		}},
+		{"redis", func(tb testing.TB) statemachine.Store {
+			return statemachine.NewRedisStore(redistest.SharedServer(tb).Client(tb), statemachine.RedisOptions{})
+		}},
+		{"cluster", func(tb testing.TB) statemachine.Store {
+			return statemachine.NewRedisStore(redistest.SharedCluster(tb).Client(tb), statemachine.RedisOptions{})
+		}},
+	}
 }

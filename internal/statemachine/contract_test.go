@@ -6,9 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
+
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
@@ -16,38 +17,13 @@ import (
 
 func TestMain(m *testing.M) { redistest.Main(m) }
 
-// backend makes stores over one shared backend; each call to open gives a
-// store with its own client, as separate idemsvc replicas would have.
-type backend struct {
-	name string
-	open func(t *testing.T) sm.Store
-}
-
-func backends() []backend {
-	return []backend{
-		{"memory", func() func(t *testing.T) sm.Store {
-			var once sync.Once
-			var store *sm.MemoryStore
-			return func(t *testing.T) sm.Store {
-				once.Do(func() { store = sm.NewMemoryStore(sm.Limits{}) })
-				return store
-			}
-		}()},
-		{"redis", func(t *testing.T) sm.Store {
-			return sm.NewRedisStore(redistest.SharedServer(t).Client(t), sm.RedisOptions{})
-		}},
-		{"cluster", func(t *testing.T) sm.Store {
-			return sm.NewRedisStore(redistest.SharedCluster(t).Client(t), sm.RedisOptions{})
-		}},
-	}
-}
-
-// forEachBackend runs test against every store implementation.
+// forEachBackend runs test, in parallel, against every store
+// implementation.
 func forEachBackend(t *testing.T, test func(t *testing.T, open func(t *testing.T) sm.Store)) {
-	for _, b := range backends() {
-		t.Run(b.name, func(t *testing.T) {
+	for _, b := range idemtest.Backends() {
+		t.Run(b.Name, func(t *testing.T) {
 			t.Parallel()
-			test(t, b.open)
+			test(t, func(t *testing.T) sm.Store { return b.Open(t) })
 		})
 	}
 }
