@@ -210,20 +210,23 @@ var (
 	ErrQuotaExceeded = errors.New("idem: quota exceeded")
 )
 
-var kinds = map[string]error{
-	"invalid-request":        ErrInvalid,
-	"unauthorized":           ErrUnauthorized,
-	"forbidden":              ErrForbidden,
-	"not-found":              ErrNotFound,
-	"too-large":              ErrTooLarge,
-	"in-progress":            ErrInProgress,
-	"lease-lost":             ErrLeaseLost,
-	"fingerprint-mismatch":   ErrFingerprintMismatch,
-	"store-unavailable":      ErrUnavailable,
-	"rate-limited":           ErrRateLimited,
-	"quota-exceeded":         ErrQuotaExceeded,
-	"method-not-allowed":     ErrInvalid,
-	"unsupported-media-type": ErrInvalid,
+var kinds = map[string]struct {
+	err   error
+	title string // as idemsvc titles the kind
+}{
+	"invalid-request":        {ErrInvalid, "Invalid request"},
+	"unauthorized":           {ErrUnauthorized, "Unauthorized"},
+	"forbidden":              {ErrForbidden, "Forbidden"},
+	"not-found":              {ErrNotFound, "Not found"},
+	"too-large":              {ErrTooLarge, "Too large"},
+	"in-progress":            {ErrInProgress, "In progress"},
+	"lease-lost":             {ErrLeaseLost, "Lease lost"},
+	"fingerprint-mismatch":   {ErrFingerprintMismatch, "Fingerprint mismatch"},
+	"store-unavailable":      {ErrUnavailable, "Store unavailable"},
+	"rate-limited":           {ErrRateLimited, "Rate limited"},
+	"quota-exceeded":         {ErrQuotaExceeded, "Quota exceeded"},
+	"method-not-allowed":     {ErrInvalid, "Method not allowed"},
+	"unsupported-media-type": {ErrInvalid, "Unsupported media type"},
 }
 
 // Error is a problem idemsvc answered.
@@ -234,7 +237,7 @@ type Error struct {
 }
 
 func (e *Error) Error() string {
-	return fmt.Sprintf("idem: %d %s: %s", e.StatusCode, e.Problem.Title, e.Problem.Detail)
+	return fmt.Sprintf("%d %s: %s", e.StatusCode, e.Problem.Title, e.Problem.Detail)
 }
 
 // Kind is the problem's kind: the last path segment of its type URI.
@@ -251,7 +254,7 @@ func (e *Error) Kind() string {
 // Is makes errors.Is(err, ErrInProgress) and the like hold.
 func (e *Error) Is(target error) bool {
 	if k, ok := kinds[e.Kind()]; ok {
-		return k == target
+		return k.err == target
 	}
 	return e.StatusCode == http.StatusServiceUnavailable && target == ErrUnavailable
 }
@@ -268,9 +271,9 @@ func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do 
 		var wait time.Duration
 		switch {
 		case err != nil && ctx.Err() != nil:
-			return fmt.Errorf("idem: %s: %w", op, ctx.Err())
+			return &opError{op, ctx.Err()}
 		case err != nil:
-			err = fmt.Errorf("idem: %s: %w: %w", op, ErrUnavailable, err)
+			err = &opError{op, &unreachableError{err}}
 		case resp.StatusCode < 300:
 			return nil
 		default:
@@ -279,7 +282,7 @@ func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do 
 				e.RetryAfter = time.Duration(s) * time.Second
 				wait = e.RetryAfter
 			}
-			err = fmt.Errorf("idem: %s: %w", op, e)
+			err = &opError{op, e}
 			if e.StatusCode != http.StatusServiceUnavailable && e.StatusCode != http.StatusTooManyRequests {
 				return err
 			}
@@ -291,10 +294,36 @@ func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do 
 			return err
 		}
 		if err := sleep(ctx, wait); err != nil {
-			return fmt.Errorf("idem: %s: %w", op, err)
+			return &opError{op, err}
 		}
 	}
 }
+
+// opError is a call that failed: "idem: begin: 409 In progress: ...".
+type opError struct {
+	op  string // "begin", or "do \"key\": begin" where Do made the call
+	err error
+}
+
+func (e *opError) Error() string { return "idem: " + e.op + ": " + e.err.Error() }
+func (e *opError) Unwrap() error { return e.err }
+
+// within names the Do of key as where a call's err happened, once
+// prefixed: "idem: do \"k\": begin: ...".
+func within(key string, err error) error {
+	var oe *opError
+	if errors.As(err, &oe) && oe == err {
+		return &opError{fmt.Sprintf("do %q: %s", key, oe.op), oe.err}
+	}
+	return &opError{fmt.Sprintf("do %q", key), err}
+}
+
+// unreachableError is a call that got no answer from idemsvc.
+type unreachableError struct{ err error }
+
+func (e *unreachableError) Error() string        { return "unavailable: " + e.err.Error() }
+func (e *unreachableError) Unwrap() error        { return e.err }
+func (e *unreachableError) Is(target error) bool { return target == ErrUnavailable }
 
 // problemOf is the problem detail an error answer carries: every error
 // idemsvc answers is application/problem+json. Anything else (a proxy's

@@ -73,12 +73,12 @@ func (c *Client) Do(ctx context.Context, key string, opts DoOptions, fn func(ctx
 		res, err := c.Begin(ctx, begin)
 		if errors.Is(err, ErrInProgress) {
 			if serr := sleep(ctx, c.backoff(attempt)); serr != nil {
-				return Result{}, fmt.Errorf("idem: do %q: %w: %w", key, serr, err)
+				return Result{}, within(key, errors.Join(serr, err))
 			}
 			continue
 		}
 		if err != nil {
-			return Result{}, fmt.Errorf("idem: do %q: %w", key, err)
+			return Result{}, within(key, err)
 		}
 		switch {
 		case res.Replay != nil:
@@ -143,10 +143,10 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 			// terminal failure keeps duplicates from running it again.
 			out.Failed, out.Error = true, "the response could not be stored: "+cerr.Error()
 			_, ferr := c.Fail(finishCtx, key, token, FailParams{Terminal: true, Error: out.Error})
-			return out, errors.Join(fmt.Errorf("idem: do %q: %w", key, cerr), ferr)
+			return out, errors.Join(within(key, cerr), ferr)
 		}
 		if cerr != nil {
-			return out, fmt.Errorf("idem: do %q: %w", key, cerr)
+			return out, within(key, cerr)
 		}
 		return out, nil
 	}
@@ -197,7 +197,10 @@ func (c *Client) heartbeat(ctx context.Context, lost context.CancelCauseFunc, ke
 				expires = sent.Add(lease)
 			case ctx.Err() != nil:
 				return // stopped, or the caller's context ended
-			case errors.Is(err, ErrLeaseLost), errors.Is(err, ErrNotFound):
+			case errors.Is(err, ErrLeaseLost):
+				lost(err)
+				return
+			case errors.Is(err, ErrNotFound): // the record is gone, and the lease with it
 				lost(fmt.Errorf("%w: %w", ErrLeaseLost, err))
 				return
 			case !time.Now().Before(expires):

@@ -274,7 +274,7 @@ func writeProblem(w http.ResponseWriter, status int, kind, detail string, retryA
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(Problem{Type: "https://idemsvc.dev/problems/" + kind,
-		Title: http.StatusText(status), Status: status, Detail: detail})
+		Title: kinds[kind].title, Status: status, Detail: detail})
 }
 
 // recorder captures a handler's response.

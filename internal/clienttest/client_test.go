@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -405,5 +406,27 @@ func TestAPIKeyAndTenant(t *testing.T) {
 	paymentsForOps := newClient(t, svc.URL, idem.WithAPIKey("payments-secret"), idem.WithTenant("ops"))
 	if _, err := paymentsForOps.Status(ctx, "order-9", false); !errors.Is(err, idem.ErrForbidden) {
 		t.Errorf("Status for another tenant by a tenant key = %v, want ErrForbidden", err)
+	}
+}
+
+// An error says "idem:" once, however many layers it went through, and
+// still matches its kind.
+func TestErrorsArePrefixedOnce(t *testing.T) {
+	t.Parallel()
+	down := newClient(t, "http://127.0.0.1:1", idem.WithRetryBudget(0))
+	_, err := down.Do(testContext(t), "order-1", idem.DoOptions{}, func(context.Context) (idem.Response, error) {
+		t.Error("fn ran without idemsvc")
+		return idem.Response{}, nil
+	})
+	if !errors.Is(err, idem.ErrUnavailable) || strings.Count(err.Error(), "idem:") != 1 ||
+		!strings.HasPrefix(err.Error(), `idem: do "order-1": begin: unavailable: `) {
+		t.Errorf("Do without idemsvc: %v", err)
+	}
+
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	_, err = c.Complete(testContext(t), "nothing-here", "0123456789abcdef0123456789abcdef", idem.Response{}, 0)
+	if !errors.Is(err, idem.ErrLeaseLost) && !errors.Is(err, idem.ErrNotFound) || strings.Count(err.Error(), "idem:") != 1 {
+		t.Errorf("complete of a key never begun: %v", err)
 	}
 }

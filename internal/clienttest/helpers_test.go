@@ -185,3 +185,5 @@ func constant(runs *atomic.Int32, resp idem.Response) func(context.Context) (ide
 		return resp, nil
 	}
 }
+
+func ptr[T any](v T) *T { return &v }

@@ -508,3 +508,40 @@ func TestMiddlewareFailsClosedFast(t *testing.T) {
 		t.Errorf("the 503 took %v", took)
 	}
 }
+
+// The middleware's own problems carry idemsvc's titles for the same kinds.
+func TestMiddlewareProblemTitlesAreIdemsvcs(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	title := func(body []byte) string {
+		var p idem.Problem
+		_ = json.Unmarshal(body, &p)
+		return p.Title
+	}
+	// idemsvc's own: a fingerprint mismatch and an invalid request.
+	api := c.API()
+	ctx := testContext(t)
+	if _, err := api.BeginWithResponse(ctx, idem.BeginRequest{Key: "titles", Fingerprint: ptr("a")}); err != nil {
+		t.Fatal(err)
+	}
+	mismatch, err := api.BeginWithResponse(ctx, idem.BeginRequest{Key: "titles", Fingerprint: ptr("b")})
+	if err != nil || mismatch.StatusCode() != http.StatusUnprocessableEntity {
+		t.Fatalf("fingerprint mismatch: %v %v", mismatch, err)
+	}
+	invalid, err := api.BeginWithResponse(ctx, idem.BeginRequest{Key: ""})
+	if err != nil || invalid.StatusCode() != http.StatusBadRequest {
+		t.Fatalf("invalid request: %v %v", invalid, err)
+	}
+
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte("ok"))
+	})
+	send(t, http.MethodPost, url+"/orders", "order-1", []byte(`{"qty":1}`))
+	if a := send(t, http.MethodPost, url+"/orders", "order-1", []byte(`{"qty":2}`)); title(a.body) != title(mismatch.Body) {
+		t.Errorf("the middleware's 422 title %q, idemsvc's %q", title(a.body), title(mismatch.Body))
+	}
+	if a := send(t, http.MethodPost, url+"/orders", "", []byte(`{}`)); title(a.body) != title(invalid.Body) {
+		t.Errorf("the middleware's 400 title %q, idemsvc's %q", title(a.body), title(invalid.Body))
+	}
+}

@@ -3,7 +3,6 @@ package handlers
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"strconv"
 	"time"
@@ -22,7 +21,7 @@ func (s *Service) admitBegin(ctx context.Context, tenant string) (auth.Limits, b
 	}
 	overBudget, err := s.limiter.Begin(ctx, tenant, lim)
 	if err != nil {
-		return lim, false, fmt.Errorf("begin: %w", err)
+		return lim, false, err
 	}
 	return lim, overBudget, nil
 }
@@ -33,7 +32,7 @@ func (s *Service) beginError(tenant string, lim auth.Limits, err error) error {
 	if errors.Is(err, statemachine.ErrAcquireRefused) && s.limiter != nil {
 		err = s.limiter.Refused(tenant, lim)
 	}
-	return fmt.Errorf("begin: %w", err)
+	return err
 }
 
 // waitLimited waits for attempt of key to be over, as waiters.wait does,
@@ -44,7 +43,7 @@ func (s *Service) waitLimited(ctx context.Context, tenant string, lim auth.Limit
 	}
 	done, err := s.limiter.Wait(ctx, tenant, lim, d)
 	if err != nil {
-		return false, fmt.Errorf("begin: %w", err)
+		return false, err
 	}
 	defer done()
 	return s.waiters.wait(ctx, tenant, key, attempt, leaseEnd, d), nil

@@ -91,7 +91,7 @@ func (s *Service) ListKeys(ctx context.Context, req api.ListKeysRequestObject) (
 	}
 	page, err := s.store.List(ctx, t, lr)
 	if err != nil {
-		return nil, fmt.Errorf("list: %w", err)
+		return nil, err
 	}
 	setOutcome(ctx, t, "listed")
 	out := api.ListKeys200JSONResponse{Items: make([]api.StatusRecord, 0, len(page.Records)), NextCursor: optional(page.NextCursor)}
@@ -211,7 +211,7 @@ func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (
 		Retention: retention,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("complete: %w", err)
+		return nil, err
 	}
 	s.stored(t, &resp, rec.ExpiresAt)
 	setOutcome(ctx, t, "completed")
@@ -238,7 +238,7 @@ func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.Fail
 		Response:  resp,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("fail: %w", err)
+		return nil, err
 	}
 	if retryable {
 		setOutcome(ctx, t, "released")
@@ -279,7 +279,7 @@ func (s *Service) Extend(ctx context.Context, req api.ExtendRequestObject) (api.
 	}
 	lease, err := s.store.Extend(ctx, t, statemachine.ExtendRequest{Key: b.Key, Token: b.LeaseToken, Lease: d})
 	if err != nil {
-		return nil, fmt.Errorf("extend: %w", err)
+		return nil, err
 	}
 	setOutcome(ctx, t, "extended")
 	return api.Extend200JSONResponse{
@@ -300,7 +300,7 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 	withResponse := deref(p.IncludeResponse)
 	rec, err := s.store.Status(ctx, t, p.Key, withResponse)
 	if err != nil {
-		return nil, fmt.Errorf("status: %w", err)
+		return nil, err
 	}
 	setOutcome(ctx, t, "found")
 	out := api.StatusResponse(statusRecord(t, rec))
@@ -321,7 +321,7 @@ func (s *Service) DeleteKey(ctx context.Context, req api.DeleteKeyRequestObject)
 		return nil, err
 	}
 	if err := s.store.Delete(ctx, t, req.Params.Key); err != nil {
-		return nil, fmt.Errorf("delete: %w", err)
+		return nil, err
 	}
 	setOutcome(ctx, t, "deleted")
 	return api.DeleteKey204Response{}, nil
