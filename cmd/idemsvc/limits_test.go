@@ -4,13 +4,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	"github.com/idemsvc/idemsvc/internal/redistest"
 )
 
@@ -25,12 +24,8 @@ func TestTenantLimitsWired(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			tenant := fmt.Sprintf("limited-%d", time.Now().UnixNano())
-			tenants := filepath.Join(t.TempDir(), "tenants.yaml")
-			file := fmt.Sprintf("defaults:\n  limits: {begins_per_s: 1, burst: 2}\ntenants:\n  - name: %s\n    api_key_sha256: [%q]\n",
-				tenant, auth.Digest("s3cret-key"))
-			if err := os.WriteFile(tenants, []byte(file), 0o600); err != nil {
-				t.Fatal(err)
-			}
+			tenants := idemtest.WriteTenantsFile(t, idemtest.TenantsYAMLWithDefaults("{begins_per_s: 1, burst: 2}",
+				idemtest.Tenant{Name: tenant, Key: "s3cret-key"}))
 			in := start(t, []string{"--tenants-file", tenants}, env(t))
 			codes := make([]int, 3)
 			for i := range codes {

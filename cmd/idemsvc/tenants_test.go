@@ -12,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
 )
 
@@ -28,12 +27,9 @@ func writeFileAtomically(t *testing.T, path, content string) {
 	}
 }
 
+// tenantsFile is the tenants file of tenant payments with keys.
 func tenantsFile(keys ...string) string {
-	digests := make([]string, len(keys))
-	for i, k := range keys {
-		digests[i] = fmt.Sprintf("%q", auth.Digest(k))
-	}
-	return "tenants:\n  - name: payments\n    api_key_sha256: [" + strings.Join(digests, ", ") + "]\n"
+	return idemtest.TenantsYAML(idemtest.Tenant{Name: "payments", Key: keys[0], MoreKeys: keys[1:]})
 }
 
 // waitFor polls cond for up to 10 s (the contract's bound is 5 s; the rest

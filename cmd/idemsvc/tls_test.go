@@ -7,11 +7,11 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/redistest"
@@ -163,10 +163,7 @@ func TestPlainHTTPWarns(t *testing.T) {
 // of them it is refused and answers 503.
 func TestRedisTLS(t *testing.T) {
 	sec := redistest.NewSecurity(t)
-	tenants := filepath.Join(t.TempDir(), "tenants.yaml")
-	if err := os.WriteFile(tenants, []byte(tenantsFile("tls-key")), 0o600); err != nil {
-		t.Fatal(err)
-	}
+	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "payments", Key: "tls-key"})
 	settings := map[string]string{
 		"IDEMSVC_REDIS_TLS_CA_FILE":   sec.CAFile,
 		"IDEMSVC_REDIS_TLS_CERT_FILE": sec.ClientCertFile,

@@ -11,7 +11,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/redistest"
@@ -37,14 +38,11 @@ func BenchmarkServeBeginLimits(b *testing.B) {
 		{"redis/limits-per-call", true, true, 1},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			file := `{"tenants":[{"name":"bench","api_key_sha256":["` + auth.Digest("bench-key") + `"]`
+			tenant := idemtest.Tenant{Name: "bench", Key: "bench-key"}
 			if bc.limited {
-				file += `,"limits":` + limits
+				tenant.Limits = limits
 			}
-			keyring, err := auth.Parse([]byte(file + `}]}`))
-			if err != nil {
-				b.Fatal(err)
-			}
+			keyring := idemtest.Keyring(b, tenant)
 			var store statemachine.Store = statemachine.NewMemoryStore(statemachine.DefaultLimits())
 			limiter := quota.NewMemory(quota.Options{})
 			if bc.redis {

@@ -14,11 +14,12 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
@@ -28,10 +29,7 @@ import (
 // logs (to io.Discard, to count their formatting but not a terminal's
 // speed) and metrics.
 func benchService(b *testing.B, store statemachine.Store, tracer ...trace.TracerProvider) *handlers.Service {
-	keyring, err := auth.Parse([]byte(`{"tenants":[{"name":"bench","api_key_sha256":["` + auth.Digest("bench-key") + `"]}]}`))
-	if err != nil {
-		b.Fatal(err)
-	}
+	keyring := idemtest.Keyring(b, idemtest.Tenant{Name: "bench", Key: "bench-key"})
 	cfg := handlers.Config{
 		Store:   store,
 		Keyring: keyring,

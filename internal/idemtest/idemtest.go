@@ -26,6 +26,8 @@ import (
 type Tenant struct {
 	Name string
 	Key  string // the API key; the file holds its SHA-256 digest
+	// MoreKeys are further keys of the tenant, as while one is rotated.
+	MoreKeys []string
 	// Admin keys may act for any tenant.
 	Admin bool
 	// Limits is a YAML flow mapping, e.g. "{begins_per_s: 1, burst: 1}";
@@ -35,10 +37,23 @@ type Tenant struct {
 
 // TenantsYAML is the tenants file that lists tenants.
 func TenantsYAML(tenants ...Tenant) string {
+	return TenantsYAMLWithDefaults("", tenants...)
+}
+
+// TenantsYAMLWithDefaults is the tenants file that lists tenants, with
+// defaultLimits (a YAML flow mapping) for those without their own.
+func TenantsYAMLWithDefaults(defaultLimits string, tenants ...Tenant) string {
 	var b strings.Builder
+	if defaultLimits != "" {
+		fmt.Fprintf(&b, "defaults:\n  limits: %s\n", defaultLimits)
+	}
 	b.WriteString("tenants:\n")
 	for _, t := range tenants {
-		fmt.Fprintf(&b, "  - name: %s\n    api_key_sha256: [%q]\n", t.Name, auth.Digest(t.Key))
+		digests := []string{strconv.Quote(auth.Digest(t.Key))}
+		for _, k := range t.MoreKeys {
+			digests = append(digests, strconv.Quote(auth.Digest(k)))
+		}
+		fmt.Fprintf(&b, "  - name: %s\n    api_key_sha256: [%s]\n", t.Name, strings.Join(digests, ", "))
 		if t.Admin {
 			b.WriteString("    admin: true\n")
 		}
@@ -63,8 +78,15 @@ func Keyring(tb testing.TB, tenants ...Tenant) *auth.Keyring {
 // directory of tb and returns its path.
 func TenantsFile(tb testing.TB, tenants ...Tenant) string {
 	tb.Helper()
+	return WriteTenantsFile(tb, TenantsYAML(tenants...))
+}
+
+// WriteTenantsFile writes a tenants file of the given text into a
+// temporary directory of tb and returns its path.
+func WriteTenantsFile(tb testing.TB, text string) string {
+	tb.Helper()
 	path := filepath.Join(tb.TempDir(), "tenants.yaml")
-	if err := os.WriteFile(path, []byte(TenantsYAML(tenants...)), 0o600); err != nil {
+	if err := os.WriteFile(path, []byte(text), 0o600); err != nil {
 		tb.Fatalf("idemtest: %v", err)
 	}
 	return path
