@@ -22,16 +22,17 @@ import (
 // metric. Masters without persistence are warned about by name.
 func TestEvictingRedis(t *testing.T) {
 	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "payments", Key: "s3cret-key"})
-	// Each backend sets an evicting policy on one master and returns the
-	// variables that point idemsvc at it, and that master's address.
+	// Each backend sets an evicting policy on one master of servers of the
+	// test's own and returns the variables that point idemsvc at it, and
+	// that master's address.
 	backends := map[string]func(t *testing.T) ([]string, string){
 		"standalone": func(t *testing.T) ([]string, string) {
-			srv := redistest.NewServer(t)
+			srv := redistest.NewPrivateServer(t)
 			setPolicy(t, srv.Client(t), "allkeys-lru")
 			return []string{"IDEMSVC_REDIS_URL=redis://" + srv.Addr()}, srv.Addr()
 		},
 		"cluster": func(t *testing.T) ([]string, string) {
-			c := redistest.NewCluster(t)
+			c := redistest.NewClusterWith(t, redistest.ClusterOptions{Private: true})
 			master := c.Nodes()[1]
 			setPolicy(t, master.Client(t), "volatile-lru")
 			return []string{"IDEMSVC_REDIS_CLUSTER_ADDRS=" + strings.Join(c.Addrs(), ",")}, master.Addr()
@@ -96,7 +97,7 @@ func get(t *testing.T, url string) string {
 // at once, naming the check and the node, and the periodic check logs it.
 func TestReadyzNamesFailedChecks(t *testing.T) {
 	setCheckIntervals(t, 50*time.Millisecond, time.Second)
-	srv := redistest.NewServer(t)
+	srv := redistest.NewPrivateServer(t)
 	in := start(t, []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=redis://" + srv.Addr()})
 	if code, body := readyz(t, in.url); code != http.StatusOK {
 		t.Fatalf("readyz = %d %s", code, body)
@@ -119,7 +120,7 @@ func TestReadyzNamesFailedChecks(t *testing.T) {
 // /readyz answers within 500 ms when Redis hangs or is gone, not after the
 // store's 1 s timeout: a probe's own timeout is often 1 s.
 func TestReadyzAnswersFastWhenRedisIsDown(t *testing.T) {
-	srv := redistest.NewServer(t)
+	srv := redistest.NewPrivateServer(t)
 	in := start(t, []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=redis://" + srv.Addr()})
 	if code, body := readyz(t, in.url); code != http.StatusOK {
 		t.Fatalf("readyz = %d %s", code, body)
@@ -161,7 +162,7 @@ func readyz(t *testing.T, url string) (int, string) {
 // next 30 s check.
 func TestRedisCheckedOnceReachable(t *testing.T) {
 	setCheckIntervals(t, time.Hour, 50*time.Millisecond)
-	srv := redistest.NewServer(t)
+	srv := redistest.NewPrivateServer(t)
 	if srv.Pid() == 0 {
 		t.Skip("the Redis server is not a local process")
 	}

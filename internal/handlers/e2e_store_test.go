@@ -20,7 +20,7 @@ import (
 // short store timeout.
 func startOnOwnRedis(t *testing.T) (*env, *redistest.Server) {
 	t.Helper()
-	srv := redistest.NewServer(t)
+	srv := redistest.NewPrivateServer(t) // stopped and started again
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
 	store := statemachine.NewRedisStore(rdb, statemachine.RedisOptions{Timeout: 300 * time.Millisecond})

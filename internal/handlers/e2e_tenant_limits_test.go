@@ -309,14 +309,14 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 	}{
 		{"memory", nil},
 		{"redis", func(t *testing.T) (redis.UniversalClient, int64) {
-			srv := redistest.NewServer(t)
+			srv := redistest.NewPrivateServer(t) // its maxmemory changes
 			rdb := srv.Client(t)
 			const maxmemory = 10 << 20
 			setMaxmemory(t, rdb, maxmemory)
 			return rdb, maxmemory
 		}},
 		{"cluster", func(t *testing.T) (redis.UniversalClient, int64) {
-			c := redistest.NewCluster(t)
+			c := redistest.NewClusterWith(t, redistest.ClusterOptions{Private: true}) // its maxmemory changes
 			const perMaster = 6 << 20
 			masters := 0
 			for _, n := range c.Nodes() {
@@ -421,7 +421,7 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 func TestE2EFloodWithoutLimitsFillsRedis(t *testing.T) {
 	f := flood{rate: 20, body: 64 << 10}
 	keyring, _, keys := limitedTenants(t, map[string]string{"flood": "", "victim": ""})
-	rdb := redistest.NewServer(t).Client(t)
+	rdb := redistest.NewPrivateServer(t).Client(t) // it is filled
 	const maxmemory = 10 << 20
 	setMaxmemory(t, rdb, maxmemory)
 	f.bytes = maxmemory * 3 / 2

@@ -40,7 +40,7 @@ func BenchmarkWaiterLatency(b *testing.B) {
 // Redis dedicated to it (run it with -benchtime 1x).
 func BenchmarkIdleWaiters(b *testing.B) {
 	b.Run("redis", func(b *testing.B) {
-		srv := redistest.NewServer(b)
+		srv := redistest.NewPrivateServer(b) // its commands are counted
 		idleWaiters(b, srv.Client(b), []*redis.Client{srv.Client(b)})
 	})
 	b.Run("cluster", func(b *testing.B) {

@@ -2,7 +2,6 @@ package handlers_test
 
 import (
 	"net/http"
-	"syscall"
 	"testing"
 	"time"
 
@@ -27,7 +26,7 @@ const failoverWaiters = 2
 func TestWaitersSurviveFailover(t *testing.T) {
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
-		cl := redistest.NewCluster(t)
+		cl := redistest.NewClusterWith(t, redistest.ClusterOptions{Private: true}) // a master is killed
 		cl.WaitHealthy(t)
 		master := cl.Nodes()[0]
 		var keys []string
@@ -37,9 +36,7 @@ func TestWaitersSurviveFailover(t *testing.T) {
 			}
 		}
 		waitAcrossFailover(t, cl.Client(t), keys, func() {
-			if err := syscall.Kill(master.Pid(), syscall.SIGKILL); err != nil {
-				t.Fatal(err)
-			}
+			master.Kill(t)
 			idemtest.Eventually(t, 30*time.Second, "the replica takes over", func() bool {
 				return cl.MasterOf(t, statemachine.RedisKey(handlers.DefaultTenant, keys[0])) != master
 			})

@@ -33,7 +33,7 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 		keys   = 1000
 		window = 5 * time.Second
 	)
-	srv := redistest.NewServer(t)
+	srv := redistest.NewPrivateServer(t) // counted: no other test's traffic on it
 	rdb := srv.Client(t)
 	// A store timeout long enough for 1,000 begins at once on a busy
 	// machine: the test counts commands, not latency.

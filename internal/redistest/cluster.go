@@ -42,6 +42,10 @@ type ClusterOptions struct {
 	// Security, when set, secures the nodes: TLS only, on the Cluster bus
 	// too, and an ACL user.
 	Security *Security
+	// Private starts the cluster even where IDEMSVC_TEST_REDIS_CLUSTER_ADDRS
+	// names one: for tests that change its configuration, fill it or kill
+	// its nodes, which would disturb every other test on a shared one.
+	Private bool
 }
 
 // Cluster is a Redis Cluster of 3 masters with 1 replica each, or the
@@ -334,7 +338,7 @@ func (c *Cluster) query(f func(ctx context.Context, rdb *redis.Client) error) er
 func (c *Cluster) close(ctx context.Context) error { return c.closeStarted(ctx) }
 
 func newCluster(ctx context.Context, opts ClusterOptions) (*Cluster, error) {
-	if seeds := splitAddrs(os.Getenv(EnvClusterAddrs)); len(seeds) > 0 && opts.Security == nil {
+	if seeds := splitAddrs(os.Getenv(EnvClusterAddrs)); len(seeds) > 0 && opts.Security == nil && !opts.Private {
 		c, err := discoverCluster(ctx, seeds)
 		if err != nil {
 			return nil, fmt.Errorf("redistest: %s=%s: %w", EnvClusterAddrs, strings.Join(seeds, ","), err)
@@ -492,10 +496,26 @@ func discoverCluster(ctx context.Context, seeds []string) (*Cluster, error) {
 			errs = append(errs, fmt.Errorf("%s: %w", seed, err))
 			continue
 		}
-		c := &Cluster{addrs: seeds}
+		// Every node, masters first and then their replicas in the same
+		// order, as for a cluster the harness creates: the seeds are only
+		// where to ask.
+		c := &Cluster{}
+		var replicas []nodeEntry
 		for _, e := range view {
-			c.nodes = append(c.nodes, &Node{c: c, id: e.id, addr: e.addr, master: e.has("master")})
+			if e.has("master") {
+				c.nodes = append(c.nodes, &Node{c: c, id: e.id, addr: e.addr, master: true})
+			} else {
+				replicas = append(replicas, e)
+			}
 		}
+		for _, m := range slices.Clone(c.nodes) {
+			for _, e := range replicas {
+				if e.masterID == m.id {
+					c.nodes = append(c.nodes, &Node{c: c, id: e.id, addr: e.addr})
+				}
+			}
+		}
+		c.addrs = c.nodeAddrs()
 		return c, nil
 	}
 	return nil, errors.Join(errs...)

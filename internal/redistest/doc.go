@@ -12,7 +12,10 @@
 //     own kind of server only. Operations that need control over the process
 //     (Stop, Kill, Start, Restart, Pause) skip the calling test in this mode,
 //     and NewServer and NewCluster return the external servers rather than
-//     dedicated ones.
+//     dedicated ones. A cluster named by seeds is discovered whole. Tests
+//     that change a server's configuration or count its commands use
+//     NewPrivateServer or ClusterOptions.Private, which start servers of
+//     their own in this mode too.
 //  2. redis-server processes started from the binary found on PATH, bound to
 //     free ports on 127.0.0.1, without persistence, in temporary directories.
 //  3. redis:7.0 containers started through testcontainers-go when there is no

@@ -70,6 +70,22 @@ func SharedServer(tb testing.TB) *Server {
 // sec secures, stopped when the test ends. It is always a local process.
 func NewSecureServer(tb testing.TB, sec *Security) *Server {
 	tb.Helper()
+	return newLocalServer(tb, sec)
+}
+
+// NewPrivateServer returns a standalone server dedicated to the test,
+// started by the harness even where IDEMSVC_TEST_REDIS_ADDR names an
+// external one: for tests that count what the server runs, which other
+// tests' traffic on a shared server would blur.
+func NewPrivateServer(tb testing.TB) *Server {
+	tb.Helper()
+	return newLocalServer(tb, nil)
+}
+
+// newLocalServer starts a server of the local backend, secured by sec
+// unless it is nil.
+func newLocalServer(tb testing.TB, sec *Security) *Server {
+	tb.Helper()
 	b, err := backendFor(sec)
 	if errors.Is(err, errNeedsBinary) {
 		tb.Skip(err)

@@ -48,7 +48,7 @@ const (
 func TestFailoverAvailability(t *testing.T) {
 	t.Run("cluster", func(t *testing.T) {
 		t.Parallel()
-		cluster := redistest.NewClusterWith(t, redistest.ClusterOptions{ReplicasPerMaster: 2})
+		cluster := redistest.NewClusterWith(t, redistest.ClusterOptions{ReplicasPerMaster: 2, Private: true})
 		newClient := func() redis.UniversalClient {
 			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs(), ContextTimeoutEnabled: true})
 			t.Cleanup(func() { _ = c.Close() })

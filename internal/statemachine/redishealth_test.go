@@ -84,7 +84,7 @@ func infoField(info, name string) string {
 // paused and stopped.
 func TestReadinessStandalone(t *testing.T) {
 	t.Parallel()
-	srv := redistest.NewServer(t)
+	srv := redistest.NewPrivateServer(t) // its configuration changes
 	admin := srv.Client(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
@@ -139,7 +139,7 @@ func TestReadinessStandalone(t *testing.T) {
 // reported for that master alone.
 func TestReadinessCluster(t *testing.T) {
 	t.Parallel()
-	c := redistest.NewCluster(t)
+	c := redistest.NewClusterWith(t, redistest.ClusterOptions{Private: true}) // its configuration changes
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	store := sm.NewRedisStore(client, sm.RedisOptions{})
