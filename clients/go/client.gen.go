@@ -570,7 +570,7 @@ type Problem struct {
 	// | `not-found` | 404 | no record for the key, or an unknown path |
 	// | `method-not-allowed` | 405 | the path does not take this method |
 	// | `unsupported-media-type` | 415 | the request body is not `application/json` |
-	// | `too-large` | 413 | the request body or the response to store is over its limit |
+	// | `too-large` | 413 | the request body or the response to store is over its limit (431 when the request's headers are over 64 KiB) |
 	// | `in-progress` | 409 | another caller holds the key (with `attempt`, `lease_expires_at`) |
 	// | `lease-lost` | 409 | the lease token is not the current attempt's |
 	// | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
@@ -714,8 +714,8 @@ type StoredResponse struct {
 
 	// Headers Header names and their values. A name must be an HTTP field name
 	// (RFC 9110 token characters, not empty) and a value a string
-	// without CR, LF or NUL; anything else, or more than 1000
-	// headers, gets 400 naming `response.headers`.
+	// without CR, LF or NUL; anything else gets 400 naming
+	// `response.headers`.
 	//
 	//
 	// Example: {"Content-Type":"application/json"}

@@ -217,8 +217,11 @@ func (c *config) check() []error {
 	if c.redisTLS && c.redisURL != "" {
 		problems = append(problems, errors.New("redis-tls is for Cluster and Sentinel: give redis-url as rediss://host:port for TLS to one node"))
 	}
-	if (c.redisTLSCAFile != "" || c.redisTLSCertFile != "") && !c.redisTLS && !strings.HasPrefix(c.redisURL, "rediss://") {
+	if (c.redisTLSCAFile != "" || c.redisTLSCertFile != "") && !c.redisTLS && !c.redisURLTLS() {
 		problems = append(problems, errors.New("redis-tls-ca-file and redis-tls-cert-file need TLS to Redis: a rediss:// redis-url, or redis-tls"))
+	}
+	if !c.usesRedis() && (c.redisUsername != "" || c.redisPassword != "" || c.redisTLS || c.redisTLSCAFile != "" || c.redisTLSCertFile != "") {
+		problems = append(problems, errors.New("redis-username, redis-password and the redis-tls settings need a Redis: redis-url, redis-cluster-addrs or redis-sentinel-addrs"))
 	}
 	if c.redisWaitReplicas < 0 {
 		problems = append(problems, errors.New("redis-wait-replicas must be 0 or more"))
@@ -242,6 +245,13 @@ func (c *config) check() []error {
 		problems = append(problems, errors.New("max-connections must be positive"))
 	}
 	return problems
+}
+
+// redisURLTLS reports whether redis-url asks for TLS (rediss://, in any
+// case, as URL schemes are).
+func (c *config) redisURLTLS() bool {
+	scheme, _, _ := strings.Cut(c.redisURL, "://")
+	return strings.EqualFold(scheme, "rediss")
 }
 
 // usesRedis reports whether a Redis store is configured.

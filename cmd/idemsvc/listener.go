@@ -2,7 +2,12 @@ package main
 
 import (
 	"bytes"
+	"crypto/tls"
+	"errors"
+	"io"
+	"log/slog"
 	"net"
+	"net/http"
 	"strconv"
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
@@ -11,26 +16,74 @@ import (
 // problemListener has the errors net/http writes on a connection itself,
 // before any handler runs, answered as problem details like every other
 // error: a malformed request line or header (400), headers over the limit
-// (431), an unknown transfer coding (501). net/http offers no hook for
+// (431), an unknown transfer coding (400). net/http offers no hook for
 // them, so the connection recognises their fixed form as it is written.
-type problemListener struct{ net.Listener }
+//
+// Over TLS the connection it wraps is a *tls.Conn, which net/http then no
+// longer sees as one: so the connection also does what net/http would do
+// with a failed handshake, answering plain HTTP sent to the HTTPS port
+// (as a problem detail) and logging the other failures.
+type problemListener struct {
+	net.Listener
+	log *slog.Logger
+}
 
 func (l problemListener) Accept() (net.Conn, error) {
 	c, err := l.Listener.Accept()
 	if err != nil {
 		return nil, err
 	}
-	return problemConn{c}, nil
+	return &problemConn{Conn: c, log: l.log}, nil
 }
 
-type problemConn struct{ net.Conn }
+type problemConn struct {
+	net.Conn
+	log       *slog.Logger
+	handshook bool // a TLS handshake's end was seen
+}
+
+// Read reads, and when it is a TLS handshake that failed, says so.
+func (c *problemConn) Read(b []byte) (int, error) {
+	n, err := c.Conn.Read(b)
+	if err == nil || c.handshook {
+		return n, err
+	}
+	tc, ok := c.Conn.(*tls.Conn)
+	if !ok {
+		return n, err
+	}
+	c.handshook = true
+	if tc.ConnectionState().HandshakeComplete {
+		return n, err
+	}
+	var plain tls.RecordHeaderError
+	switch {
+	case errors.As(err, &plain) && plain.Conn != nil && looksLikeHTTP(plain.RecordHeader[:]):
+		_, _ = plain.Conn.Write(handlers.ConnectionProblem(http.StatusBadRequest, "this port serves HTTPS only: send the request over TLS"))
+	case !errors.Is(err, io.EOF):
+		host, _, _ := net.SplitHostPort(c.RemoteAddr().String())
+		c.log.Warn("TLS handshake failed", "client", host, "error", err.Error())
+	}
+	return n, err
+}
+
+// looksLikeHTTP reports whether the first bytes of a connection are an
+// HTTP request line, as net/http tells plain HTTP on a TLS port.
+func looksLikeHTTP(head []byte) bool {
+	for _, method := range []string{"GET /", "HEAD ", "POST ", "PUT /", "OPTIO", "DELET", "PATCH"} {
+		if string(head) == method {
+			return true
+		}
+	}
+	return false
+}
 
 // netHTTPErrorHeaders follow the status line of every error net/http
 // writes itself, and of nothing else: the answers handlers write have
 // their headers in sorted order, Connection before Content-Type.
 const netHTTPErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
-func (c problemConn) Write(b []byte) (int, error) {
+func (c *problemConn) Write(b []byte) (int, error) {
 	if status, detail, ok := netHTTPError(b); ok {
 		if _, err := c.Conn.Write(handlers.ConnectionProblem(status, detail)); err != nil {
 			return 0, err
@@ -42,7 +95,7 @@ func (c problemConn) Write(b []byte) (int, error) {
 
 // CloseWrite lets net/http half-close the connection after a 431, as it
 // does on a bare TCP connection.
-func (c problemConn) CloseWrite() error {
+func (c *problemConn) CloseWrite() error {
 	if cw, ok := c.Conn.(interface{ CloseWrite() error }); ok {
 		return cw.CloseWrite()
 	}

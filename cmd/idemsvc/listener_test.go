@@ -68,7 +68,7 @@ func TestProtocolErrorsAreProblems(t *testing.T) {
 			{"malformed Host", "GET /healthz HTTP/1.1\r\nHost: a b\r\n\r\n", 400, "invalid-request"},
 			{"no Host", "GET /healthz HTTP/1.1\r\n\r\n", 400, "invalid-request"},
 			{"headers over the limit", "GET /healthz HTTP/1.1\r\nHost: x\r\n" + huge + "\r\n", 431, "too-large"},
-			{"unknown transfer coding", "POST /v1/begin HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 501, "invalid-request"},
+			{"unknown transfer coding", "POST /v1/begin HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n", 400, "invalid-request"},
 		} {
 			resp, body, closed := exchange(t, dial, tt.raw)
 			var p struct {

@@ -147,7 +147,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	} else {
 		log.Warn("TLS is off: API keys and stored responses cross the network in clear; set IDEMSVC_TLS_CERT_FILE and IDEMSVC_TLS_KEY_FILE to serve HTTPS")
 	}
-	ln = problemListener{ln}
+	ln = problemListener{ln, log}
 	srv := &http.Server{
 		Handler:           svc,
 		ReadHeaderTimeout: readHeaderTimeout,
@@ -231,7 +231,7 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 // internal/statemachine/redisfailover.go).
 func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 	var tlsConfig *tls.Config
-	if cfg.redisTLS || strings.HasPrefix(cfg.redisURL, "rediss://") {
+	if cfg.redisTLS || cfg.redisURLTLS() {
 		var err error
 		if tlsConfig, err = redisTLS(cfg); err != nil {
 			return nil, "", err
@@ -245,14 +245,21 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			return nil, "", errors.New("IDEMSVC_REDIS_URL is not a valid redis:// or rediss:// URL")
 		}
 		if opts.TLSConfig != nil {
+			if tlsConfig == nil { // a scheme go-redis reads as TLS that redisURLTLS does not: never leave it unverified
+				return nil, "", errors.New("IDEMSVC_REDIS_URL: give rediss://host:port for TLS")
+			}
 			if opts.TLSConfig.InsecureSkipVerify {
 				return nil, "", errors.New("IDEMSVC_REDIS_URL: skip_verify is refused, certificates are always verified: give the CA that signs Redis's certificate as IDEMSVC_REDIS_TLS_CA_FILE")
 			}
 			tlsConfig.ServerName = opts.TLSConfig.ServerName
 			opts.TLSConfig = tlsConfig
 		}
-		if opts.Username == "" && opts.Password == "" {
-			opts.Username, opts.Password = cfg.redisUsername, cfg.redisPassword
+		// What the URL gives wins; the rest comes from the settings.
+		if opts.Username == "" {
+			opts.Username = cfg.redisUsername
+		}
+		if opts.Password == "" {
+			opts.Password = cfg.redisPassword
 		}
 		opts.ContextTimeoutEnabled = true
 		return redis.NewClient(opts), "standalone", nil

@@ -60,6 +60,10 @@ func TestConfig(t *testing.T) {
 	if c.limits.MaxKeyBytes != 64 || c.limits.DefaultLease != 5*time.Second || c.maxRequestBytes != 2<<20 || c.maxConnections != 5 {
 		t.Errorf("limits = %+v, max request %d", c.limits, c.maxRequestBytes)
 	}
+	// A URL scheme in capitals still asks for TLS.
+	if _, err := parseConfig(nil, []string{"IDEMSVC_REDIS_URL=REDISS://x:1", "IDEMSVC_REDIS_TLS_CA_FILE=ca.pem", "IDEMSVC_INSECURE_NO_AUTH=true"}); err != nil {
+		t.Errorf("REDISS:// with a CA file: %v", err)
+	}
 	if c, err := parseConfig(nil, []string{"IDEMSVC_TRUSTED_PROXIES=10.1.0.0/16, 192.0.2.7,::1"}); err != nil ||
 		fmt.Sprint(c.trustedProxies) != "[10.1.0.0/16 192.0.2.7/32 ::1/128]" {
 		t.Errorf("trusted proxies = %v, %v", c.trustedProxies, err)
@@ -115,6 +119,8 @@ func TestConfig(t *testing.T) {
 		"redis CA without TLS":       {env: []string{"IDEMSVC_REDIS_URL=redis://x:1", "IDEMSVC_REDIS_TLS_CA_FILE=ca.pem"}},
 		"redis key without cert":     {env: []string{"IDEMSVC_REDIS_URL=rediss://x:1", "IDEMSVC_REDIS_TLS_KEY_FILE=k.pem"}},
 		"a proxy that is no address": {env: []string{"IDEMSVC_TRUSTED_PROXIES=10.0.0.0/8,proxy.local"}},
+		"redis password, no redis":   {env: []string{"IDEMSVC_REDIS_PASSWORD=x"}},
+		"redis-tls, no redis":        {env: []string{"IDEMSVC_REDIS_TLS=true"}},
 	} {
 		if _, err := parseConfig(tt.args, tt.env); err == nil {
 			t.Errorf("%s: accepted", name)

@@ -68,12 +68,13 @@ func TestHTTPS(t *testing.T) {
 	if _, err := client.Begin(t.Context(), idem.BeginParams{Key: "over-tls"}); err != nil {
 		t.Fatalf("begin over HTTPS: %v", err)
 	}
-	resp, err := http.Get("http://" + strings.TrimPrefix(in.url, "https://") + "/v1/status/over-tls")
-	if err == nil {
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest {
-			t.Errorf("plain HTTP to the HTTPS port = %d, want 400", resp.StatusCode)
-		}
+	resp, err := http.Get("http://" + strings.TrimPrefix(in.url, "https://") + "/v1/status?key=over-tls")
+	if err != nil {
+		t.Fatalf("plain HTTP to the HTTPS port: %v, want a 400", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusBadRequest || resp.Header.Get("Content-Type") != "application/problem+json" {
+		t.Errorf("plain HTTP to the HTTPS port = %d %s, want a 400 problem", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
 	old := &tls.Config{RootCAs: ca.Pool(), MaxVersion: tls.VersionTLS11}
 	if conn, err := tls.Dial("tcp", strings.TrimPrefix(in.url, "https://"), old); err == nil {
@@ -83,6 +84,9 @@ func TestHTTPS(t *testing.T) {
 	if _, err := servedName(t, in.url, x509.NewCertPool()); err == nil {
 		t.Error("a client without the CA accepted the certificate")
 	}
+	idemtest.Eventually(t, 5*time.Second, "the failed handshake in the log", func() bool {
+		return strings.Contains(in.logs.String(), `"msg":"TLS handshake failed"`)
+	})
 	if code := healthcheck(nil, []string{"IDEMSVC_LISTEN=" + strings.TrimPrefix(in.url, "https://"),
 		"IDEMSVC_TLS_CERT_FILE=" + certFile, "IDEMSVC_TLS_KEY_FILE=" + keyFile}, t.Output()); code != 0 {
 		t.Errorf("healthcheck over HTTPS = %d", code)
@@ -202,8 +206,10 @@ func TestRedisTLS(t *testing.T) {
 	}
 
 	t.Run("standalone", func(t *testing.T) {
-		url := "IDEMSVC_REDIS_URL=rediss://" + redistest.NewSecureServer(t, sec).Addr()
+		addr := redistest.NewSecureServer(t, sec).Addr()
+		url := "IDEMSVC_REDIS_URL=rediss://" + addr
 		cycle(t, start(t, nil, env(url)))
+		cycle(t, start(t, nil, env("IDEMSVC_REDIS_URL=REDISS://"+addr))) // schemes are case-insensitive
 
 		// Without the client certificate, the CA or the password, Redis
 		// or idemsvc refuses the connection: 503, never a served call.

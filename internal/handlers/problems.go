@@ -179,13 +179,17 @@ func wholeSeconds(d time.Duration) string {
 
 // ConnectionProblem is the complete HTTP/1.1 answer, a problem detail, to
 // a request that net/http refused before any handler could see it: a
-// malformed request (400), headers over the limit (431), an unknown
-// transfer coding (501). detail is net/http's own fixed text. The
-// connection is closed after it.
+// malformed request or an unknown transfer coding (400; net/http's 501 for
+// the latter becomes 400, as bad input gets a 4xx), headers over the limit
+// (431). detail is net/http's own fixed text. The connection is closed
+// after it.
 func ConnectionProblem(status int, detail string) []byte {
 	kind := kindInvalid
-	if status == http.StatusRequestHeaderFieldsTooLarge {
+	switch {
+	case status == http.StatusRequestHeaderFieldsTooLarge:
 		kind = kindTooLarge
+	case status >= 500: // net/http's 501 for an unknown transfer coding: bad input, so a 4xx
+		status = http.StatusBadRequest
 	}
 	body, _ := json.Marshal(api.Problem{Type: ProblemBaseURI + kind.name, Title: kind.title, Status: status, Detail: detail})
 	return fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nCache-Control: no-store\r\nConnection: close\r\n"+

@@ -229,9 +229,6 @@ func (l *Limits) checkFinish(tenant, key, tok string, retention time.Duration, r
 	if len(errMsg) > l.MaxErrorBytes {
 		return token{}, invalid("error", "must be at most %d bytes", l.MaxErrorBytes)
 	}
-	if len(resp.Headers) > MaxResponseHeaders {
-		return token{}, invalid("response.headers", "at most %d headers", MaxResponseHeaders)
-	}
 	size := len(resp.Body)
 	for name, value := range resp.Headers {
 		if !isFieldName(name) {
@@ -247,11 +244,6 @@ func (l *Limits) checkFinish(tenant, key, tok string, retention time.Duration, r
 	}
 	return t, nil
 }
-
-// MaxResponseHeaders bounds the headers of a stored response, so that a
-// record of many tiny headers, each cheap against MaxResponseBytes, cannot
-// make every replay of it costly.
-const MaxResponseHeaders = 1000
 
 // isFieldName reports whether name is an HTTP field name: a non-empty token
 // of RFC 9110 (letters, digits and !#$%&'*+-.^_`|~).
