@@ -2,7 +2,6 @@ package handlers_test
 
 import (
 	"fmt"
-	"io"
 	"net/http"
 	"slices"
 	"strconv"
@@ -200,13 +199,20 @@ func waiterLatencies(tb testing.TB, e *env, n int) []time.Duration {
 		if err != nil || r.JSON201 == nil {
 			tb.Fatalf("begin: %v", err)
 		}
-		answered := make(chan time.Time, 1)
+		// The waiter reports to this goroutine, which alone fails the test.
+		type answer struct {
+			at     time.Time
+			status int
+			err    error
+		}
+		answered := make(chan answer, 1)
 		go func() {
 			r, err := c.BeginWithResponse(bg, idem.BeginRequest{Key: key, WaitMs: ptr[int64](10_000)})
-			if err != nil || r.StatusCode() != http.StatusOK {
-				tb.Errorf("waiter: %v", err)
+			a := answer{at: time.Now(), err: err}
+			if r != nil {
+				a.status = r.StatusCode()
 			}
-			answered <- time.Now()
+			answered <- a
 		}()
 		for waiting(tb, e) != 1 {
 			time.Sleep(time.Millisecond)
@@ -214,10 +220,14 @@ func waiterLatencies(tb testing.TB, e *env, n int) []time.Duration {
 		time.Sleep(2 * time.Millisecond) // let the watch come into force
 		done, err := c.CompleteWithResponse(tb.Context(), idem.CompleteRequest{Key: key, LeaseToken: r.JSON201.LeaseToken})
 		completed := time.Now()
+		a := <-answered
 		if err != nil || done.StatusCode() != http.StatusOK {
-			tb.Fatalf("complete: %v", err)
+			tb.Fatalf("complete: %v %s", err, done.Body)
 		}
-		latencies = append(latencies, (<-answered).Sub(completed))
+		if a.err != nil || a.status != http.StatusOK {
+			tb.Fatalf("waiter: %d %v", a.status, a.err)
+		}
+		latencies = append(latencies, a.at.Sub(completed))
 	}
 	slices.Sort(latencies)
 	return latencies
@@ -226,24 +236,5 @@ func waiterLatencies(tb testing.TB, e *env, n int) []time.Duration {
 // waiting reads the idemsvc_waiters gauge of e.
 func waiting(tb testing.TB, e *env) float64 {
 	tb.Helper()
-	resp, err := e.http.Get(e.url + "/metrics")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	body, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	for line := range strings.SplitSeq(string(body), "\n") {
-		if v, ok := strings.CutPrefix(line, "idemsvc_waiters "); ok {
-			f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-			if err != nil {
-				tb.Fatal(err)
-			}
-			return f
-		}
-	}
-	tb.Fatal("no idemsvc_waiters metric")
-	return 0
+	return idemtest.Metric(tb, e.url, "idemsvc_waiters", "")
 }
