@@ -311,8 +311,7 @@ func (e *opError) Unwrap() error { return e.err }
 // within names the Do of key as where a call's err happened, once
 // prefixed: "idem: do \"k\": begin: ...".
 func within(key string, err error) error {
-	var oe *opError
-	if errors.As(err, &oe) && oe == err {
+	if oe, ok := err.(*opError); ok { // the call's own error, not one wrapping it
 		return &opError{fmt.Sprintf("do %q: %s", key, oe.op), oe.err}
 	}
 	return &opError{fmt.Sprintf("do %q", key), err}

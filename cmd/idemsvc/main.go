@@ -245,9 +245,6 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			return nil, "", errors.New("IDEMSVC_REDIS_URL is not a valid redis:// or rediss:// URL")
 		}
 		if opts.TLSConfig != nil {
-			if tlsConfig == nil { // a scheme go-redis reads as TLS that redisURLTLS does not: never leave it unverified
-				return nil, "", errors.New("IDEMSVC_REDIS_URL: give rediss://host:port for TLS")
-			}
 			if opts.TLSConfig.InsecureSkipVerify {
 				return nil, "", errors.New("IDEMSVC_REDIS_URL: skip_verify is refused, certificates are always verified: give the CA that signs Redis's certificate as IDEMSVC_REDIS_TLS_CA_FILE")
 			}

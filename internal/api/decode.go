@@ -65,7 +65,7 @@ var strict = json.JoinOptions(
 
 // decodeStrict decodes the JSON object b into v.
 func decodeStrict(b []byte, v any) error {
-	if i := len(b) - len(strings.TrimLeft(string(b), " \t\r\n")); i == len(b) || b[i] != '{' {
+	if rest := bytes.TrimLeft(b, " \t\r\n"); len(rest) == 0 || rest[0] != '{' {
 		return &statemachine.InvalidError{Reason: "must be a JSON object"}
 	}
 	if err := json.Unmarshal(b, v, strict); err != nil {

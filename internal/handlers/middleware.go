@@ -227,19 +227,21 @@ func (s *Service) client(r *http.Request) (client, peer string) {
 	if h, _, err := net.SplitHostPort(host); err == nil {
 		host = h
 	}
-	if len(s.trustedProxies) == 0 || !s.trusted(host) {
+	if len(s.trustedProxies) == 0 {
+		return host, ""
+	}
+	if addr, err := netip.ParseAddr(host); err != nil || !s.trusted(addr) {
 		return host, ""
 	}
 	forwarded := r.Header.Values("X-Forwarded-For")
 	for i := len(forwarded) - 1; i >= 0; i-- {
 		hops := strings.Split(forwarded[i], ",")
 		for j := len(hops) - 1; j >= 0; j-- {
-			hop := strings.TrimSpace(hops[j])
-			addr, err := netip.ParseAddr(hop)
+			addr, err := netip.ParseAddr(strings.TrimSpace(hops[j]))
 			if err != nil {
 				return host, "" // a malformed hop: nothing before it can be trusted
 			}
-			if !s.trusted(hop) {
+			if !s.trusted(addr) {
 				return addr.String(), host
 			}
 		}
@@ -247,12 +249,8 @@ func (s *Service) client(r *http.Request) (client, peer string) {
 	return host, ""
 }
 
-// trusted reports whether host is the address of a trusted proxy.
-func (s *Service) trusted(host string) bool {
-	addr, err := netip.ParseAddr(host)
-	if err != nil {
-		return false
-	}
+// trusted reports whether addr is the address of a trusted proxy.
+func (s *Service) trusted(addr netip.Addr) bool {
 	addr = addr.Unmap()
 	for _, p := range s.trustedProxies {
 		if p.Contains(addr) {
@@ -363,7 +361,7 @@ func requestError(w http.ResponseWriter, r *http.Request, err error) {
 		writeProblem(w, r, badField(format.ParamName, "is not valid"))
 	case errors.As(err, &many):
 		writeProblem(w, r, badField(many.ParamName, "must be given once"))
-	default: // the JSON, which readBody checked, does not fit the body's type
+	default: // anything else the generated code refuses
 		writeProblem(w, r, badField("", "does not fit the operation's request body"))
 	}
 }
