@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -163,33 +162,16 @@ func readyz(t *testing.T, url string) (int, string) {
 func TestRedisCheckedOnceReachable(t *testing.T) {
 	setCheckIntervals(t, time.Hour, 50*time.Millisecond)
 	srv := redistest.NewPrivateServer(t)
-	if srv.Pid() == 0 {
-		t.Skip("the Redis server is not a local process")
-	}
 	setPolicy(t, srv.Client(t), "allkeys-lru")
-	if err := syscall.Kill(srv.Pid(), syscall.SIGSTOP); err != nil {
-		t.Fatal(err)
-	}
-	resumed := false
-	resume := func() {
-		if !resumed {
-			resumed = true
-			_ = syscall.Kill(srv.Pid(), syscall.SIGCONT)
-		}
-	}
-	defer resume()
+	resume := srv.Pause(t)
 	in := start(t, []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=redis://" + srv.Addr(), "IDEMSVC_REDIS_TIMEOUT_MS=300"})
 	if !strings.Contains(in.logs.String(), "Redis is not reachable yet") {
 		t.Fatalf("idemsvc started without noticing the paused Redis:\n%s", in.logs.String())
 	}
 	resume()
-	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(in.logs.String(), `"level":"ERROR","msg":"a Redis node's eviction policy may drop records`) {
-		if time.Now().After(deadline) {
-			t.Fatalf("the policy of a Redis reached after start was not checked:\n%s", in.logs.String())
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	idemtest.Eventually(t, 5*time.Second, "the policy of a Redis reached after start checked", func() bool {
+		return strings.Contains(in.logs.String(), `"level":"ERROR","msg":"a Redis node's eviction policy may drop records`)
+	})
 }
 
 // setCheckIntervals sets the intervals of the Redis checks for the
