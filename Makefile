@@ -1,4 +1,4 @@
-.PHONY: generate test bench load lint robustness
+.PHONY: generate test bench load load-sdk lint robustness
 
 # Regenerate code from its sources (api/openapi.yaml).
 generate:
@@ -16,6 +16,12 @@ bench:
 # idemsvc over HTTP under idembench, side by side with a bare chi handler.
 load:
 	benchmarks/http-load.sh
+
+# The caller's whole path: a service behind the Go SDK's middleware beside
+# the same service alone, and idemsvc beside a bare handler, closed and open
+# loop, interleaved.
+load-sdk:
+	benchmarks/caller-load.sh
 
 lint:
 	scripts/lint.sh

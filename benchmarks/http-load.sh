@@ -33,6 +33,7 @@
 # profiles and `go tool pprof -top` summaries next to the reports.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. benchmarks/lib.sh
 runs=${1:-3}
 duration=${DURATION:-10}
 concurrency=${CONCURRENCY:-64}
@@ -46,20 +47,6 @@ cleanup() {
   rm -rf "$dir"
 }
 trap cleanup EXIT
-
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-# wait_http URL: until something answers HTTP there.
-wait_http() {
-  for _ in $(seq 100); do
-    curl -s -o /dev/null --cacert "$dir/tls.crt" "$1" 2>/dev/null && return 0
-    curl -s -o /dev/null "$1" && return 0
-    sleep 0.1
-  done
-  echo "nothing answers at $1" >&2
-  return 1
-}
 
 echo "building idemsvc, barechi and idembench"
 go build -o "$dir/idemsvc" ./cmd/idemsvc
@@ -93,7 +80,7 @@ start_idemsvc() {
   pids+=("$idemsvc_pid")
   local scheme=http
   [ "$#" -gt 2 ] && scheme=https
-  wait_http "$scheme://127.0.0.1:$idemsvc_port/readyz"
+  wait_http "$scheme://127.0.0.1:$idemsvc_port/readyz" "$dir/tls.crt"
 }
 start_idemsvc "$dir/idemsvc"
 if [ -n "${TLS:-}" ]; then
@@ -122,12 +109,6 @@ barechi_pid=$!
 pids+=("$barechi_pid")
 wait_http "http://127.0.0.1:$barechi_port/"
 
-clk_tck=$(getconf CLK_TCK)
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
-# machine_ticks: busy and total CPU ticks of the whole machine.
-machine_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
-# per_request TICKS REQUESTS: CPU µs per request.
-per_request() { awk -v t="$1" -v n="$2" -v hz="$clk_tck" 'BEGIN { printf "%.1f\n", n ? t * 1e6 / hz / n : 0 }'; }
 
 # load NAME PORT SERVER_PID MIX [SCHEME]: one idembench run on a flushed
 # Redis, over http unless SCHEME says https. The
@@ -224,11 +205,6 @@ for run in $(seq "$runs"); do
   tail -n "$lines" "$dir/figures" | while read -r label rest; do fmt_row "$label" $rest; done
 done
 
-# median: of the numbers on stdin; "-" when there are none.
-median() {
-  sort -g | awk '{ v[NR] = $1 }
-    END { if (NR == 0 || v[1] == "-") print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
-}
 # column LABEL N: the median of the figures' Nth column for LABEL.
 column() { awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$dir/figures" | median; }
 echo

@@ -1,9 +1,10 @@
 // Command barechi is the baseline that idemsvc's HTTP throughput is compared
-// against: a bare chi router whose POST /v1/begin reads the JSON body's key
-// and runs the same single begin script, with the same KEYS and ARGV, as
-// idemsvc's Redis store, then writes a minimal JSON reply. It has no
-// authentication, no logging, no metrics and no validation: the gap between
-// it and idemsvc is the cost of those layers.
+// against: a bare chi router whose POST /v1/begin and POST /v1/complete read
+// the JSON body's key (and lease token and response) and run the same
+// single script, with the same KEYS and ARGV, as idemsvc's Redis store,
+// then write a minimal JSON reply; a begin of a completed key answers its
+// stored response. It has no authentication, no logging, no metrics and no
+// validation: the gap between it and idemsvc is the cost of those layers.
 //
 //	barechi --listen 127.0.0.1:8081 --redis-url redis://127.0.0.1:6379
 //
@@ -63,6 +64,7 @@ func run(args []string) error {
 
 	r := chi.NewRouter()
 	r.Post("/v1/begin", func(w http.ResponseWriter, r *http.Request) { begin(w, r, client) })
+	r.Post("/v1/complete", func(w http.ResponseWriter, r *http.Request) { complete(w, r, client) })
 	return http.ListenAndServe(*listen, r)
 }
 
@@ -105,9 +107,72 @@ func begin(w http.ResponseWriter, r *http.Request, client *redis.Client) {
 		w.WriteHeader(http.StatusConflict)
 		_, _ = io.WriteString(w, `{"status":"in_progress"}`)
 	case 2: // finished: replay
-		_, _ = io.WriteString(w, `{"status":"completed"}`)
+		raw, _ := res[2].(string)
+		_, _ = io.WriteString(w, `{"status":"completed","response":`+storedResponse(raw)+`}`)
 	default:
 		w.WriteHeader(http.StatusUnprocessableEntity)
 		_, _ = io.WriteString(w, `{"status":"rejected","code":`+strconv.FormatInt(code, 10)+`}`)
 	}
+}
+
+// complete does what idemsvc's complete does in Redis, and little else: the
+// response is stored as the JSON the request gave.
+func complete(w http.ResponseWriter, r *http.Request, client *redis.Client) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	var req struct {
+		Key        string          `json:"key"`
+		LeaseToken string          `json:"lease_token"`
+		Response   json.RawMessage `json:"response"`
+	}
+	token, terr := []byte(nil), errors.New("no lease token")
+	if err = json.Unmarshal(body, &req); err == nil {
+		token, terr = hex.DecodeString(req.LeaseToken)
+	}
+	if err != nil || terr != nil || req.Key == "" {
+		http.Error(w, "want a JSON body with a key and a lease token", http.StatusBadRequest)
+		return
+	}
+	ctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
+	defer cancel()
+	res, err := lua.Complete.Run(ctx, client, []string{statemachine.RedisKey(tenant, req.Key)},
+		string(token), string(req.Response), "").Slice()
+	if err == nil && len(res) < 1 {
+		err = errors.New("short script reply")
+	}
+	if err != nil {
+		http.Error(w, "store: "+err.Error(), http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if code, _ := res[0].(int64); code != 0 {
+		w.WriteHeader(http.StatusConflict)
+		_, _ = io.WriteString(w, `{"status":"rejected","code":`+strconv.FormatInt(code, 10)+`}`)
+		return
+	}
+	_, _ = io.WriteString(w, `{"status":"completed","key":`+strconv.Quote(req.Key)+`}`)
+}
+
+// storedResponse is the response at the end of a record (the layout in
+// internal/lua/record.lua): past the fixed fields, three strings with a
+// 2-byte length and one with a 4-byte length. "null" when there is none.
+func storedResponse(raw string) string {
+	at := 68
+	for range 3 {
+		if len(raw) < at+2 {
+			return "null"
+		}
+		at += 2 + (int(raw[at])<<8 | int(raw[at+1]))
+	}
+	if len(raw) < at+4 {
+		return "null"
+	}
+	at += 4 + (int(raw[at])<<24 | int(raw[at+1])<<16 | int(raw[at+2])<<8 | int(raw[at+3]))
+	if len(raw) <= at {
+		return "null"
+	}
+	return raw[at:]
 }

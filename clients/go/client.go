@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"mime"
 	"net/http"
+	"net/url"
 	"os"
 	"strconv"
 	"time"
@@ -49,9 +50,11 @@ type clientConfig struct {
 func WithAPIKey(key string) Option { return func(c *clientConfig) { c.apiKey = key } }
 
 // WithHTTP sends calls through hc (an *http.Client, say) instead of the
-// default: an http.Client whose transport keeps up to 64 idle connections
-// to idemsvc (http.DefaultTransport keeps 2 per host, so a service under
-// load would open and close a connection per call).
+// default, a transport of the SDK's own that makes each call on the
+// caller's goroutine over a pool of keep-alive connections (up to 128
+// idle). With an *http.Client, give its transport room for idle
+// connections: http.DefaultTransport keeps 2 per host, so a service under
+// load would open and close a connection per call.
 func WithHTTP(hc HttpRequestDoer) Option { return func(c *clientConfig) { c.httpClient = hc } }
 
 // WithTLS has the default client use cfg for HTTPS: a private CA in
@@ -128,11 +131,11 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		cfg.tls = t
 	}
 	if cfg.httpClient == nil {
-		t := pooledTransport()
-		if cfg.tls != nil {
-			t.TLSClientConfig = cfg.tls
+		hc, err := defaultHTTP(baseURL, cfg.tls)
+		if err != nil {
+			return nil, err
 		}
-		cfg.httpClient = &http.Client{Transport: t}
+		cfg.httpClient = hc
 	}
 	auth := ""
 	if cfg.apiKey != "" {
@@ -143,7 +146,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		if auth != "" {
 			req.Header.Set("Authorization", auth)
 		}
-		if id, ok := ctx.Value(requestIDKey{}).(string); ok {
+		if id, ok := ctx.Value(requestIDKey{}).(string); ok && validHeaderValue(id) {
 			req.Header.Set("X-Request-Id", id)
 		}
 		return nil
@@ -165,21 +168,39 @@ const Version = "0.1.0"
 
 const userAgent = "idemsvc-go/" + Version
 
-// pooledTransport is http.DefaultTransport's settings with room for 64 idle
-// connections to idemsvc, enough for a busy service's concurrent calls to
-// reuse their connections instead of leaving sockets in TIME_WAIT.
-func pooledTransport() *http.Transport {
+// defaultHTTP is the client that calls go through without WithHTTP: the
+// SDK's own transport (wire), or, when the environment names a proxy for
+// baseURL (HTTPS_PROXY, say), http.DefaultTransport's settings with room
+// for 64 idle connections to idemsvc, enough for a busy service's calls in
+// flight to reuse their connections instead of leaving sockets in
+// TIME_WAIT.
+func defaultHTTP(baseURL string, tlsConfig *tls.Config) (HttpRequestDoer, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("idem: %q is not an http:// or https:// URL", baseURL)
+	}
+	proxy, err := http.ProxyFromEnvironment(&http.Request{URL: u})
+	if err != nil {
+		return nil, fmt.Errorf("idem: proxy: %w", err)
+	}
+	if proxy == nil {
+		return newWire(u, tlsConfig), nil
+	}
 	t := http.DefaultTransport.(*http.Transport).Clone()
 	t.MaxIdleConns = 256
 	t.MaxIdleConnsPerHost = 64
-	return t
+	if tlsConfig != nil {
+		t.TLSClientConfig = tlsConfig
+	}
+	return &http.Client{Transport: t}, nil
 }
 
 type requestIDKey struct{}
 
 // WithRequestID returns ctx carrying a request id that the calls made with
 // it send as X-Request-Id, so that idemsvc's log lines can be matched with
-// the caller's. Middleware passes the incoming request's on by itself.
+// the caller's; an id with a control character is not sent. Middleware
+// passes the incoming request's on by itself.
 func WithRequestID(ctx context.Context, id string) context.Context {
 	return context.WithValue(ctx, requestIDKey{}, id)
 }

@@ -31,7 +31,7 @@ type conn struct {
 }
 
 // target is what every conn of a run shares: where to dial, and each
-// request's head up to its Content-Length.
+// request's head before its own headers and Content-Length.
 type target struct {
 	addr      string // host:port
 	tlsConfig *tls.Config
@@ -62,19 +62,20 @@ func newTarget(u *url.URL, apiKey string, paths ...string) *target {
 		if apiKey != "" {
 			head += "Authorization: Bearer " + apiKey + "\r\n"
 		}
-		t.heads[path] = []byte(head + "Content-Length: ")
+		t.heads[path] = []byte(head)
 	}
 	return t
 }
 
-// post sends body to path and reads the whole reply into reply. A request
-// that fails is not sent again, it counts as failed; its connection is
-// dropped and the next request dials a new one.
-func (c *conn) post(ctx context.Context, path string, body []byte, reply *bytes.Buffer) (int, error) {
+// post sends body to path, with header (whole header lines, or nil), and
+// reads the whole reply into reply. A request that fails is not sent
+// again, it counts as failed; its connection is dropped and the next
+// request dials a new one.
+func (c *conn) post(ctx context.Context, path string, header, body []byte, reply *bytes.Buffer) (int, error) {
 	if err := ctx.Err(); err != nil {
 		return 0, context.Cause(ctx)
 	}
-	status, err := c.send(ctx, path, body, reply)
+	status, err := c.send(ctx, path, header, body, reply)
 	if err != nil {
 		c.close()
 		if ctx.Err() != nil {
@@ -86,7 +87,7 @@ func (c *conn) post(ctx context.Context, path string, body []byte, reply *bytes.
 }
 
 // send makes the connection ready for ctx and exchanges one request.
-func (c *conn) send(ctx context.Context, path string, body []byte, reply *bytes.Buffer) (int, error) {
+func (c *conn) send(ctx context.Context, path string, header, body []byte, reply *bytes.Buffer) (int, error) {
 	if c.nc != nil && c.ctx != ctx {
 		// Stop watching the other context; if it already ended, it may have
 		// interrupted the connection: drop it.
@@ -105,13 +106,15 @@ func (c *conn) send(ctx context.Context, path string, body []byte, reply *bytes.
 		nc := c.nc
 		c.ctx, c.stop = ctx, context.AfterFunc(ctx, func() { nc.SetDeadline(time.Unix(1, 0)) })
 	}
-	return c.exchange(path, body, reply)
+	return c.exchange(path, header, body, reply)
 }
 
 // exchange writes one request and reads its reply, past any interim (1xx)
 // replies.
-func (c *conn) exchange(path string, body []byte, reply *bytes.Buffer) (int, error) {
+func (c *conn) exchange(path string, header, body []byte, reply *bytes.Buffer) (int, error) {
 	c.bw.Write(c.target.heads[path])
+	c.bw.Write(header)
+	c.bw.WriteString("Content-Length: ")
 	c.bw.Write(strconv.AppendInt(c.bw.AvailableBuffer(), int64(len(body)), 10))
 	c.bw.WriteString("\r\n\r\n")
 	c.bw.Write(body)

@@ -67,7 +67,7 @@ func newConn(t *testing.T, srv *httptest.Server, base string) *conn {
 func mustPost(t *testing.T, c *conn, path, body string, wantStatus int, wantReply string) {
 	t.Helper()
 	var reply bytes.Buffer
-	status, err := c.post(t.Context(), path, []byte(body), &reply)
+	status, err := c.post(t.Context(), path, nil, []byte(body), &reply)
 	if err != nil || status != wantStatus || reply.String() != wantReply {
 		t.Fatalf("post %s: got %d %q, %v; want %d %q", path, status, reply.String(), err, wantStatus, wantReply)
 	}
@@ -123,7 +123,7 @@ func TestConnFailsAndRedials(t *testing.T) {
 	}, false)
 	c := newConn(t, srv, "")
 	mustPost(t, c, beginPath, "1", 202, host(srv)+"/v1/begin Bearer k3y 1")
-	if status, err := c.post(t.Context(), beginPath, []byte("2"), new(bytes.Buffer)); err == nil {
+	if status, err := c.post(t.Context(), beginPath, nil, []byte("2"), new(bytes.Buffer)); err == nil {
 		t.Fatalf("post on a dropped connection: got %d, want an error", status)
 	}
 	mustPost(t, c, beginPath, "3", 202, host(srv)+"/v1/begin Bearer k3y 3")
@@ -146,7 +146,7 @@ func TestConnStopsWithContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
 	defer cancel()
 	start := time.Now()
-	_, err := c.post(ctx, beginPath, []byte("{}"), new(bytes.Buffer))
+	_, err := c.post(ctx, beginPath, nil, []byte("{}"), new(bytes.Buffer))
 	if !errors.Is(err, context.DeadlineExceeded) {
 		t.Errorf("got %v, want %v", err, context.DeadlineExceeded)
 	}
@@ -167,7 +167,7 @@ func TestConnMovesToAnotherContext(t *testing.T) {
 	var reply bytes.Buffer
 	post := func(ctx context.Context, body string) {
 		t.Helper()
-		if status, err := c.post(ctx, beginPath, []byte(body), &reply); err != nil || status != 202 {
+		if status, err := c.post(ctx, beginPath, nil, []byte(body), &reply); err != nil || status != 202 {
 			t.Fatalf("post %s: got %d, %v", body, status, err)
 		}
 	}

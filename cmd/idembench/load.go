@@ -25,11 +25,16 @@ const hotLease = time.Hour
 // deadline for all its requests rather than a timer for each.
 const requestGrace = 30 * time.Second
 
-// The service's endpoints that the load calls.
+// The endpoints that the load calls: idemsvc's, and an application's
+// idempotent endpoint (pay).
 const (
 	beginPath    = "/v1/begin"
 	completePath = "/v1/complete"
+	payPath      = "/pay"
 )
+
+// payBody is the request body of pay.
+var payBody = []byte(`{"amount":1250,"currency":"EUR"}`)
 
 // warmUpTimeout bounds the warm-up.
 const warmUpTimeout = time.Minute
@@ -56,6 +61,9 @@ type bench struct {
 	hotOwnerBody []byte // the same with the holder's owner
 	hotToken     string // the holder's lease token
 	hotAcq       atomic.Int32
+
+	start time.Time    // of the load
+	next  atomic.Int64 // open loop: the next turn to take
 }
 
 func newBench(cfg config) *bench {
@@ -63,7 +71,7 @@ func newBench(cfg config) *bench {
 	rand.Read(id[:])
 	b := &bench{
 		cfg:    cfg,
-		target: newTarget(cfg.url, cfg.apiKey, beginPath, completePath),
+		target: newTarget(cfg.url, cfg.apiKey, beginPath, completePath, payPath),
 		prefix: "idembench-" + hex.EncodeToString(id[:]) + "-",
 	}
 	b.hotKey = b.prefix + "hot"
@@ -80,7 +88,18 @@ func (b *bench) warmUp(ctx context.Context) error {
 	defer cancel()
 	w := newWorker(b, -1)
 	defer w.conn.close()
-	status, reply, err := w.post(ctx, beginPath, []byte(`{"key":"`+b.prefix+`preflight"}`))
+	if b.cfg.mix.has(opPay) {
+		// An application's endpoint, not idemsvc's.
+		status, reply, err := w.post(ctx, payPath, w.payKey(), payBody)
+		if err != nil {
+			return fmt.Errorf("first pay: %w", err)
+		}
+		if status != http.StatusCreated {
+			return fmt.Errorf("first pay: want 201, got %d: %s", status, snippet(reply))
+		}
+		return nil
+	}
+	status, reply, err := w.post(ctx, beginPath, nil, []byte(`{"key":"`+b.prefix+`preflight"}`))
 	if err != nil {
 		return fmt.Errorf("first begin: %w", err)
 	}
@@ -91,7 +110,7 @@ func (b *bench) warmUp(ctx context.Context) error {
 		return fmt.Errorf("first begin: want 201, got %d: %s", status, snippet(reply))
 	}
 	if b.cfg.mix.has(opHot) {
-		status, reply, err := w.post(ctx, beginPath, b.hotOwnerBody)
+		status, reply, err := w.post(ctx, beginPath, nil, b.hotOwnerBody)
 		if err != nil {
 			return fmt.Errorf("warm-up: begin of the hot key: %w", err)
 		}
@@ -143,7 +162,7 @@ func (w *worker) completeReplayKey(ctx context.Context, i int) error {
 	b := w.b
 	key := b.replayKey(i)
 	b.replayBodies[i] = []byte(`{"key":"` + key + `"}`)
-	status, reply, err := w.post(ctx, beginPath, b.replayBodies[i])
+	status, reply, err := w.post(ctx, beginPath, nil, b.replayBodies[i])
 	if err == nil && status != http.StatusCreated {
 		err = fmt.Errorf("want 201, got %d: %s", status, snippet(reply))
 	}
@@ -155,7 +174,7 @@ func (w *worker) completeReplayKey(ctx context.Context, i int) error {
 		return fmt.Errorf("warm-up: begin of replay key %d: %w", i, err)
 	}
 	b.replayAcq[i].Store(1)
-	status, reply, err = w.post(ctx, completePath, completeBody([]byte(key), token, storedBody))
+	status, reply, err = w.post(ctx, completePath, nil, completeBody([]byte(key), token, storedBody))
 	if err == nil && status != http.StatusOK {
 		err = fmt.Errorf("want 200, got %d: %s", status, snippet(reply))
 	}
@@ -171,6 +190,7 @@ func (b *bench) replayKey(i int) string { return b.prefix + "r" + strconv.Itoa(i
 func (b *bench) load(ctx context.Context) *report {
 	workers := make([]*worker, b.cfg.concurrency)
 	start := time.Now()
+	b.start = start
 	deadline := start.Add(b.cfg.duration)
 	ctx, cancel := context.WithDeadlineCause(ctx, deadline.Add(requestGrace), errGraceOver)
 	defer cancel()
@@ -197,10 +217,11 @@ const (
 	rowComplete
 	rowReplay
 	rowHot
+	rowPay
 	numRows
 )
 
-var rowNames = [numRows]string{"begin", "cycle", "cycle.begin", "cycle.complete", "replay", "hot"}
+var rowNames = [numRows]string{"begin", "cycle", "cycle.begin", "cycle.complete", "replay", "hot", "pay"}
 
 // rowStats is what one worker saw of one row.
 type rowStats struct {
@@ -230,6 +251,9 @@ type worker struct {
 	rows  [numRows]rowStats
 	errs  map[errKey]*errCount
 	bad   int // replays that lacked the stored body
+
+	turn time.Time // when this turn's first request was due: now, or its time in the schedule
+	lag  histogram // open loop: how late turns started
 }
 
 func newWorker(b *bench, id int) *worker {
@@ -239,7 +263,10 @@ func newWorker(b *bench, id int) *worker {
 func (w *worker) loop(ctx context.Context, deadline time.Time) {
 	m := &w.b.cfg.mix
 	total := m.total()
-	for ctx.Err() == nil && time.Now().Before(deadline) {
+	for ctx.Err() == nil {
+		if !w.nextTurn(ctx, deadline) {
+			return
+		}
 		o := op(0)
 		for n := mrand.IntN(total); n >= m[o]; o++ {
 			n -= m[o]
@@ -253,21 +280,78 @@ func (w *worker) loop(ctx context.Context, deadline time.Time) {
 			w.replay(ctx)
 		case opHot:
 			w.hot(ctx)
+		case opPay:
+			w.pay(ctx)
 		}
 	}
 }
 
+// nextTurn waits for the worker's next turn and reports whether it is
+// within the load. In a closed loop (no --rate) a turn starts as soon as
+// the last one ended. In an open loop, turns are due at --rate a second
+// from the start, and each worker takes the next one due, waiting for its
+// time if it is early; a turn that starts late still counts its latency
+// from when it was due, so that a service that falls behind the schedule
+// is seen in the latencies, not hidden by the wait.
+func (w *worker) nextTurn(ctx context.Context, deadline time.Time) bool {
+	now := time.Now()
+	rate := w.b.cfg.rate
+	if rate <= 0 {
+		w.turn = now
+		return now.Before(deadline)
+	}
+	i := w.b.next.Add(1) - 1
+	due := w.b.start.Add(time.Duration(float64(i) * float64(time.Second) / rate))
+	if !due.Before(deadline) {
+		return false
+	}
+	if wait := due.Sub(now); wait > 0 {
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return false
+		}
+		now = time.Now()
+	}
+	w.lag.record(max(0, now.Sub(due)))
+	w.turn = due
+	return true
+}
+
 func (w *worker) begin(ctx context.Context) {
 	body, _ := w.newKey('n')
-	if status, reply, ok := w.call(ctx, rowBegin, beginPath, body); ok && status != http.StatusCreated {
+	if status, reply, ok := w.call(ctx, rowBegin, w.turn, beginPath, nil, body); ok && status != http.StatusCreated {
 		w.unexpected(rowBegin, status, reply)
 	}
 }
 
+// pay calls an application's idempotent endpoint with a new key.
+func (w *worker) pay(ctx context.Context) {
+	if status, reply, ok := w.call(ctx, rowPay, w.turn, payPath, w.payKey(), payBody); ok && status != http.StatusCreated {
+		w.unexpected(rowPay, status, reply)
+	}
+}
+
+// payKey is the Idempotency-Key header line of a new key of this run, a
+// Structured Field String.
+func (w *worker) payKey() []byte {
+	w.seq++
+	h := make([]byte, 0, 64)
+	h = append(h, `Idempotency-Key: "`...)
+	h = append(h, w.b.prefix...)
+	h = append(h, 'p')
+	h = strconv.AppendInt(h, int64(w.id), 10)
+	h = append(h, '.')
+	h = strconv.AppendInt(h, int64(w.seq), 10)
+	return append(h, "\"\r\n"...)
+}
+
 func (w *worker) cycle(ctx context.Context) {
-	start := time.Now()
+	start := w.turn
 	body, key := w.newKey('c')
-	status, reply, ok := w.call(ctx, rowCycleBegin, beginPath, body)
+	status, reply, ok := w.call(ctx, rowCycleBegin, start, beginPath, nil, body)
 	if !ok {
 		return
 	}
@@ -280,7 +364,7 @@ func (w *worker) cycle(ctx context.Context) {
 		w.fail(rowCycleBegin, status, err.Error())
 		return
 	}
-	status, reply, ok = w.call(ctx, rowComplete, completePath, completeBody(key, token, `{\"order\":\"created\"}`))
+	status, reply, ok = w.call(ctx, rowComplete, time.Now(), completePath, nil, completeBody(key, token, `{\"order\":\"created\"}`))
 	if !ok {
 		return
 	}
@@ -293,7 +377,7 @@ func (w *worker) cycle(ctx context.Context) {
 
 func (w *worker) replay(ctx context.Context) {
 	i := mrand.IntN(len(w.b.replayBodies))
-	status, reply, ok := w.call(ctx, rowReplay, beginPath, w.b.replayBodies[i])
+	status, reply, ok := w.call(ctx, rowReplay, w.turn, beginPath, nil, w.b.replayBodies[i])
 	switch {
 	case !ok:
 	case status == http.StatusOK:
@@ -317,7 +401,7 @@ func (w *worker) hot(ctx context.Context) {
 	if holder {
 		body = w.b.hotOwnerBody
 	}
-	status, reply, ok := w.call(ctx, rowHot, beginPath, body)
+	status, reply, ok := w.call(ctx, rowHot, w.turn, beginPath, nil, body)
 	switch {
 	case !ok:
 	case status == http.StatusCreated && holder:
@@ -381,21 +465,22 @@ func leaseToken(reply []byte) (string, error) {
 	return v.LeaseToken, nil
 }
 
-// post sends one request on the worker's connection and reads the whole
-// reply, which stays valid until the next post of this worker.
-func (w *worker) post(ctx context.Context, path string, body []byte) (status int, reply []byte, err error) {
-	status, err = w.conn.post(ctx, path, body, &w.reply)
+// post sends one request, with header lines if any, on the worker's
+// connection and reads the whole reply, which stays valid until the next
+// post of this worker.
+func (w *worker) post(ctx context.Context, path string, header, body []byte) (status int, reply []byte, err error) {
+	status, err = w.conn.post(ctx, path, header, body, &w.reply)
 	if err != nil {
 		return 0, nil, err
 	}
 	return status, w.reply.Bytes(), nil
 }
 
-// call is post with its latency and status recorded in row r. ok is false
-// when no reply came; a failure is recorded unless the run was interrupted.
-func (w *worker) call(ctx context.Context, r row, path string, body []byte) (status int, reply []byte, ok bool) {
-	start := time.Now()
-	status, reply, err := w.post(ctx, path, body)
+// call is post with its status, and its latency from start, recorded in
+// row r. ok is false when no reply came; a failure is recorded unless the
+// run was interrupted.
+func (w *worker) call(ctx context.Context, r row, start time.Time, path string, header, body []byte) (status int, reply []byte, ok bool) {
+	status, reply, err := w.post(ctx, path, header, body)
 	d := time.Since(start)
 	if err != nil {
 		if context.Cause(ctx) != context.Canceled { // not stopped by an interrupt

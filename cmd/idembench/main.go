@@ -3,7 +3,7 @@
 // Usage:
 //
 //	idembench [--url http://127.0.0.1:8080] [--api-key KEY] [--concurrency 64]
-//	          [--duration 10s] [--mix begin] [--replay-keys 1000]
+//	          [--duration 10s] [--mix begin] [--replay-keys 1000] [--rate 0]
 //
 // The API key may also come from the environment variable IDEMSVC_API_KEY;
 // without one, requests carry no Authorization header (an idemsvc without
@@ -19,11 +19,22 @@
 //	        it for worker 0 with an owner and a one-hour lease; worker 0
 //	        begins it again with that owner (201, the same lease), every
 //	        other worker without an owner (409)
+//	pay     POST /pay, with a JSON body and a new Idempotency-Key header,
+//	        expecting 201: an application's endpoint made idempotent (by
+//	        the Go SDK's middleware, say), not idemsvc's; --url is the
+//	        application's, and pay goes alone in the mix
 //
 // --mix takes one name, or weights such as begin=1,cycle=1,replay=2: each
 // turn picks an operation at random in those proportions (a name without a
 // weight weighs 1). Keys are unique to each run: they start with a random
 // prefix.
+//
+// With --rate, the load is an open loop: turns are due at that many a
+// second, whatever the answers' pace, and the --concurrency workers (each
+// one connection) take them in order. Latencies count from when each turn
+// was due, so a service that falls behind the schedule shows it in its
+// latencies; the report adds how late the turns started (the lag), which
+// grows when every worker is busy.
 //
 // The report gives requests/s (and cycles/s), the p50, p90, p99 and maximum
 // latency of each operation, the responses by status, and the errors:
@@ -80,6 +91,7 @@ type config struct {
 	duration    time.Duration
 	mix         mix
 	replayKeys  int
+	rate        float64 // turns a second; 0 for a closed loop
 }
 
 // run parses args, puts the load on, and writes the report to stdout. It
@@ -112,8 +124,9 @@ func parseFlags(args []string) (config, error) {
 	apiKey := fs.String("api-key", "", "API key, sent as a bearer token (default $IDEMSVC_API_KEY)")
 	concurrency := fs.Int("concurrency", 64, "workers, each with one request in flight")
 	duration := fs.Duration("duration", 10*time.Second, "how long to put the load on")
-	rawMix := fs.String("mix", "begin", "operations: begin, cycle, replay, hot, or weights like begin=1,cycle=1,replay=2")
+	rawMix := fs.String("mix", "begin", "operations: begin, cycle, replay, hot, pay, or weights like begin=1,cycle=1,replay=2")
 	replayKeys := fs.Int("replay-keys", 1000, "keys completed during the warm-up for replay")
+	rate := fs.Float64("rate", 0, "open loop: turns a second, due on a schedule (0: a closed loop)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -141,10 +154,15 @@ func parseFlags(args []string) (config, error) {
 		return config{}, errors.New("--duration must be positive")
 	case *replayKeys < 1:
 		return config{}, errors.New("--replay-keys must be at least 1")
+	case *rate < 0:
+		return config{}, errors.New("--rate must not be negative")
+	case m.has(opPay) && m.total() != m[opPay]:
+		return config{}, errors.New("--mix: pay calls an application, not idemsvc: it goes alone")
 	case m.has(opHot) && *duration >= hotLease-time.Minute:
 		return config{}, fmt.Errorf("--duration must be under %v with hot: the hot key's lease would run out", hotLease-time.Minute)
 	}
-	return config{url: u, apiKey: *apiKey, concurrency: *concurrency, duration: *duration, mix: m, replayKeys: *replayKeys}, nil
+	return config{url: u, apiKey: *apiKey, concurrency: *concurrency, duration: *duration, mix: m,
+		replayKeys: *replayKeys, rate: *rate}, nil
 }
 
 // An op is what a worker does on one turn.
@@ -155,10 +173,11 @@ const (
 	opCycle
 	opReplay
 	opHot
+	opPay
 	numOps
 )
 
-var opNames = [numOps]string{"begin", "cycle", "replay", "hot"}
+var opNames = [numOps]string{"begin", "cycle", "replay", "hot", "pay"}
 
 // mix is the weight of each op.
 type mix [numOps]int
@@ -180,7 +199,7 @@ func parseMix(s string) (mix, error) {
 		name, weight, hasWeight := strings.Cut(strings.TrimSpace(part), "=")
 		o := op(slices.Index(opNames[:], name))
 		if o < 0 {
-			return mix{}, fmt.Errorf("unknown operation %q (want begin, cycle, replay or hot)", name)
+			return mix{}, fmt.Errorf("unknown operation %q (want begin, cycle, replay, hot or pay)", name)
 		}
 		w := 1
 		if hasWeight {

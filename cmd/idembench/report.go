@@ -16,6 +16,7 @@ type report struct {
 	cfg        config
 	elapsed    time.Duration
 	rows       [numRows]rowStats
+	lag        histogram // open loop: how late turns started
 	errs       map[errKey]*errCount
 	bad        int
 	violations []string // one ERROR line per key acquired more than once
@@ -45,6 +46,7 @@ func (b *bench) report(workers []*worker, elapsed time.Duration) *report {
 			}
 		}
 		r.bad += w.bad
+		r.lag.merge(&w.lag)
 	}
 
 	var tallied []string
@@ -93,6 +95,12 @@ func (r *report) write(out io.Writer) {
 	}
 	fmt.Fprintf(out, "idembench %s  mix %s  concurrency %d  elapsed %.3fs\n",
 		r.cfg.url, r.cfg.mix, r.cfg.concurrency, secs)
+	if r.cfg.rate > 0 {
+		fmt.Fprintf(out, "open loop  %10.1f turns/s scheduled (%d taken); latencies from each turn's due time\n",
+			r.cfg.rate, r.lag.n)
+		fmt.Fprintf(out, "lag_ms     p50 %.3f  p99 %.3f  max %.3f  (how late turns started)\n",
+			ms(r.lag.quantile(0.50)), ms(r.lag.quantile(0.99)), ms(r.lag.max))
+	}
 	fmt.Fprintf(out, "requests/s %10.1f  (%d requests)\n", float64(requests)/secs, requests)
 	if r.cfg.mix.has(opCycle) {
 		cycles := r.rows[rowCycle].count()

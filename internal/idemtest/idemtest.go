@@ -96,6 +96,7 @@ func WriteTenantsFile(tb testing.TB, text string) string {
 type Idemsvc struct {
 	URL     string
 	Service *handlers.Service
+	Server  *httptest.Server // to close its connections, say
 }
 
 // Serve serves idemsvc with cfg (a nil Store is a new memory store with
@@ -115,7 +116,7 @@ func Serve(tb testing.TB, cfg handlers.Config, wrap ...func(http.Handler) http.H
 	srv := httptest.NewServer(h)
 	tb.Cleanup(srv.Close)
 	tb.Cleanup(svc.StopWaiting) // runs first
-	return &Idemsvc{URL: srv.URL, Service: svc}
+	return &Idemsvc{URL: srv.URL, Service: svc, Server: srv}
 }
 
 // Eventually polls cond every 10 ms until it holds, and fails tb, naming

@@ -1,0 +1,247 @@
+#!/usr/bin/env bash
+# The whole path a caller feels, measured side by side with its baselines:
+#
+#   benchmarks/caller-load.sh [runs]      (default 3; make load-sdk)
+#
+# Everything runs on this machine, on a Redis of its own. Each run puts, for
+# DURATION seconds (default 10) each, these loads in pairs, each pair's
+# order alternating from run to run as the machine's other load drifts:
+#
+#   begin, cycle, replay  idemsvc's begin on new keys, begin + complete, and
+#                         begin of a completed key (a 1 KiB replay), at
+#                         concurrency 64, beside barechi (benchmarks/barechi),
+#                         the bare chi handler that runs the same scripts;
+#   pay64, pay1           payapp (benchmarks/payapp), a tiny service whose
+#                         POST /pay answers 201, behind idem.Middleware with
+#                         the SDK's defaults, beside the same app alone, at
+#                         concurrency 64 and 1, a new Idempotency-Key each;
+#   open                  begin on an open loop (idembench --rate, 128
+#                         connections) at OPEN_SHARE (default 0.8) of this
+#                         run's closed-loop barechi begins/s, on idemsvc and
+#                         on barechi.
+#
+# idemsvc runs as shipped: tenants file, JSON logs at info (to a file). For
+# each load the script gives requests/s (cycles/s for cycle), p50 and p99,
+# and CPU µs per request (per cycle) of the application, of the server
+# (idemsvc or barechi), of Redis and of idembench, from /proc; then the
+# medians over the runs, and the medians of the per-run ratios:
+#
+#   - idemsvc over barechi, for begin, cycle and replay;
+#   - the SDK's client CPU per call: (app CPU behind the middleware - app CPU
+#     alone) / 2, a request making two calls (begin, complete);
+#   - the open loop: whether idemsvc kept to the schedule, and its p99 over
+#     barechi's.
+#
+# PROFILE=1 adds CPU profiles of the application behind the middleware and
+# of idemsvc under pay64, taken with net/http/pprof listeners added at
+# build time (go build -overlay; the source is not changed).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. benchmarks/lib.sh
+runs=${1:-3}
+duration=${DURATION:-10}
+open_share=${OPEN_SHARE:-0.8}
+
+dir=$(mktemp -d)
+results=$(mktemp -d -t caller-load.XXXXXX)
+pids=()
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
+trap cleanup EXIT
+
+echo "building idemsvc, barechi, payapp and idembench"
+overlay=()
+if [ -n "${PROFILE:-}" ]; then
+  # A pprof listener at $BENCH_PPROF, for idemsvc and payapp alike.
+  cat >"$dir/pprof.go" <<'EOF'
+package main
+
+import (
+	"net/http"
+	_ "net/http/pprof"
+	"os"
+)
+
+func init() {
+	if addr := os.Getenv("BENCH_PPROF"); addr != "" {
+		go func() { _ = http.ListenAndServe(addr, nil) }()
+	}
+}
+EOF
+  printf '{"Replace": {"%s": "%s", "%s": "%s"}}\n' "$PWD/cmd/idemsvc/zz_bench_pprof.go" "$dir/pprof.go" \
+    "$PWD/benchmarks/payapp/zz_bench_pprof.go" "$dir/pprof.go" >"$dir/overlay.json"
+  overlay=(-overlay "$dir/overlay.json")
+fi
+go build "${overlay[@]}" -o "$results/idemsvc" ./cmd/idemsvc
+go build "${overlay[@]}" -o "$results/payapp" ./benchmarks/payapp
+go build -o "$dir/barechi" ./benchmarks/barechi
+go build -o "$dir/idembench" ./cmd/idembench
+
+redis_port=$(free_port)
+redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no --daemonize no \
+  --dir "$dir" --logfile "$dir/redis.log" &
+redis_pid=$!
+pids+=("$redis_pid")
+until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
+redis_url=redis://127.0.0.1:$redis_port
+
+api_key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+printf 'tenants:\n  - name: bench\n    api_key_sha256: ["%s"]\n' \
+  "$(printf %s "$api_key" | sha256sum | cut -d' ' -f1)" >"$dir/tenants.yaml"
+export IDEMSVC_API_KEY=$api_key
+
+idemsvc_port=$(free_port) idemsvc_pprof=$(free_port)
+BENCH_PPROF=127.0.0.1:$idemsvc_pprof "$results/idemsvc" --listen "127.0.0.1:$idemsvc_port" --redis-url "$redis_url" \
+  --tenants-file "$dir/tenants.yaml" --log-level info 2>>"$dir/idemsvc.log" &
+idemsvc_pid=$!
+pids+=("$idemsvc_pid")
+wait_http "http://127.0.0.1:$idemsvc_port/readyz"
+
+barechi_port=$(free_port)
+"$dir/barechi" --listen "127.0.0.1:$barechi_port" --redis-url "$redis_url" 2>"$dir/barechi.log" &
+barechi_pid=$!
+pids+=("$barechi_pid")
+wait_http "http://127.0.0.1:$barechi_port/"
+
+alone_port=$(free_port)
+"$results/payapp" --listen "127.0.0.1:$alone_port" 2>"$dir/alone.log" &
+alone_pid=$!
+pids+=("$alone_pid")
+wait_http "http://127.0.0.1:$alone_port/"
+
+sdk_port=$(free_port) sdk_pprof=$(free_port)
+BENCH_PPROF=127.0.0.1:$sdk_pprof "$results/payapp" --listen "127.0.0.1:$sdk_port" \
+  --idemsvc "http://127.0.0.1:$idemsvc_port" 2>"$dir/sdk.log" &
+sdk_pid=$!
+pids+=("$sdk_pid")
+wait_http "http://127.0.0.1:$sdk_port/"
+
+# load LABEL PORT APP_PID SERVER_PID MIX CONCURRENCY [RATE]: one idembench
+# run on a flushed Redis. The report goes to $results/LABEL-RUN.txt; a line
+# of figures to $dir/figures: requests/s (cycles/s for a cycle mix), p50
+# and p99 in ms, CPU µs per request (per cycle) of the application (0 when
+# none), the server, Redis and idembench, and the share of the machine's
+# CPU that other processes took meanwhile (high values mean the figures
+# are not to be trusted).
+load() {
+  local label=$1 port=$2 app=$3 server=$4 mix=$5 concurrency=$6 rate=${7:-0}
+  local report=$results/$label-$run.txt
+  redis-cli -p "$redis_port" flushall sync >/dev/null
+  : >"$dir/idemsvc.log" # as shipped it logs every request; keep the file small
+  local a0=0 a1=0 s0 s1 r0 r1 m0 m1 status=0
+  [ "$app" != 0 ] && a0=$(cpu_ticks "$app")
+  s0=$(cpu_ticks "$server")
+  r0=$(cpu_ticks "$redis_pid")
+  m0=$(machine_ticks)
+  TIMEFORMAT='%U %S'
+  { time "$dir/idembench" --url "http://127.0.0.1:$port" --mix "$mix" --concurrency "$concurrency" \
+    --rate "$rate" --duration "${duration}s" >"$report" 2>"$dir/idembench.err" || status=$?; } 2>"$dir/time"
+  [ "$app" != 0 ] && a1=$(cpu_ticks "$app")
+  s1=$(cpu_ticks "$server")
+  r1=$(cpu_ticks "$redis_pid")
+  m1=$(machine_ticks)
+  if [ "$status" != 0 ]; then
+    cat "$report" "$dir/idembench.err"
+    echo "idembench failed: $label" >&2
+    exit 1
+  fi
+  local unit=requests/s op=$mix
+  [ "$mix" = cycle ] && unit=cycles/s
+  local per_s n
+  per_s=$(awk -v u="$unit" '$1 == u { print $2 }' "$report")
+  n=$(awk -v u="$unit" '$1 == u { gsub(/\(/, "", $3); print $3 }' "$report")
+  # shellcheck disable=SC2046 # the percentiles are words
+  echo "$label" "$per_s" $(awk -v op="$op" '$1 == op { print $4, $6 }' "$report") \
+    "$(per_request $((a1 - a0)) "$n")" "$(per_request $((s1 - s0)) "$n")" "$(per_request $((r1 - r0)) "$n")" \
+    "$(awk -v n="$n" '{ printf "%.1f\n", ($1 + $2) * 1e6 / n }' "$dir/time")" \
+    "$(awk -v m0="$m0" -v m1="$m1" -v ours=$((a1 - a0 + s1 - s0 + r1 - r0)) -v hz="$clk_tck" '{
+      split(m0, a, " "); split(m1, b, " ")
+      other = (b[1] - a[1]) - ours - ($1 + $2) * hz
+      printf "%.0f\n", (other > 0 ? 100 * other / (b[2] - a[2]) : 0) }' "$dir/time")" >>"$dir/figures"
+  local errors
+  errors=$(awk '$1 == "errors:" { print $2 }' "$report")
+  [ "$errors" = none ] || echo "  $label: errors: $errors (see $report)"
+}
+
+# pair A B: runs the loads A and B (words for load), A first in odd runs.
+pair() {
+  if [ $((run % 2)) = 1 ]; then load $1; load $2; else load $2; load $1; fi
+}
+
+columns=(per_s p50_ms p99_ms app_us srv_us redis_us gen_us other%)
+fmt_row() { printf '%-16s %9s %8s %8s %8s %8s %9s %8s %7s\n' "$@"; }
+
+: >"$dir/figures"
+for run in $(seq "$runs"); do
+  pair "bare_begin $barechi_port 0 $barechi_pid begin 64" "idemsvc_begin $idemsvc_port 0 $idemsvc_pid begin 64"
+  pair "bare_cycle $barechi_port 0 $barechi_pid cycle 64" "idemsvc_cycle $idemsvc_port 0 $idemsvc_pid cycle 64"
+  pair "bare_replay $barechi_port 0 $barechi_pid replay 64" "idemsvc_replay $idemsvc_port 0 $idemsvc_pid replay 64"
+  pair "alone_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "sdk_pay64 $sdk_port $sdk_pid $idemsvc_pid pay 64"
+  pair "alone_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "sdk_pay1 $sdk_port $sdk_pid $idemsvc_pid pay 1"
+  rate=$(awk -v r="$run" -v s="$open_share" '$1 == "bare_begin" { n++; if (n == r) printf "%.0f\n", $2 * s }' "$dir/figures")
+  pair "bare_open $barechi_port 0 $barechi_pid begin 128 $rate" "idemsvc_open $idemsvc_port 0 $idemsvc_pid begin 128 $rate"
+  echo
+  echo "run $run of $runs (open loop at $rate/s; load $(cut -d' ' -f1-3 /proc/loadavg))"
+  fmt_row "" "${columns[@]}"
+  # shellcheck disable=SC2086 # the figures are words
+  tail -n 12 "$dir/figures" | sort | while read -r line; do fmt_row $line; done
+done
+
+labels=(bare_begin idemsvc_begin bare_cycle idemsvc_cycle bare_replay idemsvc_replay
+  alone_pay64 sdk_pay64 alone_pay1 sdk_pay1 bare_open idemsvc_open)
+# column LABEL N: the median over the runs of LABEL's Nth column.
+column() { awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$dir/figures" | median; }
+# ratio A B N [OP]: the median over the runs of A's Nth column OP B's (/ by
+# default, or -), each run's pair measured side by side.
+ratio() {
+  paste <(awk -v l="$1" -v c="$3" '$1 == l { print $c }' "$dir/figures") \
+    <(awk -v l="$2" -v c="$3" '$1 == l { print $c }' "$dir/figures") |
+    awk -v op="${4:-/}" '{ printf "%.4f\n", op == "-" ? $1 - $2 : $1 / $2 }' | median
+}
+echo
+echo "medians of $runs runs, ${duration}s each"
+fmt_row "" "${columns[@]}"
+for label in "${labels[@]}"; do
+  cols=()
+  for c in $(seq 2 $((${#columns[@]} + 1))); do cols+=("$(column "$label" "$c")"); done
+  fmt_row "$label" "${cols[@]}"
+done
+echo
+echo "medians of the per-run ratios (idemsvc / barechi unless said):"
+for op in begin cycle replay; do
+  awk -v op="$op" -v r="$(ratio "idemsvc_$op" "bare_$op" 2)" -v cpu="$(ratio "idemsvc_$op" "bare_$op" 6)" \
+    'BEGIN { printf "  %-7s %.3f of the throughput, %.2fx the server CPU\n", op, r, cpu }'
+done
+for c in 64 1; do
+  awk -v c="$c" -v r="$(ratio "sdk_pay$c" "alone_pay$c" 2)" -v app="$(ratio "sdk_pay$c" "alone_pay$c" 5 -)" \
+    -v p50="$(ratio "sdk_pay$c" "alone_pay$c" 3 -)" -v alone="$(column "alone_pay$c" 5)" \
+    'BEGIN { printf "  pay at concurrency %s, behind the middleware / alone: %.3f of the throughput, +%.2f ms at p50; app CPU %.1f µs/request alone, +%.1f µs behind the middleware, %.1f µs per SDK call\n", c, r, p50, alone, app, app / 2 }'
+done
+awk -v rate="$(column bare_open 2)" -v got="$(ratio idemsvc_open bare_open 2)" -v p99="$(ratio idemsvc_open bare_open 4)" \
+  -v bare="$(column bare_open 4)" -v idem="$(column idemsvc_open 4)" -v share="$open_share" \
+  'BEGIN { printf "  open loop at %.0f%% of barechi'"'"'s closed-loop begins/s: idemsvc served %.3f of barechi'"'"'s rate; p99 %.2f ms against %.2f ms, %.2fx\n", 100 * share, got, idem, bare, p99 }'
+echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
+echo "full reports: $results"
+
+if [ -n "${PROFILE:-}" ]; then
+  echo
+  echo "profiling payapp behind the middleware, and idemsvc, under pay64"
+  run=profile
+  seconds=$((duration > 3 ? duration - 2 : 1))
+  (sleep 1 && curl -s -o "$results/payapp.cpu.pprof" "http://127.0.0.1:$sdk_pprof/debug/pprof/profile?seconds=$seconds") &
+  app_curl=$!
+  (sleep 1 && curl -s -o "$results/idemsvc.cpu.pprof" "http://127.0.0.1:$idemsvc_pprof/debug/pprof/profile?seconds=$seconds") &
+  idemsvc_curl=$!
+  load sdk_pay64 "$sdk_port" "$sdk_pid" "$idemsvc_pid" pay 64
+  wait "$app_curl" "$idemsvc_curl"
+  for bin in payapp idemsvc; do
+    go tool pprof -top -nodecount=60 "$results/$bin" "$results/$bin.cpu.pprof" >"$results/$bin.top.txt" 2>/dev/null
+    go tool pprof -top -cum -nodecount=100 "$results/$bin" "$results/$bin.cpu.pprof" >"$results/$bin.cum.txt" 2>/dev/null
+    echo "$bin, top of the profile:"
+    sed -n '5,25p' "$results/$bin.top.txt"
+  done
+  echo "profiles, and the binaries for go tool pprof, in $results"
+fi

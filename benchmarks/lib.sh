@@ -1,0 +1,32 @@
+# Helpers shared by the load scripts in this folder; sourced, not run.
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# wait_http URL [CA_FILE]: until something answers HTTP there.
+wait_http() {
+  for _ in $(seq 100); do
+    if [ -n "${2:-}" ]; then
+      curl -s -o /dev/null --cacert "$2" "$1" 2>/dev/null && return 0
+    fi
+    curl -s -o /dev/null "$1" && return 0
+    sleep 0.1
+  done
+  echo "nothing answers at $1" >&2
+  return 1
+}
+
+clk_tck=$(getconf CLK_TCK)
+# cpu_ticks PID: the user and system CPU ticks the process has used.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# machine_ticks: busy and total CPU ticks of the whole machine.
+machine_ticks() { awk '$1 == "cpu" { print $2 + $3 + $4 + $7 + $8 + $9, $2 + $3 + $4 + $5 + $6 + $7 + $8 + $9 }' /proc/stat; }
+# per_request TICKS REQUESTS: CPU µs per request.
+per_request() { awk -v t="$1" -v n="$2" -v hz="$clk_tck" 'BEGIN { printf "%.1f\n", n ? t * 1e6 / hz / n : 0 }'; }
+
+# median: of the numbers on stdin; "-" when there are none.
+median() {
+  sort -g | awk '{ v[NR] = $1 }
+    END { if (NR == 0 || v[1] == "-") print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
