@@ -23,9 +23,9 @@ import (
 // exchange is one request as idemsvc received it.
 type exchange struct {
 	Method, URI, Host string
-	Header      http.Header
-	Body        string
-	remote      string // the connection's address at the client
+	Header            http.Header
+	Body              string
+	remote            string // the connection's address at the client
 }
 
 // recorded is an idemsvc that keeps every request it receives.
