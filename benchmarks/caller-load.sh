@@ -32,6 +32,13 @@
 #   - the open loop: whether idemsvc kept to the schedule, and its p99 over
 #     barechi's.
 #
+# SDK_BASE=REV adds, to pay64 and pay1, the same app built with the SDK
+# of git revision REV (from a temporary worktree), beside the others: a
+# change to the SDK, measured side by side.
+#
+# LOADS picks some of the pairs (comma-separated names from the list
+# above; default all). The open loop needs begin.
+#
 # PROFILE=1 adds CPU profiles of the application behind the middleware and
 # of idemsvc under pay64, taken with net/http/pprof listeners added at
 # build time (go build -overlay; the source is not changed).
@@ -41,6 +48,7 @@ cd "$(dirname "$0")/.."
 runs=${1:-3}
 duration=${DURATION:-10}
 open_share=${OPEN_SHARE:-0.8}
+loads=${LOADS:-begin,cycle,replay,pay64,pay1,open}
 
 dir=$(mktemp -d)
 results=$(mktemp -d -t caller-load.XXXXXX)
@@ -78,6 +86,13 @@ fi
 go build "${overlay[@]}" -o "$results/idemsvc" ./cmd/idemsvc
 go build "${overlay[@]}" -o "$results/payapp" ./benchmarks/payapp
 go build -o "$dir/barechi" ./benchmarks/barechi
+if [ -n "${SDK_BASE:-}" ]; then
+  git worktree add -q --detach "$dir/base" "$SDK_BASE"
+  mkdir -p "$dir/base/benchmarks/payapp"
+  cp benchmarks/payapp/main.go "$dir/base/benchmarks/payapp/"
+  (cd "$dir/base" && go build -o "$results/payapp-base" ./benchmarks/payapp)
+  git worktree remove --force "$dir/base"
+fi
 go build -o "$dir/idembench" ./cmd/idembench
 
 redis_port=$(free_port)
@@ -118,6 +133,15 @@ BENCH_PPROF=127.0.0.1:$sdk_pprof "$results/payapp" --listen "127.0.0.1:$sdk_port
 sdk_pid=$!
 pids+=("$sdk_pid")
 wait_http "http://127.0.0.1:$sdk_port/"
+
+base_pid=
+if [ -n "${SDK_BASE:-}" ]; then
+  base_port=$(free_port)
+  "$results/payapp-base" --listen "127.0.0.1:$base_port" --idemsvc "http://127.0.0.1:$idemsvc_port" 2>"$dir/base.log" &
+  base_pid=$!
+  pids+=("$base_pid")
+  wait_http "http://127.0.0.1:$base_port/"
+fi
 
 # load LABEL PORT APP_PID SERVER_PID MIX CONCURRENCY [RATE]: one idembench
 # run on a flushed Redis. The report goes to $results/LABEL-RUN.txt; a line
@@ -166,32 +190,44 @@ load() {
   [ "$errors" = none ] || echo "  $label: errors: $errors (see $report)"
 }
 
-# pair A B: runs the loads A and B (words for load), A first in odd runs.
+# pair NAME A B [C]: runs the loads A, B (and C) (words for load), in
+# that order in odd runs and the other way round in even ones, if LOADS
+# names NAME.
 pair() {
-  if [ $((run % 2)) = 1 ]; then load $1; load $2; else load $2; load $1; fi
+  case ",$loads," in *",$1,"*) ;; *) return 0 ;; esac
+  shift
+  local l order=()
+  for l in "$@"; do
+    [ -n "$l" ] || continue
+    if [ $((run % 2)) = 1 ]; then order+=("$l"); else order=("$l" "${order[@]}"); fi
+  done
+  # shellcheck disable=SC2086 # the load's words
+  for l in "${order[@]}"; do load $l; done
 }
+base() { if [ -n "$base_pid" ]; then echo "base_pay$1 $base_port $base_pid $idemsvc_pid pay $1"; fi; }
 
 columns=(per_s p50_ms p99_ms app_us srv_us redis_us gen_us other%)
 fmt_row() { printf '%-16s %9s %8s %8s %8s %8s %9s %8s %7s\n' "$@"; }
 
 : >"$dir/figures"
 for run in $(seq "$runs"); do
-  pair "bare_begin $barechi_port 0 $barechi_pid begin 64" "idemsvc_begin $idemsvc_port 0 $idemsvc_pid begin 64"
-  pair "bare_cycle $barechi_port 0 $barechi_pid cycle 64" "idemsvc_cycle $idemsvc_port 0 $idemsvc_pid cycle 64"
-  pair "bare_replay $barechi_port 0 $barechi_pid replay 64" "idemsvc_replay $idemsvc_port 0 $idemsvc_pid replay 64"
-  pair "alone_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "sdk_pay64 $sdk_port $sdk_pid $idemsvc_pid pay 64"
-  pair "alone_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "sdk_pay1 $sdk_port $sdk_pid $idemsvc_pid pay 1"
+  pair begin "bare_begin $barechi_port 0 $barechi_pid begin 64" "idemsvc_begin $idemsvc_port 0 $idemsvc_pid begin 64"
+  pair cycle "bare_cycle $barechi_port 0 $barechi_pid cycle 64" "idemsvc_cycle $idemsvc_port 0 $idemsvc_pid cycle 64"
+  pair replay "bare_replay $barechi_port 0 $barechi_pid replay 64" "idemsvc_replay $idemsvc_port 0 $idemsvc_pid replay 64"
+  pair pay64 "alone_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "sdk_pay64 $sdk_port $sdk_pid $idemsvc_pid pay 64" "$(base 64)"
+  pair pay1 "alone_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "sdk_pay1 $sdk_port $sdk_pid $idemsvc_pid pay 1" "$(base 1)"
   rate=$(awk -v r="$run" -v s="$open_share" '$1 == "bare_begin" { n++; if (n == r) printf "%.0f\n", $2 * s }' "$dir/figures")
-  pair "bare_open $barechi_port 0 $barechi_pid begin 128 $rate" "idemsvc_open $idemsvc_port 0 $idemsvc_pid begin 128 $rate"
+  pair open "bare_open $barechi_port 0 $barechi_pid begin 128 $rate" "idemsvc_open $idemsvc_port 0 $idemsvc_pid begin 128 $rate"
   echo
   echo "run $run of $runs (open loop at $rate/s; load $(cut -d' ' -f1-3 /proc/loadavg))"
   fmt_row "" "${columns[@]}"
   # shellcheck disable=SC2086 # the figures are words
-  tail -n 12 "$dir/figures" | sort | while read -r line; do fmt_row $line; done
+  awk -v n="$run" '{ seen[$1]++ } seen[$1] == n' "$dir/figures" | sort | while read -r line; do fmt_row $line; done
 done
 
 labels=(bare_begin idemsvc_begin bare_cycle idemsvc_cycle bare_replay idemsvc_replay
   alone_pay64 sdk_pay64 alone_pay1 sdk_pay1 bare_open idemsvc_open)
+[ -n "$base_pid" ] && labels+=(base_pay64 base_pay1)
 # column LABEL N: the median over the runs of LABEL's Nth column.
 column() { awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$dir/figures" | median; }
 # ratio A B N [OP]: the median over the runs of A's Nth column OP B's (/ by
@@ -220,6 +256,13 @@ for c in 64 1; do
     -v p50="$(ratio "sdk_pay$c" "alone_pay$c" 3 -)" -v alone="$(column "alone_pay$c" 5)" \
     'BEGIN { printf "  pay at concurrency %s, behind the middleware / alone: %.3f of the throughput, +%.2f ms at p50; app CPU %.1f µs/request alone, +%.1f µs behind the middleware, %.1f µs per SDK call\n", c, r, p50, alone, app, app / 2 }'
 done
+if [ -n "$base_pid" ]; then
+  for c in 64 1; do
+    awk -v c="$c" -v r="$(ratio "sdk_pay$c" "base_pay$c" 2)" -v app="$(ratio "sdk_pay$c" "base_pay$c" 5 -)" \
+      -v base="$(ratio "base_pay$c" "alone_pay$c" 5 -)" -v rev="$SDK_BASE" \
+      'BEGIN { printf "  pay at concurrency %s, this SDK / the SDK of %s: %.3f of the throughput, %+.1f µs of app CPU per request (%.1f µs per SDK call there)\n", c, rev, r, app, base / 2 }'
+  done
+fi
 awk -v rate="$(column bare_open 2)" -v got="$(ratio idemsvc_open bare_open 2)" -v p99="$(ratio idemsvc_open bare_open 4)" \
   -v bare="$(column bare_open 4)" -v idem="$(column idemsvc_open 4)" -v share="$open_share" \
   'BEGIN { printf "  open loop at %.0f%% of barechi'"'"'s closed-loop begins/s: idemsvc served %.3f of barechi'"'"'s rate; p99 %.2f ms against %.2f ms, %.2fx\n", 100 * share, got, idem, bare, p99 }'

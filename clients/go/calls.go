@@ -88,7 +88,7 @@ func (c *Client) Begin(ctx context.Context, p BeginParams) (BeginResult, error) 
 		RetentionS: seconds(p.Retention), WaitMs: millis(p.Wait)}
 	var out BeginResult
 	err := c.call(ctx, "begin", c.callTimeout+p.Wait, func(ctx context.Context) (*http.Response, []byte, error) {
-		r, err := c.api.BeginWithResponse(ctx, body)
+		r, err := c.begin(ctx, body)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -100,20 +100,26 @@ func (c *Client) Begin(ctx context.Context, p BeginParams) (BeginResult, error) 
 
 // Complete stores resp as the outcome of the attempt holding token.
 func (c *Client) Complete(ctx context.Context, key, token string, resp Response, retention time.Duration) (FinishResult, error) {
+	var out FinishResult
+	err := c.completeInto(ctx, key, token, resp, retention, &out)
+	return out, err
+}
+
+// completeInto is Complete, with idemsvc's answer decoded into out, or
+// not at all when out is nil (Do and Middleware have no use for it).
+func (c *Client) completeInto(ctx context.Context, key, token string, resp Response, retention time.Duration, out *FinishResult) error {
 	body := CompleteRequest{Key: key, LeaseToken: token, Response: resp.stored(),
 		RetentionS: seconds(retention), Tenant: c.tenant}
-	var out FinishResult
-	err := c.call(ctx, "complete", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
-		r, err := c.api.CompleteWithResponse(ctx, body)
+	return c.call(ctx, "complete", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
+		r, err := c.complete(ctx, body, out != nil)
 		if err != nil {
 			return nil, nil, err
 		}
-		if r.JSON200 != nil {
-			out = *r.JSON200
+		if out != nil && r.JSON200 != nil {
+			*out = *r.JSON200
 		}
 		return r.HTTPResponse, r.Body, nil
 	})
-	return out, err
 }
 
 // FailParams describe a failed attempt.
@@ -149,7 +155,7 @@ func (c *Client) Fail(ctx context.Context, key, token string, p FailParams) (Fin
 		Error: nonEmpty(shortMessage(p.Error)), Response: p.Response.stored(), Tenant: c.tenant}
 	var out FinishResult
 	err := c.call(ctx, "fail", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
-		r, err := c.api.FailWithResponse(ctx, body)
+		r, err := c.fail(ctx, body)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -166,7 +172,7 @@ func (c *Client) Extend(ctx context.Context, key, token string, lease time.Durat
 	body := ExtendRequest{Key: key, LeaseToken: token, LeaseMs: millis(lease), Tenant: c.tenant}
 	var out Lease
 	err := c.call(ctx, "extend", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
-		r, err := c.api.ExtendWithResponse(ctx, body)
+		r, err := c.extend(ctx, body)
 		if err != nil {
 			return nil, nil, err
 		}

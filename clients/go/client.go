@@ -26,6 +26,7 @@ import (
 // is not waited for: the call returns the error at once.
 type Client struct {
 	api         *ClientWithResponses
+	fast        *fastPath // nil when calls go through WithHTTP's client or a proxy
 	tenant      *string
 	callTimeout time.Duration
 	retryBudget time.Duration
@@ -157,6 +158,9 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	}
 	c := &Client{api: api, callTimeout: cfg.callTimeout, retryBudget: cfg.retryBudget,
 		minBackoff: 50 * time.Millisecond, maxBackoff: 2 * time.Second}
+	if w, ok := cfg.httpClient.(*wire); ok {
+		c.fast = newFastPath(w, api.ClientInterface.(*APIClient).Server, auth)
+	}
 	if cfg.tenant != "" {
 		c.tenant = &cfg.tenant
 	}
@@ -286,7 +290,10 @@ func (e *Error) Is(target error) bool {
 func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do func(ctx context.Context) (*http.Response, []byte, error)) error {
 	deadline := time.Now().Add(c.retryBudget)
 	for attempt := 0; ; attempt++ {
-		callCtx, cancel := context.WithTimeout(ctx, timeout)
+		callCtx, cancel := ctx, noCancel
+		if d, ok := ctx.Deadline(); !ok || time.Until(d) > timeout {
+			callCtx, cancel = context.WithTimeout(ctx, timeout)
+		}
 		resp, body, err := do(callCtx)
 		cancel()
 		var wait time.Duration
@@ -319,6 +326,9 @@ func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do 
 		}
 	}
 }
+
+// noCancel is the cancel of a context that call did not make.
+var noCancel context.CancelFunc = func() {}
 
 // opError is a call that failed: "idem: begin: 409 In progress: ...".
 type opError struct {

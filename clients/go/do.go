@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 )
 
@@ -130,13 +131,13 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 
 	out := Result{Response: resp, Attempt: lease.Attempt}
 	if err == nil {
-		_, cerr := c.Complete(finishCtx, key, token, resp, opts.Retention)
+		cerr := c.completeInto(finishCtx, key, token, resp, opts.Retention, nil)
 		if errors.Is(cerr, ErrTooLarge) && opts.omitBody {
 			headers := map[string]string{BodyOmittedHeader: "true"}
 			for name, value := range resp.Headers {
 				headers[name] = value
 			}
-			_, cerr = c.Complete(finishCtx, key, token, Response{StatusCode: resp.StatusCode, Headers: headers}, opts.Retention)
+			cerr = c.completeInto(finishCtx, key, token, Response{StatusCode: resp.StatusCode, Headers: headers}, opts.Retention, nil)
 		}
 		if errors.Is(cerr, ErrTooLarge) || errors.Is(cerr, ErrInvalid) {
 			// The operation ran but its outcome cannot be stored: a
@@ -168,56 +169,87 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 
 // heartbeat extends the lease every lease/3 until stop is called. When the
 // lease is lost, or cannot be extended before it runs out, it cancels ctx
-// with ErrLeaseLost.
+// with ErrLeaseLost. It is a timer, not a goroutine, until it first
+// fires: an operation shorter than lease/3 costs no more than that.
 func (c *Client) heartbeat(ctx context.Context, lost context.CancelCauseFunc, key, token string, lease time.Duration) (stop func()) {
+	h := &heartbeat{c: c, parent: ctx, lost: lost, key: key, token: token, lease: lease,
+		expires: time.Now().Add(lease)} // on this clock; a little late at worst
+	h.mu.Lock() // the timer may fire before AfterFunc returns
+	h.timer = time.AfterFunc(lease/3, h.beat)
+	h.mu.Unlock()
+	return h.stop
+}
+
+type heartbeat struct {
+	c          *Client
+	parent     context.Context
+	lost       context.CancelCauseFunc
+	key, token string
+	lease      time.Duration
+	expires    time.Time // of the lease, as last extended; beats run one at a time
+
+	mu      sync.Mutex
+	timer   *time.Timer
+	stopped bool
+	cancel  context.CancelFunc // of the extend in flight, if any
+	beating sync.WaitGroup
+}
+
+// beat extends the lease once, and sets the timer for the next beat
+// unless the lease is lost or the heartbeat stopped.
+func (h *heartbeat) beat() {
+	h.mu.Lock()
+	if h.stopped {
+		h.mu.Unlock()
+		return
+	}
 	// stop cancels an extend in flight: the caller completes at once
 	// instead of waiting for a slow idemsvc while the lease runs down.
-	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	stopped := make(chan struct{})
-	go func() {
-		defer close(stopped)
-		expires := time.Now().Add(lease) // on this clock; a little late at worst
-		ticker := time.NewTicker(lease / 3)
-		defer ticker.Stop()
-		for {
-			select {
-			case <-ticker.C:
-			case <-done:
-				return
-			case <-ctx.Done():
-				return
-			}
-			extendCtx, cancel := context.WithDeadline(ctx, expires)
-			sent := time.Now()
-			_, err := c.Extend(extendCtx, key, token, lease)
-			cancel()
-			switch {
-			case err == nil:
-				expires = sent.Add(lease)
-			case ctx.Err() != nil:
-				return // stopped, or the caller's context ended
-			case errors.Is(err, ErrLeaseLost):
-				lost(err)
-				return
-			case errors.Is(err, ErrNotFound): // the record is gone, and the lease with it
-				lost(fmt.Errorf("%w: %w", ErrLeaseLost, err))
-				return
-			case !time.Now().Before(expires):
-				lost(fmt.Errorf("%w: not extended before it ran out: %w", ErrLeaseLost, err))
-				return
-			}
-		}
-	}()
-	var once bool
-	return func() {
-		if !once {
-			once = true
-			close(done)
-			cancel()
-			<-stopped
-		}
+	ctx, cancel := context.WithDeadline(h.parent, h.expires)
+	h.cancel = cancel
+	h.beating.Add(1)
+	h.mu.Unlock()
+	defer h.beating.Done()
+	defer cancel()
+
+	sent := time.Now()
+	_, err := h.c.Extend(ctx, h.key, h.token, h.lease)
+	switch {
+	case err == nil:
+		h.expires = sent.Add(h.lease)
+	case h.parent.Err() != nil:
+		return // the caller's context ended
+	case errors.Is(err, ErrLeaseLost):
+		h.lost(err)
+		return
+	case errors.Is(err, ErrNotFound): // the record is gone, and the lease with it
+		h.lost(fmt.Errorf("%w: %w", ErrLeaseLost, err))
+		return
+	case !time.Now().Before(h.expires):
+		h.lost(fmt.Errorf("%w: not extended before it ran out: %w", ErrLeaseLost, err))
+		return
 	}
+	h.mu.Lock()
+	if !h.stopped {
+		h.timer.Reset(h.lease / 3)
+	}
+	h.mu.Unlock()
+}
+
+// stop ends the heartbeat, and waits for a beat in progress to end.
+func (h *heartbeat) stop() {
+	h.mu.Lock()
+	if h.stopped {
+		h.mu.Unlock()
+		return
+	}
+	h.stopped = true
+	h.timer.Stop()
+	if h.cancel != nil {
+		h.cancel()
+	}
+	h.mu.Unlock()
+	h.beating.Wait()
 }
 
 // Terminal marks err as a terminal failure: Do stores it, and every later

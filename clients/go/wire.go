@@ -2,6 +2,7 @@ package idem
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -9,8 +10,11 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -98,13 +102,34 @@ func (w *wire) Do(req *http.Request) (*http.Response, error) {
 	if err != nil {
 		return nil, err
 	}
-	ctx := req.Context()
+	host := req.Host
+	if host == "" {
+		host = req.URL.Host
+	}
+	return w.send(req.Context(), &request{method: req.Method, uri: req.URL.RequestURI(), host: host, header: req.Header, body: body})
+}
+
+// request is what wire sends: the method and URI, and either a Host and
+// header to write, or head, the header lines (the Host's among them)
+// written ready, with the request id, if any, apart.
+type request struct {
+	method, uri string
+	host        string
+	header      http.Header
+	head        []byte
+	requestID   string
+	body        []byte
+}
+
+// send makes the exchange of req, once more on a new connection if a
+// pooled one failed before any answer came (see Do).
+func (w *wire) send(ctx context.Context, req *request) (*http.Response, error) {
 	for {
 		c, pooled, err := w.conn(ctx)
 		if err != nil {
-			return nil, &url.Error{Op: req.Method, URL: req.URL.String(), Err: err}
+			return nil, &url.Error{Op: req.method, URL: req.uri, Err: err}
 		}
-		resp, err := w.exchange(ctx, c, req, body)
+		resp, err := w.exchange(ctx, c, req)
 		if err == nil {
 			return resp, nil
 		}
@@ -113,7 +138,7 @@ func (w *wire) Do(req *http.Request) (*http.Response, error) {
 			err = context.Cause(ctx)
 		}
 		if !pooled || c.read > 0 || ctx.Err() != nil {
-			return nil, &url.Error{Op: req.Method, URL: req.URL.String(), Err: err}
+			return nil, &url.Error{Op: req.method, URL: req.uri, Err: err}
 		}
 	}
 }
@@ -176,7 +201,7 @@ var longAgo = time.Unix(1, 0)
 // exchange writes req on c and reads its answer whole. On success c is back
 // in the pool, or closed if the answer said so; on error the caller closes
 // it.
-func (w *wire) exchange(ctx context.Context, c *wireConn, req *http.Request, body []byte) (*http.Response, error) {
+func (w *wire) exchange(ctx context.Context, c *wireConn, req *request) (*http.Response, error) {
 	deadline, _ := ctx.Deadline() // none: the zero time
 	if err := c.nc.SetDeadline(deadline); err != nil {
 		return nil, err
@@ -184,25 +209,13 @@ func (w *wire) exchange(ctx context.Context, c *wireConn, req *http.Request, bod
 	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(longAgo) })
 	defer stop()
 	c.read = 0
-	if err := writeRequest(c.bw, req, body); err != nil {
+	if err := writeRequest(c.bw, req); err != nil {
 		return nil, err
 	}
-	resp, err := http.ReadResponse(c.br, req)
-	for err == nil && resp.StatusCode >= 100 && resp.StatusCode < 200 {
-		if resp.StatusCode == http.StatusSwitchingProtocols {
-			return nil, errors.New("idemsvc switched protocols")
-		}
-		resp, err = http.ReadResponse(c.br, req)
-	}
+	resp, err := readAnswer(c.br, req.method)
 	if err != nil {
 		return nil, err
 	}
-	data, err := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if err != nil {
-		return nil, err
-	}
-	resp.Body = &bodyReader{data: data}
 	if !stop() || resp.Close {
 		c.nc.Close() // the context ended meanwhile: its deadline stays on c
 	} else {
@@ -214,18 +227,24 @@ func (w *wire) exchange(ctx context.Context, c *wireConn, req *http.Request, bod
 // writeRequest writes req's head and body as HTTP/1.1. Header names and
 // values are checked as http.Transport checks them, so that no value can
 // add a header or a request.
-func writeRequest(bw *bufio.Writer, req *http.Request, body []byte) error {
-	bw.WriteString(req.Method)
+func writeRequest(bw *bufio.Writer, req *request) error {
+	bw.WriteString(req.method)
 	bw.WriteByte(' ')
-	bw.WriteString(req.URL.RequestURI())
-	bw.WriteString(" HTTP/1.1\r\nHost: ")
-	host := req.Host
-	if host == "" {
-		host = req.URL.Host
+	bw.WriteString(req.uri)
+	bw.WriteString(" HTTP/1.1\r\n")
+	if req.head != nil {
+		bw.Write(req.head)
+	} else {
+		bw.WriteString("Host: ")
+		bw.WriteString(req.host)
+		bw.WriteString("\r\n")
 	}
-	bw.WriteString(host)
-	bw.WriteString("\r\n")
-	for name, values := range req.Header {
+	if req.requestID != "" && validHeaderValue(req.requestID) {
+		bw.WriteString("X-Request-Id: ")
+		bw.WriteString(req.requestID)
+		bw.WriteString("\r\n")
+	}
+	for name, values := range req.header {
 		if !validHeaderName(name) {
 			return fmt.Errorf("invalid header name %q", name)
 		}
@@ -239,13 +258,13 @@ func writeRequest(bw *bufio.Writer, req *http.Request, body []byte) error {
 			bw.WriteString("\r\n")
 		}
 	}
-	if body != nil || req.Method == http.MethodPost {
+	if req.body != nil || req.method == http.MethodPost {
 		bw.WriteString("Content-Length: ")
-		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(body)), 10))
+		bw.Write(strconv.AppendInt(bw.AvailableBuffer(), int64(len(req.body)), 10))
 		bw.WriteString("\r\n")
 	}
 	bw.WriteString("\r\n")
-	bw.Write(body)
+	bw.Write(req.body)
 	return bw.Flush()
 }
 
@@ -298,4 +317,152 @@ func (b *bodyReader) WriteTo(w io.Writer) (int64, error) {
 	n, err := w.Write(b.data[b.off:])
 	b.off += n
 	return int64(n), err
+}
+
+// maxHeadBytes bounds an answer's status line and header lines, as
+// http.Transport's default does.
+const maxHeadBytes = 1 << 20
+
+// readAnswer reads one answer, past any interim (1xx) ones, whole: its
+// body is read to the end (by Content-Length, chunks, or the connection's
+// close), so that the connection can carry the next request. It reads
+// only what idemsvc's answers need, which is cheaper than
+// http.ReadResponse: the status, the header (with names made canonical),
+// and the body.
+func readAnswer(br *bufio.Reader, method string) (*http.Response, error) {
+	for {
+		resp, err := readHead(br)
+		if err != nil {
+			return nil, err
+		}
+		switch {
+		case resp.StatusCode == http.StatusSwitchingProtocols:
+			return nil, errors.New("idemsvc switched protocols")
+		case resp.StatusCode >= 100 && resp.StatusCode < 200:
+			continue
+		}
+		data, err := readBody(br, resp, method)
+		if err != nil {
+			return nil, err
+		}
+		resp.ContentLength = int64(len(data))
+		resp.Body = &bodyReader{data: data}
+		return resp, nil
+	}
+}
+
+// readLine reads one line of an answer's head, without its end, counting
+// its bytes into read; it stays valid until the next read of br.
+func readLine(br *bufio.Reader, read *int) ([]byte, error) {
+	b, err := br.ReadSlice('\n')
+	*read += len(b)
+	if err == bufio.ErrBufferFull || *read > maxHeadBytes {
+		return nil, errors.New("an answer's header is too long")
+	}
+	if err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(b, "\r\n"), nil
+}
+
+// readHead reads a status line and header lines.
+func readHead(br *bufio.Reader) (*http.Response, error) {
+	read := 0
+	status, err := readLine(br, &read)
+	if err != nil {
+		return nil, err
+	}
+	// HTTP/1.1 201 Created
+	if len(status) < 12 || !bytes.HasPrefix(status, []byte("HTTP/1.")) || status[8] != ' ' ||
+		(len(status) > 12 && status[12] != ' ') {
+		return nil, fmt.Errorf("malformed status line %q", status)
+	}
+	code, err := strconv.Atoi(string(status[9:12]))
+	if err != nil || code < 100 {
+		return nil, fmt.Errorf("malformed status line %q", status)
+	}
+	resp := &http.Response{StatusCode: code, Status: string(status[9:]), Proto: string(status[:8]),
+		ProtoMajor: 1, ProtoMinor: int(status[7] - '0'), Header: make(http.Header, 4)}
+	resp.Close = resp.ProtoMinor == 0
+	for {
+		b, err := readLine(br, &read)
+		if err != nil {
+			return nil, err
+		}
+		if len(b) == 0 {
+			break
+		}
+		name, value, ok := bytes.Cut(b, []byte(":"))
+		if !ok || !validHeaderName(string(name)) {
+			return nil, fmt.Errorf("malformed header line %q", b)
+		}
+		key := canonicalHeader(name)
+		resp.Header[key] = append(resp.Header[key], string(bytes.TrimSpace(value)))
+	}
+	for _, v := range resp.Header["Connection"] {
+		switch strings.ToLower(v) {
+		case "close":
+			resp.Close = true
+		case "keep-alive":
+			resp.Close = false
+		}
+	}
+	return resp, nil
+}
+
+// knownHeaders are the names idemsvc answers with, made canonical without
+// an allocation.
+var knownHeaders = []string{"Content-Type", "Content-Length", "Date", "Retry-After", "Connection",
+	"Transfer-Encoding", "X-Request-Id", "Cache-Control"}
+
+func canonicalHeader(name []byte) string {
+	for _, k := range knownHeaders {
+		if len(k) == len(name) && bytes.EqualFold(name, []byte(k)) {
+			return k
+		}
+	}
+	return http.CanonicalHeaderKey(string(name))
+}
+
+// readBody reads an answer's body whole.
+func readBody(br *bufio.Reader, resp *http.Response, method string) ([]byte, error) {
+	if method == http.MethodHead || resp.StatusCode == http.StatusNoContent || resp.StatusCode == http.StatusNotModified {
+		return nil, nil
+	}
+	if te := resp.Header["Transfer-Encoding"]; len(te) > 0 {
+		if len(te) != 1 || !strings.EqualFold(te[0], "chunked") {
+			return nil, fmt.Errorf("unsupported Transfer-Encoding %q", te)
+		}
+		data, err := io.ReadAll(httputil.NewChunkedReader(br))
+		if err != nil {
+			return nil, err
+		}
+		for { // the trailer, up to an empty line
+			b, err := br.ReadSlice('\n')
+			if err != nil {
+				return nil, err
+			}
+			if len(bytes.TrimRight(b, "\r\n")) == 0 {
+				return data, nil
+			}
+		}
+	}
+	if cl := resp.Header["Content-Length"]; len(cl) > 0 {
+		n, err := strconv.ParseInt(cl[0], 10, 64)
+		if err != nil || n < 0 || len(cl) > 1 && slices.ContainsFunc(cl[1:], func(v string) bool { return v != cl[0] }) {
+			return nil, fmt.Errorf("malformed Content-Length %q", cl)
+		}
+		if n > 1<<20 { // read as it comes rather than trust a size
+			data, err := io.ReadAll(io.LimitReader(br, n))
+			if err == nil && int64(len(data)) < n {
+				err = io.ErrUnexpectedEOF
+			}
+			return data, err
+		}
+		data := make([]byte, n)
+		_, err = io.ReadFull(br, data)
+		return data, err
+	}
+	resp.Close = true // the body runs to the connection's close
+	return io.ReadAll(br)
 }
