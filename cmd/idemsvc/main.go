@@ -224,6 +224,13 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 	return store, limiter, func() { _ = client.Close() }, nil
 }
 
+// redisPoolSize is the connections the client keeps per Redis node: one
+// for each script the store may run at a time (statemachine's
+// DefaultMaxInFlight), so that the scripts it admits never queue for a
+// connection, and a few for the calls around them (tenant limits, health
+// checks, listing).
+var redisPoolSize = statemachine.DefaultMaxInFlight() + 8
+
 // redisClient builds the go-redis client of the configured mode. Every
 // mode bounds each command by its context, so the store's timeout holds
 // even while Redis hangs, and so do its tries: the store gives up a try on
@@ -259,6 +266,7 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			opts.Password = cfg.redisPassword
 		}
 		opts.ContextTimeoutEnabled = true
+		opts.PoolSize = redisPoolSize
 		return redis.NewClient(opts), "standalone", nil
 	case len(cfg.redisClusterAddrs) > 0:
 		return redis.NewClusterClient(&redis.ClusterOptions{
@@ -267,6 +275,7 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			Password:              cfg.redisPassword,
 			TLSConfig:             tlsConfig,
 			ContextTimeoutEnabled: true,
+			PoolSize:              redisPoolSize,
 		}), "cluster", nil
 	default:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
@@ -278,6 +287,7 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			Password:              cfg.redisPassword,
 			TLSConfig:             tlsConfig,
 			ContextTimeoutEnabled: true,
+			PoolSize:              redisPoolSize,
 		}), "sentinel", nil
 	}
 }

@@ -67,6 +67,7 @@ var errorKinds = []struct {
 	{statemachine.ErrFingerprintMismatch, kindFingerprint, "the key was used with a different fingerprint"},
 	{quota.ErrRateLimited, kindRateLimited, "over the tenant's begin rate"},
 	{quota.ErrQuotaExceeded, kindQuotaExceeded, "over the tenant's quota"},
+	{statemachine.ErrOverloaded, kindStoreUnavailable, "idemsvc has as many calls to its store in flight as it allows; this call did not take effect: retry after Retry-After"},
 	{statemachine.ErrStoreUnavailable, kindStoreUnavailable, "the store cannot be reached or did not answer in time; the call may or may not have taken effect, and a retry with the same owner or lease token is safe"},
 }
 

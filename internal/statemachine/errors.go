@@ -21,6 +21,10 @@ var (
 	// answer in time. The transition may or may not have happened: a retry
 	// with the same owner or token is safe.
 	ErrStoreUnavailable = errors.New("statemachine: store unavailable")
+	// ErrOverloaded is ErrStoreUnavailable for a call refused before it
+	// reached Redis, because as many calls as the store allows were in
+	// flight: it did not take effect.
+	ErrOverloaded = fmt.Errorf("%w: too many calls to Redis in flight", ErrStoreUnavailable)
 )
 
 // InProgressError is ErrInProgress with the attempt that holds the key.

@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -34,7 +35,27 @@ type RedisOptions struct {
 	// AllowEviction keeps an evicting maxmemory-policy from failing
 	// Readiness: the operator accepted that records may be dropped.
 	AllowEviction bool
+	// MaxInFlight bounds the scripts the store runs at a time (default
+	// DefaultMaxInFlight). A call beyond it waits for a slot: a begin,
+	// status or delete at most ShedWait, after which it is refused at
+	// once with ErrOverloaded, which is ErrStoreUnavailable and did not
+	// take effect; a complete, fail or extend for as long as its
+	// Timeout, so that an operation that ran is refused its outcome only
+	// when Redis cannot take it. Give the client a pool of at least
+	// MaxInFlight connections (per node), so that a call admitted never
+	// queues for a connection.
+	MaxInFlight int
+	// ShedWait is how long a begin, status or delete waits for a slot
+	// (default 20ms).
+	ShedWait time.Duration
 }
+
+// DefaultMaxInFlight is RedisOptions.MaxInFlight's default: 10 per CPU,
+// go-redis's own default pool size.
+func DefaultMaxInFlight() int { return 10 * runtime.GOMAXPROCS(0) }
+
+// DefaultShedWait is RedisOptions.ShedWait's default.
+const DefaultShedWait = 20 * time.Millisecond
 
 // RedisStore keeps records in Redis: one node, Sentinel or Cluster. Every
 // transition is one script run on the record's key, in one round trip
@@ -54,6 +75,9 @@ type RedisStore struct {
 	watch        *redisWatcher
 	// allowEviction: see RedisOptions.AllowEviction.
 	allowEviction bool
+	slots         chan struct{} // one per script in flight (MaxInFlight)
+	shedWait      time.Duration
+	shed          atomic.Uint64 // calls refused for want of a slot
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -71,6 +95,14 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 		waitTimeout:    opts.WaitTimeout,
 		scripts:        lua.Plain,
 		allowEviction:  opts.AllowEviction,
+		shedWait:       opts.ShedWait,
+	}
+	if opts.MaxInFlight <= 0 {
+		opts.MaxInFlight = DefaultMaxInFlight()
+	}
+	s.slots = make(chan struct{}, opts.MaxInFlight)
+	if s.shedWait <= 0 {
+		s.shedWait = DefaultShedWait
 	}
 	if _, ok := client.(*redis.ClusterClient); ok {
 		s.scripts = lua.Sharded
@@ -245,6 +277,10 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 func (s *RedisStore) run(ctx context.Context, op string, script *redis.Script, key string, args ...any) (reply, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
+	if err := s.admit(ctx, op); err != nil {
+		return reply{}, fmt.Errorf("%s: %w", op, err)
+	}
+	defer func() { <-s.slots }()
 	keys := []string{key}
 	var cmd *redis.Cmd
 	err := s.retrying(ctx, func(ctx context.Context) error {
@@ -373,3 +409,37 @@ func retentionArg(d time.Duration) string {
 	}
 	return strconv.FormatInt(int64(d/time.Second), 10)
 }
+
+// admit takes a slot for one call of op (see RedisOptions.MaxInFlight):
+// at once when one is free; else, for a call that may be refused, within
+// shedWait; else within ctx.
+func (s *RedisStore) admit(ctx context.Context, op string) error {
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	default:
+	}
+	var shed <-chan time.Time
+	switch op {
+	case "complete", "fail", "extend": // their operation ran: never refused while Redis can take them
+	default:
+		t := time.NewTimer(s.shedWait)
+		defer t.Stop()
+		shed = t.C
+	}
+	select {
+	case s.slots <- struct{}{}:
+		return nil
+	case <-shed:
+		s.shed.Add(1)
+		return ErrOverloaded
+	case <-ctx.Done():
+		return fmt.Errorf("%w: waiting for a call in flight to end: %w", ErrStoreUnavailable, context.Cause(ctx))
+	}
+}
+
+// Shed is the number of calls refused so far with ErrOverloaded.
+func (s *RedisStore) Shed() uint64 { return s.shed.Load() }
+
+// InFlight is the number of scripts running now.
+func (s *RedisStore) InFlight() int { return len(s.slots) }
