@@ -36,11 +36,15 @@
 # of git revision REV (from a temporary worktree), beside the others: a
 # change to the SDK, measured side by side.
 #
+# SVC_BASE=REV adds, to begin, cycle and replay, the same load on idemsvc
+# built from git revision REV, beside the others: a change to idemsvc,
+# measured side by side.
+#
 # LOADS picks some of the pairs (comma-separated names from the list
 # above; default all). The open loop needs begin.
 #
-# PROFILE=1 adds CPU profiles of the application behind the middleware and
-# of idemsvc under pay64, taken with net/http/pprof listeners added at
+# PROFILE=1 adds CPU profiles of the application behind the middleware
+# under pay64, and of idemsvc under pay64, begin, cycle and replay, taken with net/http/pprof listeners added at
 # build time (go build -overlay; the source is not changed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -93,6 +97,11 @@ if [ -n "${SDK_BASE:-}" ]; then
   (cd "$dir/base" && go build -o "$results/payapp-base" ./benchmarks/payapp)
   git worktree remove --force "$dir/base"
 fi
+if [ -n "${SVC_BASE:-}" ]; then
+  git worktree add -q --detach "$dir/svcbase" "$SVC_BASE"
+  (cd "$dir/svcbase" && go build -o "$results/idemsvc-base" ./cmd/idemsvc)
+  git worktree remove --force "$dir/svcbase"
+fi
 go build -o "$dir/idembench" ./cmd/idembench
 
 redis_port=$(free_port)
@@ -114,6 +123,16 @@ BENCH_PPROF=127.0.0.1:$idemsvc_pprof "$results/idemsvc" --listen "127.0.0.1:$ide
 idemsvc_pid=$!
 pids+=("$idemsvc_pid")
 wait_http "http://127.0.0.1:$idemsvc_port/readyz"
+
+svcbase_pid=
+if [ -n "${SVC_BASE:-}" ]; then
+  svcbase_port=$(free_port)
+  "$results/idemsvc-base" --listen "127.0.0.1:$svcbase_port" --redis-url "$redis_url" \
+    --tenants-file "$dir/tenants.yaml" --log-level info 2>>"$dir/idemsvc.log" &
+  svcbase_pid=$!
+  pids+=("$svcbase_pid")
+  wait_http "http://127.0.0.1:$svcbase_port/readyz"
+fi
 
 barechi_port=$(free_port)
 "$dir/barechi" --listen "127.0.0.1:$barechi_port" --redis-url "$redis_url" 2>"$dir/barechi.log" &
@@ -178,7 +197,7 @@ load() {
   per_s=$(awk -v u="$unit" '$1 == u { print $2 }' "$report")
   n=$(awk -v u="$unit" '$1 == u { gsub(/\(/, "", $3); print $3 }' "$report")
   # shellcheck disable=SC2046 # the percentiles are words
-  echo "$label" "$per_s" $(awk -v op="$op" '$1 == op { print $4, $6 }' "$report") \
+  echo "$label" "$per_s" $(awk -v op="$op" '$1 == op { print $4, $6; exit }' "$report") \
     "$(per_request $((a1 - a0)) "$n")" "$(per_request $((s1 - s0)) "$n")" "$(per_request $((r1 - r0)) "$n")" \
     "$(awk -v n="$n" '{ printf "%.1f\n", ($1 + $2) * 1e6 / n }' "$dir/time")" \
     "$(awk -v m0="$m0" -v m1="$m1" -v ours=$((a1 - a0 + s1 - s0 + r1 - r0)) -v hz="$clk_tck" '{
@@ -205,15 +224,16 @@ pair() {
   for l in "${order[@]}"; do load $l; done
 }
 base() { if [ -n "$base_pid" ]; then echo "base_pay$1 $base_port $base_pid $idemsvc_pid pay $1"; fi; }
+svcbase() { if [ -n "$svcbase_pid" ]; then echo "svcbase_$1 $svcbase_port 0 $svcbase_pid $1 64"; fi; }
 
 columns=(per_s p50_ms p99_ms app_us srv_us redis_us gen_us other%)
 fmt_row() { printf '%-16s %9s %8s %8s %8s %8s %9s %8s %7s\n' "$@"; }
 
 : >"$dir/figures"
 for run in $(seq "$runs"); do
-  pair begin "bare_begin $barechi_port 0 $barechi_pid begin 64" "idemsvc_begin $idemsvc_port 0 $idemsvc_pid begin 64"
-  pair cycle "bare_cycle $barechi_port 0 $barechi_pid cycle 64" "idemsvc_cycle $idemsvc_port 0 $idemsvc_pid cycle 64"
-  pair replay "bare_replay $barechi_port 0 $barechi_pid replay 64" "idemsvc_replay $idemsvc_port 0 $idemsvc_pid replay 64"
+  pair begin "bare_begin $barechi_port 0 $barechi_pid begin 64" "idemsvc_begin $idemsvc_port 0 $idemsvc_pid begin 64" "$(svcbase begin)"
+  pair cycle "bare_cycle $barechi_port 0 $barechi_pid cycle 64" "idemsvc_cycle $idemsvc_port 0 $idemsvc_pid cycle 64" "$(svcbase cycle)"
+  pair replay "bare_replay $barechi_port 0 $barechi_pid replay 64" "idemsvc_replay $idemsvc_port 0 $idemsvc_pid replay 64" "$(svcbase replay)"
   pair pay64 "alone_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "sdk_pay64 $sdk_port $sdk_pid $idemsvc_pid pay 64" "$(base 64)"
   pair pay1 "alone_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "sdk_pay1 $sdk_port $sdk_pid $idemsvc_pid pay 1" "$(base 1)"
   rate=$(awk -v r="$run" -v s="$open_share" '$1 == "bare_begin" { n++; if (n == r) printf "%.0f\n", $2 * s }' "$dir/figures")
@@ -228,6 +248,7 @@ done
 labels=(bare_begin idemsvc_begin bare_cycle idemsvc_cycle bare_replay idemsvc_replay
   alone_pay64 sdk_pay64 alone_pay1 sdk_pay1 bare_open idemsvc_open)
 [ -n "$base_pid" ] && labels+=(base_pay64 base_pay1)
+[ -n "$svcbase_pid" ] && labels+=(svcbase_begin svcbase_cycle svcbase_replay)
 # column LABEL N: the median over the runs of LABEL's Nth column.
 column() { awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$dir/figures" | median; }
 # ratio A B N [OP]: the median over the runs of A's Nth column OP B's (/ by
@@ -256,6 +277,12 @@ for c in 64 1; do
     -v p50="$(ratio "sdk_pay$c" "alone_pay$c" 3 -)" -v alone="$(column "alone_pay$c" 5)" \
     'BEGIN { printf "  pay at concurrency %s, behind the middleware / alone: %.3f of the throughput, +%.2f ms at p50; app CPU %.1f µs/request alone, +%.1f µs behind the middleware, %.1f µs per SDK call\n", c, r, p50, alone, app, app / 2 }'
 done
+if [ -n "$svcbase_pid" ]; then
+  for op in begin cycle replay; do
+    awk -v op="$op" -v r="$(ratio "svcbase_$op" "bare_$op" 2)" -v cpu="$(ratio "svcbase_$op" "bare_$op" 6)" -v rev="$SVC_BASE" \
+      'BEGIN { printf "  %-7s idemsvc of %s: %.3f of the throughput, %.2fx the server CPU\n", op, rev, r, cpu }'
+  done
+fi
 if [ -n "$base_pid" ]; then
   for c in 64 1; do
     awk -v c="$c" -v r="$(ratio "sdk_pay$c" "base_pay$c" 2)" -v app="$(ratio "sdk_pay$c" "base_pay$c" 5 -)" \
@@ -270,21 +297,31 @@ echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "full reports: $results"
 
 if [ -n "${PROFILE:-}" ]; then
+  # profile NAME PPROF_PORT BINARY LOAD...: a CPU profile of the process
+  # serving pprof at PPROF_PORT while the load runs.
+  profile() {
+    local name=$1 port=$2 bin=$3
+    shift 3
+    (sleep 1 && curl -s -o "$results/$name.cpu.pprof" "http://127.0.0.1:$port/debug/pprof/profile?seconds=$seconds") &
+    local curl_pid=$!
+    load "$@"
+    wait "$curl_pid"
+    go tool pprof -top -nodecount=60 "$results/$bin" "$results/$name.cpu.pprof" >"$results/$name.top.txt" 2>/dev/null
+    go tool pprof -top -cum -nodecount=150 "$results/$bin" "$results/$name.cpu.pprof" >"$results/$name.cum.txt" 2>/dev/null
+    echo "$name, top of the profile:"
+    sed -n '5,20p' "$results/$name.top.txt"
+  }
   echo
-  echo "profiling payapp behind the middleware, and idemsvc, under pay64"
+  echo "profiling payapp behind the middleware under pay64, and idemsvc under pay64, begin, cycle and replay"
   run=profile
   seconds=$((duration > 3 ? duration - 2 : 1))
-  (sleep 1 && curl -s -o "$results/payapp.cpu.pprof" "http://127.0.0.1:$sdk_pprof/debug/pprof/profile?seconds=$seconds") &
-  app_curl=$!
-  (sleep 1 && curl -s -o "$results/idemsvc.cpu.pprof" "http://127.0.0.1:$idemsvc_pprof/debug/pprof/profile?seconds=$seconds") &
+  (sleep 1 && curl -s -o "$results/idemsvc-pay64.cpu.pprof" "http://127.0.0.1:$idemsvc_pprof/debug/pprof/profile?seconds=$seconds") &
   idemsvc_curl=$!
-  load sdk_pay64 "$sdk_port" "$sdk_pid" "$idemsvc_pid" pay 64
-  wait "$app_curl" "$idemsvc_curl"
-  for bin in payapp idemsvc; do
-    go tool pprof -top -nodecount=60 "$results/$bin" "$results/$bin.cpu.pprof" >"$results/$bin.top.txt" 2>/dev/null
-    go tool pprof -top -cum -nodecount=100 "$results/$bin" "$results/$bin.cpu.pprof" >"$results/$bin.cum.txt" 2>/dev/null
-    echo "$bin, top of the profile:"
-    sed -n '5,25p' "$results/$bin.top.txt"
+  profile payapp-pay64 "$sdk_pprof" payapp sdk_pay64 "$sdk_port" "$sdk_pid" "$idemsvc_pid" pay 64
+  wait "$idemsvc_curl"
+  go tool pprof -top -cum -nodecount=150 "$results/idemsvc" "$results/idemsvc-pay64.cpu.pprof" >"$results/idemsvc-pay64.cum.txt" 2>/dev/null
+  for mix in begin cycle replay; do
+    profile "idemsvc-$mix" "$idemsvc_pprof" idemsvc "idemsvc_$mix" "$idemsvc_port" 0 "$idemsvc_pid" "$mix" 64
   done
-  echo "profiles, and the binaries for go tool pprof, in $results"
+  echo "profiles (NAME.cpu.pprof, NAME.top.txt, NAME.cum.txt), and the binaries for go tool pprof, in $results"
 fi

@@ -37,6 +37,7 @@ type config struct {
 	redisWaitReplicas   int
 	redisAllowEviction  bool
 	redisWaitTimeout    time.Duration
+	redisMaxInFlight    int
 	redisTimeout        time.Duration
 	tenantsFile         string
 	insecureNoAuth      bool
@@ -84,6 +85,8 @@ func parseConfig(args, env []string) (config, error) {
 	allowEviction := fs.Bool("redis-allow-eviction", false, "serve on a Redis whose maxmemory-policy may drop records")
 	waitTimeout := fs.Int("redis-wait-timeout-ms", 1000, "how long to wait for them before answering 503")
 	timeout := fs.Int("redis-timeout-ms", 1000, "how long one store operation may take before answering 503")
+	maxInFlight := fs.Int("redis-max-in-flight", statemachine.DefaultMaxInFlight,
+		"scripts run on Redis at a time; a begin, status or delete that finds none free within 20 ms gets 503 at once")
 	tenants := fs.String("tenants-file", "", "the tenants file (YAML)")
 	insecure := fs.Bool("insecure-no-auth", false, "serve Redis without tenants: every call acts as tenant default")
 	level := fs.String("log-level", "info", "debug, info, warn or error; requests are logged at info")
@@ -147,6 +150,7 @@ func parseConfig(args, env []string) (config, error) {
 		redisAllowEviction:  *allowEviction,
 		redisWaitTimeout:    time.Duration(*waitTimeout) * time.Millisecond,
 		redisTimeout:        time.Duration(*timeout) * time.Millisecond,
+		redisMaxInFlight:    *maxInFlight,
 		tenantsFile:         *tenants,
 		insecureNoAuth:      *insecure,
 		maxRequestBytes:     *maxRequest,
@@ -228,6 +232,9 @@ func (c *config) check() []error {
 	}
 	if c.redisWaitTimeout <= 0 || c.redisTimeout <= 0 {
 		problems = append(problems, errors.New("redis-wait-timeout-ms and redis-timeout-ms must be positive"))
+	}
+	if c.redisMaxInFlight < 1 || c.redisMaxInFlight > 100_000 {
+		problems = append(problems, errors.New("redis-max-in-flight must be 1 to 100000"))
 	}
 	l := &c.limits
 	switch {

@@ -205,6 +205,7 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 		WaitReplicas:  cfg.redisWaitReplicas,
 		WaitTimeout:   cfg.redisWaitTimeout,
 		AllowEviction: cfg.redisAllowEviction,
+		MaxInFlight:   cfg.redisMaxInFlight,
 	})
 	log.Info("store: Redis", "mode", desc, "wait_replicas", cfg.redisWaitReplicas)
 	if cfg.redisWaitReplicas == 0 {
@@ -224,12 +225,11 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 	return store, limiter, func() { _ = client.Close() }, nil
 }
 
-// redisPoolSize is the connections the client keeps per Redis node: one
-// for each script the store may run at a time (statemachine's
-// DefaultMaxInFlight), so that the scripts it admits never queue for a
-// connection, and a few for the calls around them (tenant limits, health
-// checks, listing).
-var redisPoolSize = statemachine.DefaultMaxInFlight() + 8
+// redisPoolSize is the connections the client may open per Redis node: one
+// for each script the store may run at a time (redis-max-in-flight), so
+// that the scripts it admits never queue for a connection, and a few for
+// the calls around them (tenant limits, health checks, listing).
+func redisPoolSize(cfg *config) int { return cfg.redisMaxInFlight + 8 }
 
 // redisClient builds the go-redis client of the configured mode. Every
 // mode bounds each command by its context, so the store's timeout holds
@@ -266,7 +266,7 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			opts.Password = cfg.redisPassword
 		}
 		opts.ContextTimeoutEnabled = true
-		opts.PoolSize = redisPoolSize
+		opts.PoolSize = redisPoolSize(cfg)
 		return redis.NewClient(opts), "standalone", nil
 	case len(cfg.redisClusterAddrs) > 0:
 		return redis.NewClusterClient(&redis.ClusterOptions{
@@ -275,7 +275,7 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			Password:              cfg.redisPassword,
 			TLSConfig:             tlsConfig,
 			ContextTimeoutEnabled: true,
-			PoolSize:              redisPoolSize,
+			PoolSize:              redisPoolSize(cfg),
 		}), "cluster", nil
 	default:
 		return redis.NewFailoverClient(&redis.FailoverOptions{
@@ -287,7 +287,7 @@ func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 			Password:              cfg.redisPassword,
 			TLSConfig:             tlsConfig,
 			ContextTimeoutEnabled: true,
-			PoolSize:              redisPoolSize,
+			PoolSize:              redisPoolSize(cfg),
 		}), "sentinel", nil
 	}
 }

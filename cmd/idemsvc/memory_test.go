@@ -107,8 +107,10 @@ func TestBoundedMemory(t *testing.T) {
 	t.Run("unread replays", func(t *testing.T) {
 		redisEnv := append([]string{"IDEMSVC_REDIS_URL=redis://" + redistest.SharedServer(t).Addr(),
 			// 300 replays of 1 MiB in a burst take Redis longer than
-			// the default store timeout of 1 s to send.
-			"IDEMSVC_REDIS_TIMEOUT_MS=30000"}, memory...)
+			// the default store timeout of 1 s to send, and longer than a
+			// begin may wait for one of 128 calls in flight to end:
+			// all of them run at once, none refused as overload.
+			"IDEMSVC_REDIS_TIMEOUT_MS=30000", "IDEMSVC_REDIS_MAX_IN_FLIGHT=300"}, memory...)
 		large := []string{"IDEMSVC_MAX_RESPONSE_BYTES=" + strconv.Itoa(6*replayBodyBytes), "IDEMSVC_MAX_REQUEST_BYTES=" + strconv.Itoa(7*replayBodyBytes)}
 		for _, tt := range []struct {
 			name       string

@@ -131,6 +131,9 @@ func New(cfg Config) *Service {
 		trustedProxies:    cfg.TrustedProxies,
 	}
 	s.limits.MaxWait = cfg.MaxWait
+	if a, ok := cfg.Store.(admitting); ok {
+		registerAdmission(cfg.Registry, a)
+	}
 	if cfg.Limiter != nil {
 		cfg.Registry.MustRegister(cfg.Limiter)
 	}

@@ -58,3 +58,25 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
+
+// admitting is a store that bounds its calls in flight, as
+// statemachine.RedisStore does.
+type admitting interface {
+	InFlight() int
+	Shed() uint64
+}
+
+// registerAdmission exports the calls a's admission lets through and
+// refuses.
+func registerAdmission(reg prometheus.Registerer, a admitting) {
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemsvc_store_calls_in_flight",
+			Help: "Scripts running on Redis now; at IDEMSVC_REDIS_MAX_IN_FLIGHT, more calls wait or are refused.",
+		}, func() float64 { return float64(a.InFlight()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "idemsvc_store_overload_refusals_total",
+			Help: "Begins, statuses and deletes refused with 503 (store-unavailable) because the calls in flight stayed at IDEMSVC_REDIS_MAX_IN_FLIGHT for 20 ms; they did not take effect.",
+		}, func() float64 { return float64(a.Shed()) }),
+	)
+}

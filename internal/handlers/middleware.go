@@ -13,6 +13,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -155,8 +156,21 @@ func (s *Service) observe(next http.Handler) http.Handler {
 	})
 }
 
+// Request ids are made of a random prefix drawn at start and a count: they
+// need to be unique, not secret, so a request costs no random bytes. The
+// count wraps after 2^32 requests of one process.
+var (
+	requestIDPrefix = func() (p [8]byte) {
+		var b [4]byte
+		_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail
+		hex.Encode(p[:], b[:])
+		return p
+	}()
+	requestIDCount atomic.Uint32
+)
+
 // requestID keeps a caller's id of up to 64 visible ASCII characters, and
-// otherwise makes one.
+// otherwise makes one of 16 hex digits.
 func requestID(given string) string {
 	if n := len(given); n > 0 && n <= 64 {
 		ok := true
@@ -170,9 +184,11 @@ func requestID(given string) string {
 			return given
 		}
 	}
-	var b [8]byte
-	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail
-	return hex.EncodeToString(b[:])
+	var id [16]byte
+	copy(id[:], requestIDPrefix[:])
+	n := requestIDCount.Add(1)
+	hex.Encode(id[8:], []byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+	return string(id[:])
 }
 
 // authenticate finds the principal of the request's API key.

@@ -35,8 +35,9 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 	srv := redistest.NewPrivateServer(t) // counted: no other test's traffic on it
 	rdb := srv.Client(t)
 	// A store timeout long enough for 1,000 begins at once on a busy
-	// machine: the test counts commands, not latency.
-	store := statemachine.NewRedisStore(srv.Client(t), statemachine.RedisOptions{Timeout: time.Minute})
+	// machine, none of them refused as overload: the test counts commands,
+	// not latency.
+	store := statemachine.NewRedisStore(srv.Client(t), statemachine.RedisOptions{Timeout: time.Minute, MaxInFlight: keys})
 	// Waits long enough for every waiter to park on a slow machine.
 	e := start(t, handlers.Config{Store: store, MaxWait: 10 * time.Minute})
 	e.http.Transport.(*http.Transport).MaxConnsPerHost = 0

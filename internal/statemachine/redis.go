@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"runtime"
 	"strconv"
 	"sync/atomic"
 	"time"
@@ -50,9 +49,12 @@ type RedisOptions struct {
 	ShedWait time.Duration
 }
 
-// DefaultMaxInFlight is RedisOptions.MaxInFlight's default: 10 per CPU,
-// go-redis's own default pool size.
-func DefaultMaxInFlight() int { return 10 * runtime.GOMAXPROCS(0) }
+// DefaultMaxInFlight is RedisOptions.MaxInFlight's default. Measured on 2
+// cores (begin on new keys, closed loop, 8 s, two rounds), 20 (go-redis's
+// default pool there) refused 60% of the begins at 256 requests in flight
+// and 64 refused 10–25%; 128 refused 0.1% there and none at 64 in flight,
+// at the same throughput or better.
+const DefaultMaxInFlight = 128
 
 // DefaultShedWait is RedisOptions.ShedWait's default.
 const DefaultShedWait = 20 * time.Millisecond
@@ -98,7 +100,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 		shedWait:       opts.ShedWait,
 	}
 	if opts.MaxInFlight <= 0 {
-		opts.MaxInFlight = DefaultMaxInFlight()
+		opts.MaxInFlight = DefaultMaxInFlight
 	}
 	s.slots = make(chan struct{}, opts.MaxInFlight)
 	if s.shedWait <= 0 {

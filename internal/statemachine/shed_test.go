@@ -119,8 +119,8 @@ func TestOverloadIsRefusedFast(t *testing.T) {
 				i, a.status, a.kind, a.retryAfter, a.took, bound)
 		}
 	}
-	if got := store.Shed(); got != storm {
-		t.Errorf("Shed() = %d, want %d", got, storm)
+	if got := idemtest.Metric(t, svc.URL, "idemsvc_store_overload_refusals_total", ""); got != storm {
+		t.Errorf("idemsvc_store_overload_refusals_total = %v, want %d", got, storm)
 	}
 	for i, status := range completes {
 		if status != http.StatusOK {
