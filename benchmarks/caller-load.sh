@@ -104,18 +104,8 @@ if [ -n "${SVC_BASE:-}" ]; then
 fi
 go build -o "$dir/idembench" ./cmd/idembench
 
-redis_port=$(free_port)
-redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no --daemonize no \
-  --dir "$dir" --logfile "$dir/redis.log" &
-redis_pid=$!
-pids+=("$redis_pid")
-until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
-redis_url=redis://127.0.0.1:$redis_port
-
-api_key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf 'tenants:\n  - name: bench\n    api_key_sha256: ["%s"]\n' \
-  "$(printf %s "$api_key" | sha256sum | cut -d' ' -f1)" >"$dir/tenants.yaml"
-export IDEMSVC_API_KEY=$api_key
+start_redis
+bench_tenant
 
 idemsvc_port=$(free_port) idemsvc_pprof=$(free_port)
 BENCH_PPROF=127.0.0.1:$idemsvc_pprof "$results/idemsvc" --listen "127.0.0.1:$idemsvc_port" --redis-url "$redis_url" \

@@ -53,18 +53,8 @@ go build -o "$dir/idemsvc" ./cmd/idemsvc
 go build -o "$dir/barechi" ./benchmarks/barechi
 go build -o "$dir/idembench" ./cmd/idembench
 
-redis_port=$(free_port)
-redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no --daemonize no \
-  --dir "$dir" --logfile "$dir/redis.log" &
-redis_pid=$!
-pids+=("$redis_pid")
-until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
-redis_url=redis://127.0.0.1:$redis_port
-
-api_key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
-printf 'tenants:\n  - name: bench\n    api_key_sha256: ["%s"]\n' \
-  "$(printf %s "$api_key" | sha256sum | cut -d' ' -f1)" >"$dir/tenants.yaml"
-export IDEMSVC_API_KEY=$api_key
+start_redis
+bench_tenant
 # The same tenant with limits that never refuse (LIMITS=1).
 { printf 'defaults:\n  limits: {begins_per_s: 10000000, burst: 10000000, stored_bytes: 1125899906842624, waiters: 10000000}\n'
   cat "$dir/tenants.yaml"; } >"$dir/tenants-limits.yaml"

@@ -30,3 +30,26 @@ median() {
   sort -g | awk '{ v[NR] = $1 }
     END { if (NR == 0 || v[1] == "-") print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
 }
+
+# start_redis: a redis-server of the script's own on a free port, keeping
+# nothing on disk, in $dir; sets redis_port, redis_pid and redis_url, and
+# adds the PID to pids.
+start_redis() {
+  redis_port=$(free_port)
+  redis-server --bind 127.0.0.1 --port "$redis_port" --save '' --appendonly no --daemonize no \
+    --dir "$dir" --logfile "$dir/redis.log" &
+  redis_pid=$!
+  pids+=("$redis_pid")
+  until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
+  redis_url=redis://127.0.0.1:$redis_port
+}
+
+# bench_tenant: the tenants file $dir/tenants.yaml, with one tenant,
+# "bench", whose new API key goes to IDEMSVC_API_KEY.
+bench_tenant() {
+  local api_key
+  api_key=$(head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n')
+  printf 'tenants:\n  - name: bench\n    api_key_sha256: ["%s"]\n' \
+    "$(printf %s "$api_key" | sha256sum | cut -d' ' -f1)" >"$dir/tenants.yaml"
+  export IDEMSVC_API_KEY=$api_key
+}
