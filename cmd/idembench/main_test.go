@@ -11,9 +11,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
 )
@@ -102,6 +104,8 @@ func TestRunRejectsBadFlags(t *testing.T) {
 		{"--url", "http://user:pass@127.0.0.1:8080"},
 		{"--api-key", "k3y\r\nX-Injected: 1"},
 		{"--mix", "hot", "--duration", "2h"},
+		{"--mix", "pay,begin"},
+		{"--rate", "-1"},
 	} {
 		if err := run(context.Background(), args, new(bytes.Buffer)); err == nil {
 			t.Errorf("run(%q) succeeded", args)
@@ -138,5 +142,49 @@ func TestHistogramQuantiles(t *testing.T) {
 	}
 	if h.max != time.Millisecond {
 		t.Errorf("max = %v", h.max)
+	}
+}
+
+// TestPayCallsAnApplication puts the pay load on a service behind the Go
+// SDK's middleware: every request carries a new key, so the handler runs
+// once for each, and each gets the handler's 201.
+func TestPayCallsAnApplication(t *testing.T) {
+	svc := idemtest.Serve(t, handlers.Config{})
+	client, err := idem.New(svc.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var runs atomic.Int64
+	app := httptest.NewServer(idem.Middleware(client, idem.MiddlewareOptions{})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		w.WriteHeader(http.StatusCreated)
+	})))
+	t.Cleanup(app.Close)
+
+	var out bytes.Buffer
+	if err := run(t.Context(), []string{"--url", app.URL, "--concurrency", "4", "--duration", "1s", "--mix", "pay"}, &out); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	m := regexp.MustCompile(`\npay +([0-9]+) .* 201:([0-9]+)\n`).FindStringSubmatch(out.String())
+	if m == nil || m[1] != m[2] || !strings.Contains(out.String(), "errors: none") {
+		t.Fatalf("want every pay answered 201:\n%s", out.String())
+	}
+	if n, _ := strconv.ParseInt(m[1], 10, 64); runs.Load() != n+1 { // and the warm-up's
+		t.Errorf("the handler ran %d times for %d pays and the warm-up", runs.Load(), n)
+	}
+}
+
+// TestOpenLoopTakesTheScheduledTurns: at --rate 200 for 1 s, exactly the
+// 200 turns due within the load are taken, however fast the service is.
+func TestOpenLoopTakesTheScheduledTurns(t *testing.T) {
+	svc := idemtest.Serve(t, handlers.Config{})
+	var out bytes.Buffer
+	if err := run(t.Context(), []string{"--url", svc.URL, "--concurrency", "4", "--duration", "1s", "--rate", "200"}, &out); err != nil {
+		t.Fatalf("run: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"200.0 turns/s scheduled (200 taken)", "(200 requests)", "lag_ms", "errors: none"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, out.String())
+		}
 	}
 }
