@@ -2,14 +2,14 @@ package idem
 
 import (
 	"context"
-	"encoding/json"
 	"net/http"
 	"net/url"
+	"sync"
 )
 
 // fastPath makes the calls of an operation's path (begin, complete, fail,
 // extend) without building an http.Request: their head is written ready
-// once, and only their JSON body is encoded per call. Answers are still
+// once, and only their JSON body is written per call (encode.go). Answers are still
 // parsed by the generated client (ParseBeginResponse and the like), and
 // internal/clienttest checks that idemsvc receives the same requests this
 // way as through the generated client.
@@ -38,21 +38,30 @@ func newFastPath(w *wire, server, auth string) *fastPath {
 	return f
 }
 
-// post sends body, as JSON, to uri.
-func (f *fastPath) post(ctx context.Context, uri string, body any) (*http.Response, error) {
-	data, err := json.Marshal(body)
-	if err != nil {
-		return nil, err
-	}
+// post sends the JSON body that encode appends to uri.
+func (f *fastPath) post(ctx context.Context, uri string, encode func([]byte) []byte) (*http.Response, error) {
+	buf := bodies.Get().(*[]byte)
+	body := encode((*buf)[:0])
 	id, _ := ctx.Value(requestIDKey{}).(string)
-	return f.wire.send(ctx, &request{method: http.MethodPost, uri: uri, head: f.head, requestID: id, body: data})
+	resp, err := f.wire.send(ctx, &request{method: http.MethodPost, uri: uri, head: f.head, requestID: id, body: body})
+	if cap(body) <= maxPooledBody {
+		*buf = body
+		bodies.Put(buf)
+	}
+	return resp, err
 }
+
+// bodies are the buffers of request bodies, kept for the next calls unless
+// they grew past maxPooledBody (a large stored response).
+var bodies = sync.Pool{New: func() any { b := make([]byte, 0, 512); return &b }}
+
+const maxPooledBody = 64 << 10
 
 func (c *Client) begin(ctx context.Context, body BeginRequest) (*BeginResponse, error) {
 	if c.fast == nil {
 		return c.api.BeginWithResponse(ctx, body)
 	}
-	resp, err := c.fast.post(ctx, c.fast.uris.begin, body)
+	resp, err := c.fast.post(ctx, c.fast.uris.begin, func(b []byte) []byte { return appendBeginRequest(b, &body) })
 	if err != nil {
 		return nil, err
 	}
@@ -65,7 +74,7 @@ func (c *Client) complete(ctx context.Context, body CompleteRequest, decode bool
 	if c.fast == nil {
 		return c.api.CompleteWithResponse(ctx, body)
 	}
-	resp, err := c.fast.post(ctx, c.fast.uris.complete, body)
+	resp, err := c.fast.post(ctx, c.fast.uris.complete, func(b []byte) []byte { return appendCompleteRequest(b, &body) })
 	if err != nil {
 		return nil, err
 	}
@@ -79,7 +88,7 @@ func (c *Client) fail(ctx context.Context, body FailRequest) (*FailResponse, err
 	if c.fast == nil {
 		return c.api.FailWithResponse(ctx, body)
 	}
-	resp, err := c.fast.post(ctx, c.fast.uris.fail, body)
+	resp, err := c.fast.post(ctx, c.fast.uris.fail, func(b []byte) []byte { return appendFailRequest(b, &body) })
 	if err != nil {
 		return nil, err
 	}
@@ -90,7 +99,7 @@ func (c *Client) extend(ctx context.Context, body ExtendRequest) (*ExtendRespons
 	if c.fast == nil {
 		return c.api.ExtendWithResponse(ctx, body)
 	}
-	resp, err := c.fast.post(ctx, c.fast.uris.extend, body)
+	resp, err := c.fast.post(ctx, c.fast.uris.extend, func(b []byte) []byte { return appendExtendRequest(b, &body) })
 	if err != nil {
 		return nil, err
 	}

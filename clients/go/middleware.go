@@ -213,7 +213,10 @@ func fingerprint(r *http.Request, body []byte) string {
 	h.Write([]byte(r.URL.RawQuery))
 	h.Write([]byte{0})
 	h.Write(body)
-	return "sha256:" + hex.EncodeToString(h.Sum(nil))
+	var sum [sha256.Size]byte
+	out := make([]byte, len("sha256:")+hex.EncodedLen(len(sum)))
+	hex.Encode(out[copy(out, "sha256:"):], h.Sum(sum[:0]))
+	return string(out)
 }
 
 func writeBeginError(w http.ResponseWriter, err error) {
