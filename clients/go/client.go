@@ -140,6 +140,9 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	}
 	auth := ""
 	if cfg.apiKey != "" {
+		if !validHeaderValue(cfg.apiKey) {
+			return nil, errors.New("idem: the API key has a control character (a line end read from a file, say), which no HTTP header can carry")
+		}
 		auth = "Bearer " + cfg.apiKey
 	}
 	apiOpts := []ClientOption{WithHTTPClient(cfg.httpClient), WithRequestEditorFn(func(ctx context.Context, req *http.Request) error {

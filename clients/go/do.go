@@ -199,7 +199,7 @@ type heartbeat struct {
 // unless the lease is lost or the heartbeat stopped.
 func (h *heartbeat) beat() {
 	h.mu.Lock()
-	if h.stopped {
+	if h.stopped || h.parent.Err() != nil {
 		h.mu.Unlock()
 		return
 	}
@@ -214,11 +214,14 @@ func (h *heartbeat) beat() {
 
 	sent := time.Now()
 	_, err := h.c.Extend(ctx, h.key, h.token, h.lease)
+	h.mu.Lock()
+	stopped := h.stopped
+	h.mu.Unlock()
 	switch {
 	case err == nil:
 		h.expires = sent.Add(h.lease)
-	case h.parent.Err() != nil:
-		return // the caller's context ended
+	case stopped || h.parent.Err() != nil:
+		return // stopped, or the caller's context ended
 	case errors.Is(err, ErrLeaseLost):
 		h.lost(err)
 		return

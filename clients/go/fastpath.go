@@ -43,7 +43,7 @@ func (f *fastPath) post(ctx context.Context, uri string, encode func([]byte) []b
 	buf := bodies.Get().(*[]byte)
 	body := encode((*buf)[:0])
 	id, _ := ctx.Value(requestIDKey{}).(string)
-	resp, err := f.wire.send(ctx, &request{method: http.MethodPost, uri: uri, head: f.head, requestID: id, body: body})
+	resp, err := f.wire.send(ctx, &request{method: http.MethodPost, uri: uri, head: f.head, requestID: id, body: body, resend: true})
 	if cap(body) <= maxPooledBody {
 		*buf = body
 		bodies.Put(buf)

@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -40,8 +41,9 @@ type wire struct {
 	tlsConfig *tls.Config // nil for http
 	dialer    net.Dialer
 
-	mu   sync.Mutex
-	idle []*wireConn // most recently used last
+	mu      sync.Mutex
+	idle    []*wireConn // most recently used last
+	sweeper *time.Timer // while idle is not empty
 }
 
 // Bounds of the idle pool: enough connections for a busy service's calls in
@@ -92,12 +94,15 @@ func (c *wireConn) Read(p []byte) (int, error) {
 }
 
 // Do sends req and returns its answer, whose body is already read (and
-// buffered). A call that fails on a pooled connection before any byte of
-// an answer arrived is sent once more, on a new connection: idemsvc may
-// have closed the pooled one meanwhile, and every call of this SDK may be
-// sent twice (a begin carries its owner; complete, fail and extend, their
-// lease token).
+// buffered). A GET, HEAD or DELETE that fails on a pooled connection
+// before any byte of an answer arrived is sent once more, on a new
+// connection, as idemsvc may have closed the pooled one meanwhile;
+// another method is not, as http.Transport would not (the generated
+// client's calls through Client.API carry no owner).
 func (w *wire) Do(req *http.Request) (*http.Response, error) {
+	if err := checkHeader(req.Header); err != nil {
+		return nil, err
+	}
 	body, err := requestBody(req)
 	if err != nil {
 		return nil, err
@@ -106,7 +111,9 @@ func (w *wire) Do(req *http.Request) (*http.Response, error) {
 	if host == "" {
 		host = req.URL.Host
 	}
-	return w.send(req.Context(), &request{method: req.Method, uri: req.URL.RequestURI(), host: host, header: req.Header, body: body})
+	resend := req.Method == http.MethodGet || req.Method == http.MethodHead || req.Method == http.MethodDelete
+	return w.send(req.Context(), &request{method: req.Method, uri: req.URL.RequestURI(), host: host,
+		header: req.Header, body: body, resend: resend})
 }
 
 // request is what wire sends: the method and URI, and either a Host and
@@ -119,13 +126,21 @@ type request struct {
 	head        []byte
 	requestID   string
 	body        []byte
+	// resend allows a second sending after a pooled connection failed
+	// before any answer came: the request is safe to send twice (every
+	// call of the fast path is: a begin carries its owner; complete, fail
+	// and extend their lease token).
+	resend bool
 }
 
 // send makes the exchange of req, once more on a new connection if a
-// pooled one failed before any answer came (see Do).
+// pooled one failed before any answer came and req.resend allows it.
 func (w *wire) send(ctx context.Context, req *request) (*http.Response, error) {
-	for {
-		c, pooled, err := w.conn(ctx)
+	for try := 0; ; try++ {
+		if ctx.Err() != nil {
+			return nil, &url.Error{Op: req.method, URL: req.uri, Err: context.Cause(ctx)}
+		}
+		c, pooled, err := w.conn(ctx, try == 0)
 		if err != nil {
 			return nil, &url.Error{Op: req.method, URL: req.uri, Err: err}
 		}
@@ -134,10 +149,17 @@ func (w *wire) send(ctx context.Context, req *request) (*http.Response, error) {
 			return resp, nil
 		}
 		c.nc.Close()
-		if ctx.Err() != nil {
-			err = context.Cause(ctx)
+		timedOut := errors.Is(err, os.ErrDeadlineExceeded)
+		if ctx.Err() != nil || timedOut {
+			// The connection's deadline is the context's: a read that
+			// timed out may beat the context's own timer by a little.
+			if cause := context.Cause(ctx); cause != nil {
+				err = cause
+			} else {
+				err = context.DeadlineExceeded
+			}
 		}
-		if !pooled || c.read > 0 || ctx.Err() != nil {
+		if !req.resend || try > 0 || !pooled || c.read > 0 || timedOut || ctx.Err() != nil {
 			return nil, &url.Error{Op: req.method, URL: req.uri, Err: err}
 		}
 	}
@@ -152,21 +174,28 @@ func requestBody(req *http.Request) ([]byte, error) {
 	return io.ReadAll(req.Body)
 }
 
-// conn takes the most recently used idle connection, or dials one.
-func (w *wire) conn(ctx context.Context) (c *wireConn, pooled bool, err error) {
-	now := time.Now()
-	w.mu.Lock()
-	for len(w.idle) > 0 {
-		c = w.idle[len(w.idle)-1]
-		w.idle[len(w.idle)-1] = nil
-		w.idle = w.idle[:len(w.idle)-1]
-		if now.Sub(c.idleFrom) < wireIdleTimeout {
-			w.mu.Unlock()
+// conn takes the most recently used idle connection, if pooled is allowed,
+// or dials one.
+func (w *wire) conn(ctx context.Context, pooled bool) (c *wireConn, reused bool, err error) {
+	if pooled {
+		var stale *wireConn
+		w.mu.Lock()
+		if n := len(w.idle); n > 0 {
+			c = w.idle[n-1]
+			w.idle[n-1] = nil
+			w.idle = w.idle[:n-1]
+			if time.Since(c.idleFrom) >= wireIdleTimeout { // the sweeper is late
+				stale, c = c, nil
+			}
+		}
+		w.mu.Unlock()
+		if stale != nil {
+			stale.nc.Close()
+		}
+		if c != nil {
 			return c, true, nil
 		}
-		c.nc.Close()
 	}
-	w.mu.Unlock()
 	var nc net.Conn
 	if w.tlsConfig != nil {
 		nc, err = (&tls.Dialer{NetDialer: &w.dialer, Config: w.tlsConfig}).DialContext(ctx, "tcp", w.addr)
@@ -181,16 +210,42 @@ func (w *wire) conn(ctx context.Context) (c *wireConn, pooled bool, err error) {
 	return c, false, nil
 }
 
-// release gives c back to the idle pool, or closes it when the pool is full.
+// release gives c back to the idle pool, or closes it when the pool is
+// full. The sweeper closes connections idle for wireIdleTimeout.
 func (w *wire) release(c *wireConn) {
 	c.idleFrom = time.Now()
 	w.mu.Lock()
 	if len(w.idle) < wireMaxIdle {
 		w.idle = append(w.idle, c)
 		c = nil
+		if w.sweeper == nil {
+			w.sweeper = time.AfterFunc(wireIdleTimeout, w.sweep)
+		}
 	}
 	w.mu.Unlock()
 	if c != nil {
+		c.nc.Close()
+	}
+}
+
+// sweep closes the connections idle for wireIdleTimeout or more (the
+// oldest are first in the pool), and runs again while any are left.
+func (w *wire) sweep() {
+	cutoff := time.Now().Add(-wireIdleTimeout)
+	w.mu.Lock()
+	n := 0
+	for n < len(w.idle) && !w.idle[n].idleFrom.After(cutoff) {
+		n++
+	}
+	stale := slices.Clone(w.idle[:n])
+	w.idle = slices.Delete(w.idle, 0, n)
+	if len(w.idle) > 0 {
+		w.sweeper.Reset(w.idle[0].idleFrom.Sub(cutoff))
+	} else {
+		w.sweeper = nil
+	}
+	w.mu.Unlock()
+	for _, c := range stale {
 		c.nc.Close()
 	}
 }
@@ -209,24 +264,58 @@ func (w *wire) exchange(ctx context.Context, c *wireConn, req *request) (*http.R
 	stop := context.AfterFunc(ctx, func() { c.nc.SetDeadline(longAgo) })
 	defer stop()
 	c.read = 0
-	if err := writeRequest(c.bw, req); err != nil {
-		return nil, err
+	var resp *http.Response
+	var err error
+	if len(req.body) <= bigBody {
+		if err = writeRequest(c.bw, req); err == nil {
+			resp, err = readAnswer(c.br, req.method)
+		}
+	} else {
+		resp, err = w.exchangeBig(c, req)
 	}
-	resp, err := readAnswer(c.br, req.method)
 	if err != nil {
 		return nil, err
 	}
-	if !stop() || resp.Close {
-		c.nc.Close() // the context ended meanwhile: its deadline stays on c
+	// Reuse c only when the answer ended where its framing said, and the
+	// context did not interrupt c meanwhile.
+	if !stop() || resp.Close || c.br.Buffered() > 0 {
+		c.nc.Close()
 	} else {
 		w.release(c)
 	}
 	return resp, nil
 }
 
-// writeRequest writes req's head and body as HTTP/1.1. Header names and
-// values are checked as http.Transport checks them, so that no value can
-// add a header or a request.
+// bigBody is the size past which a request's body is written while its
+// answer is read, as http.Transport does: idemsvc answers a body over its
+// limit (413) without reading it, and closes the connection, which stops
+// the writing.
+const bigBody = 64 << 10
+
+// exchangeBig writes req on a goroutine of its own while it reads the
+// answer. An answer that comes before the body is written whole ends the
+// writing and the connection.
+func (w *wire) exchangeBig(c *wireConn, req *request) (*http.Response, error) {
+	written := make(chan error, 1)
+	go func() { written <- writeRequest(c.bw, req) }()
+	resp, err := readAnswer(c.br, req.method)
+	select {
+	case werr := <-written:
+		if err == nil && werr != nil {
+			resp.Close = true
+		}
+	default:
+		c.nc.Close() // answered early: stop the writing
+		<-written
+		if err == nil {
+			resp.Close = true
+		}
+	}
+	return resp, err
+}
+
+// writeRequest writes req's head and body as HTTP/1.1; its header was
+// checked (checkHeader), and its request id is sent only when valid.
 func writeRequest(bw *bufio.Writer, req *request) error {
 	bw.WriteString(req.method)
 	bw.WriteByte(' ')
@@ -245,13 +334,10 @@ func writeRequest(bw *bufio.Writer, req *request) error {
 		bw.WriteString("\r\n")
 	}
 	for name, values := range req.header {
-		if !validHeaderName(name) {
-			return fmt.Errorf("invalid header name %q", name)
+		if framingHeader(name) {
+			continue
 		}
 		for _, v := range values {
-			if !validHeaderValue(v) {
-				return fmt.Errorf("invalid value of header %q", name)
-			}
 			bw.WriteString(name)
 			bw.WriteString(": ")
 			bw.WriteString(v)
@@ -266,6 +352,33 @@ func writeRequest(bw *bufio.Writer, req *request) error {
 	bw.WriteString("\r\n")
 	bw.Write(req.body)
 	return bw.Flush()
+}
+
+// checkHeader checks names and values as http.Transport checks them, so
+// that no value can add a header or a request.
+func checkHeader(h http.Header) error {
+	for name, values := range h {
+		if !validHeaderName(name) {
+			return fmt.Errorf("invalid header name %q", name)
+		}
+		for _, v := range values {
+			if !validHeaderValue(v) {
+				return fmt.Errorf("invalid value of header %q", name)
+			}
+		}
+	}
+	return nil
+}
+
+// framingHeader reports whether the transport writes the header name
+// itself (Host, Content-Length) or does not do what it asks (chunks, a
+// connection's end), as http.Transport leaves them out too.
+func framingHeader(name string) bool {
+	switch http.CanonicalHeaderKey(name) {
+	case "Host", "Content-Length", "Transfer-Encoding", "Connection", "Trailer", "Te", "Upgrade", "Keep-Alive":
+		return true
+	}
+	return false
 }
 
 // validHeaderName reports whether name is an RFC 9110 token.
@@ -383,7 +496,6 @@ func readHead(br *bufio.Reader) (*http.Response, error) {
 	}
 	resp := &http.Response{StatusCode: code, Status: string(status[9:]), Proto: string(status[:8]),
 		ProtoMajor: 1, ProtoMinor: int(status[7] - '0'), Header: make(http.Header, 4)}
-	resp.Close = resp.ProtoMinor == 0
 	for {
 		b, err := readLine(br, &read)
 		if err != nil {
@@ -399,14 +511,18 @@ func readHead(br *bufio.Reader) (*http.Response, error) {
 		key := canonicalHeader(name)
 		resp.Header[key] = append(resp.Header[key], string(bytes.TrimSpace(value)))
 	}
+	closes, keepAlive := false, false
 	for _, v := range resp.Header["Connection"] {
-		switch strings.ToLower(v) {
-		case "close":
-			resp.Close = true
-		case "keep-alive":
-			resp.Close = false
+		for token := range strings.SplitSeq(v, ",") {
+			switch strings.ToLower(strings.TrimSpace(token)) {
+			case "close":
+				closes = true
+			case "keep-alive":
+				keepAlive = true
+			}
 		}
 	}
+	resp.Close = closes || (resp.ProtoMinor == 0 && !keepAlive)
 	return resp, nil
 }
 
@@ -433,6 +549,12 @@ func readBody(br *bufio.Reader, resp *http.Response, method string) ([]byte, err
 		if len(te) != 1 || !strings.EqualFold(te[0], "chunked") {
 			return nil, fmt.Errorf("unsupported Transfer-Encoding %q", te)
 		}
+		if resp.ProtoMinor == 0 || resp.Header["Content-Length"] != nil {
+			// Framing that RFC 9112 (section 6.1) calls faulty: read the
+			// chunks, and use the connection for nothing more.
+			resp.Close = true
+			resp.Header.Del("Content-Length")
+		}
 		data, err := io.ReadAll(httputil.NewChunkedReader(br))
 		if err != nil {
 			return nil, err
@@ -448,8 +570,9 @@ func readBody(br *bufio.Reader, resp *http.Response, method string) ([]byte, err
 		}
 	}
 	if cl := resp.Header["Content-Length"]; len(cl) > 0 {
-		n, err := strconv.ParseInt(cl[0], 10, 64)
-		if err != nil || n < 0 || len(cl) > 1 && slices.ContainsFunc(cl[1:], func(v string) bool { return v != cl[0] }) {
+		u, err := strconv.ParseUint(cl[0], 10, 63)
+		n := int64(u)
+		if err != nil || len(cl) > 1 && slices.ContainsFunc(cl[1:], func(v string) bool { return v != cl[0] }) {
 			return nil, fmt.Errorf("malformed Content-Length %q", cl)
 		}
 		if n > 1<<20 { // read as it comes rather than trust a size

@@ -227,9 +227,10 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 
 // redisPoolSize is the connections the client may open per Redis node: one
 // for each script the store may run at a time (redis-max-in-flight), so
-// that the scripts it admits never queue for a connection, and a few for
-// the calls around them (tenant limits, health checks, listing).
-func redisPoolSize(cfg *config) int { return cfg.redisMaxInFlight + 8 }
+// that the scripts it admits do not queue for a connection, and room for
+// the calls around them (tenant limits, waiter counts, health checks,
+// listing), which are not bounded with the scripts.
+func redisPoolSize(cfg *config) int { return cfg.redisMaxInFlight + 32 }
 
 // redisClient builds the go-redis client of the configured mode. Every
 // mode bounds each command by its context, so the store's timeout holds

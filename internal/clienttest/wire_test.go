@@ -242,3 +242,25 @@ func mustRequest(t *testing.T, in *http.Request, url string) *http.Request {
 	req.Header = in.Header.Clone()
 	return req
 }
+
+// TestDefaultTransportReadsAnEarlyAnswer completes with a response far over
+// idemsvc's request limit: idemsvc answers 413 without reading the body
+// and closes the connection, and the call gets that answer, ErrTooLarge,
+// rather than a broken connection.
+func TestDefaultTransportReadsAnEarlyAnswer(t *testing.T) {
+	svc := idemtest.Serve(t, handlers.Config{MaxBodyBytes: 64 << 10})
+	c := newClient(t, svc.URL, idem.WithRetryBudget(0))
+	ctx := testContext(t)
+	res, err := c.Begin(ctx, idem.BeginParams{Key: "big"})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("begin: %+v, %v", res, err)
+	}
+	body := bytes.Repeat([]byte("x"), 16<<20) // more than the socket buffers hold
+	_, err = c.Complete(ctx, "big", res.Lease.LeaseToken, idem.Response{StatusCode: 200, Body: body}, 0)
+	if !errors.Is(err, idem.ErrTooLarge) {
+		t.Fatalf("complete of 16 MiB: %v, want ErrTooLarge", err)
+	}
+	if _, err := c.Complete(ctx, "big", res.Lease.LeaseToken, idem.Response{StatusCode: 200}, 0); err != nil {
+		t.Fatalf("complete after: %v", err)
+	}
+}

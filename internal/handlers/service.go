@@ -144,6 +144,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 					return nil, werr
 				}
 				if over {
+					breq.Waited = true
 					continue // the attempt is over: begin again
 				}
 			}

@@ -160,7 +160,7 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	if req.NoAcquire {
 		noAcquire = "1"
 	}
-	r, err := s.run(ctx, "begin", s.scripts.Begin, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "begin", !req.Waited, s.scripts.Begin, RedisKey(tenant, req.Key),
 		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire)
 	if err != nil {
 		return BeginResult{}, err
@@ -183,7 +183,7 @@ func (s *RedisStore) Complete(ctx context.Context, tenant string, req CompleteRe
 	if err != nil {
 		return Record{}, err
 	}
-	r, err := s.run(ctx, "complete", s.scripts.Complete, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "complete", false, s.scripts.Complete, RedisKey(tenant, req.Key),
 		string(tok[:]), encodeResponse(&req.Response), retentionArg(req.Retention))
 	return s.finished(tenant, "complete", r, err)
 }
@@ -198,7 +198,7 @@ func (s *RedisStore) Fail(ctx context.Context, tenant string, req FailRequest) (
 	if req.Retryable {
 		retryable = "1"
 	}
-	r, err := s.run(ctx, "fail", s.scripts.Fail, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "fail", false, s.scripts.Fail, RedisKey(tenant, req.Key),
 		string(tok[:]), retryable, req.Error, encodeResponse(&req.Response), retentionArg(req.Retention))
 	return s.finished(tenant, "fail", r, err)
 }
@@ -221,7 +221,7 @@ func (s *RedisStore) Extend(ctx context.Context, tenant string, req ExtendReques
 	}
 	var call [8]byte
 	rand.Read(call[:])
-	r, err := s.run(ctx, "extend", s.scripts.Extend, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "extend", false, s.scripts.Extend, RedisKey(tenant, req.Key),
 		string(tok[:]), string(call[:]), lease.Milliseconds())
 	if err != nil {
 		return Lease{}, err
@@ -237,7 +237,7 @@ func (s *RedisStore) Status(ctx context.Context, tenant, key string, withRespons
 	if err := s.limits.checkKey(tenant, key); err != nil {
 		return Record{}, err
 	}
-	r, err := s.run(ctx, "status", s.scripts.Status, RedisKey(tenant, key))
+	r, err := s.run(ctx, "status", true, s.scripts.Status, RedisKey(tenant, key))
 	if err != nil {
 		return Record{}, err
 	}
@@ -252,7 +252,7 @@ func (s *RedisStore) Delete(ctx context.Context, tenant, key string) error {
 	if err := s.limits.checkKey(tenant, key); err != nil {
 		return err
 	}
-	_, err := s.run(ctx, "delete", s.scripts.Delete, RedisKey(tenant, key))
+	_, err := s.run(ctx, "delete", true, s.scripts.Delete, RedisKey(tenant, key))
 	return err
 }
 
@@ -276,13 +276,13 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 
 // run runs script on key and decodes its reply. Any failure to get a reply
 // is ErrStoreUnavailable: the script may or may not have run.
-func (s *RedisStore) run(ctx context.Context, op string, script *redis.Script, key string, args ...any) (reply, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.timeout)
-	defer cancel()
-	if err := s.admit(ctx, op); err != nil {
+func (s *RedisStore) run(ctx context.Context, op string, shed bool, script *redis.Script, key string, args ...any) (reply, error) {
+	if err := s.admit(ctx, shed); err != nil {
 		return reply{}, fmt.Errorf("%s: %w", op, err)
 	}
 	defer func() { <-s.slots }()
+	ctx, cancel := context.WithTimeout(ctx, s.timeout) // the wait for a slot aside
+	defer cancel()
 	keys := []string{key}
 	var cmd *redis.Cmd
 	err := s.retrying(ctx, func(ctx context.Context) error {
@@ -412,31 +412,31 @@ func retentionArg(d time.Duration) string {
 	return strconv.FormatInt(int64(d/time.Second), 10)
 }
 
-// admit takes a slot for one call of op (see RedisOptions.MaxInFlight):
-// at once when one is free; else, for a call that may be refused, within
-// shedWait; else within ctx.
-func (s *RedisStore) admit(ctx context.Context, op string) error {
+// admit takes a slot for one call (see RedisOptions.MaxInFlight): at once
+// when one is free; else, for a call that may be shed, within shedWait;
+// else within the store's timeout. A call that gets none did not run.
+func (s *RedisStore) admit(ctx context.Context, shed bool) error {
 	select {
 	case s.slots <- struct{}{}:
 		return nil
 	default:
 	}
-	var shed <-chan time.Time
-	switch op {
-	case "complete", "fail", "extend": // their operation ran: never refused while Redis can take them
-	default:
-		t := time.NewTimer(s.shedWait)
-		defer t.Stop()
-		shed = t.C
+	wait := s.timeout
+	if shed {
+		wait = s.shedWait
 	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
 	select {
 	case s.slots <- struct{}{}:
 		return nil
-	case <-shed:
-		s.shed.Add(1)
+	case <-t.C:
+		if shed {
+			s.shed.Add(1)
+		}
 		return ErrOverloaded
 	case <-ctx.Done():
-		return fmt.Errorf("%w: waiting for a call in flight to end: %w", ErrStoreUnavailable, context.Cause(ctx))
+		return fmt.Errorf("%w: %w", ErrOverloaded, context.Cause(ctx))
 	}
 }
 

@@ -94,6 +94,10 @@ type BeginRequest struct {
 	// ErrAcquireRefused where it would have acquired. For a tenant over
 	// its stored-bytes budget.
 	NoAcquire bool
+	// Waited marks a Begin sent again after waiting for another attempt
+	// to end: a store that refuses calls under overload (RedisStore) does
+	// not refuse it, as its caller has waited for this answer.
+	Waited bool
 }
 
 // BeginResult is either an acquired Lease or a finished Record to replay.
