@@ -54,15 +54,7 @@ duration=${DURATION:-10}
 open_share=${OPEN_SHARE:-0.8}
 loads=${LOADS:-begin,cycle,replay,pay64,pay1,open}
 
-dir=$(mktemp -d)
-results=$(mktemp -d -t caller-load.XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+workdirs caller-load
 
 echo "building idemsvc, barechi, payapp and idembench"
 overlay=()

@@ -38,15 +38,7 @@ runs=${1:-3}
 duration=${DURATION:-10}
 concurrency=${CONCURRENCY:-64}
 
-dir=$(mktemp -d)
-results=$(mktemp -d -t http-load.XXXXXX)
-pids=()
-cleanup() {
-  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+workdirs http-load
 
 echo "building idemsvc, barechi and idembench"
 go build -o "$dir/idemsvc" ./cmd/idemsvc

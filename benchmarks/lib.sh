@@ -53,3 +53,19 @@ bench_tenant() {
     "$(printf %s "$api_key" | sha256sum | cut -d' ' -f1)" >"$dir/tenants.yaml"
   export IDEMSVC_API_KEY=$api_key
 }
+
+# workdirs NAME: $dir, a scratch folder removed at exit, and $results, a
+# folder for the reports that stays; the processes in $pids are ended at
+# exit.
+workdirs() {
+  dir=$(mktemp -d)
+  results=$(mktemp -d -t "$1.XXXXXX")
+  pids=()
+  trap cleanup EXIT
+}
+
+cleanup() {
+  for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  rm -rf "$dir"
+}
