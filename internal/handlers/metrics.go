@@ -76,7 +76,7 @@ func registerAdmission(reg prometheus.Registerer, a admitting) {
 		}, func() float64 { return float64(a.InFlight()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemsvc_store_overload_refusals_total",
-			Help: "Begins, statuses and deletes refused with 503 (store-unavailable) because the calls in flight, or their tenant's (three quarters of them), stayed at their bound for 20 ms; they did not take effect.",
+			Help: "Begins, statuses and deletes refused with 503 (store-unavailable) because the calls in flight stayed at IDEMSVC_REDIS_MAX_IN_FLIGHT for 20 ms; they did not take effect.",
 		}, func() float64 { return float64(a.Shed()) }),
 	)
 }

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -39,10 +38,9 @@ type RedisOptions struct {
 	// DefaultMaxInFlight). A call beyond it waits for a slot: a begin,
 	// status or delete at most ShedWait, after which it is refused at
 	// once with ErrOverloaded, which is ErrStoreUnavailable and did not
-	// take effect; a complete, fail or extend (and a Begin that Waited)
-	// for as long as Timeout, so that an operation that ran is refused
-	// its outcome only when Redis cannot take it. One tenant's begins,
-	// statuses and deletes hold at most three quarters of the slots. Give the client a pool of at least
+	// take effect; a complete, fail or extend for as long as its
+	// Timeout, so that an operation that ran is refused its outcome only
+	// when Redis cannot take it. Give the client a pool of at least
 	// MaxInFlight connections (per node), so that a call admitted never
 	// queues for a connection.
 	MaxInFlight int
@@ -80,7 +78,6 @@ type RedisStore struct {
 	// allowEviction: see RedisOptions.AllowEviction.
 	allowEviction bool
 	slots         chan struct{} // one per script in flight (MaxInFlight)
-	tenants       sync.Map      // tenant -> chan struct{}: its share of slots (tenantSlots)
 	shedWait      time.Duration
 	shed          atomic.Uint64 // calls refused for want of a slot
 }
@@ -163,7 +160,7 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	if req.NoAcquire {
 		noAcquire = "1"
 	}
-	r, err := s.run(ctx, "begin", tenant, !req.Waited, s.scripts.Begin, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "begin", !req.Waited, s.scripts.Begin, RedisKey(tenant, req.Key),
 		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire)
 	if err != nil {
 		return BeginResult{}, err
@@ -186,7 +183,7 @@ func (s *RedisStore) Complete(ctx context.Context, tenant string, req CompleteRe
 	if err != nil {
 		return Record{}, err
 	}
-	r, err := s.run(ctx, "complete", tenant, false, s.scripts.Complete, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "complete", false, s.scripts.Complete, RedisKey(tenant, req.Key),
 		string(tok[:]), encodeResponse(&req.Response), retentionArg(req.Retention))
 	return s.finished(tenant, "complete", r, err)
 }
@@ -201,7 +198,7 @@ func (s *RedisStore) Fail(ctx context.Context, tenant string, req FailRequest) (
 	if req.Retryable {
 		retryable = "1"
 	}
-	r, err := s.run(ctx, "fail", tenant, false, s.scripts.Fail, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "fail", false, s.scripts.Fail, RedisKey(tenant, req.Key),
 		string(tok[:]), retryable, req.Error, encodeResponse(&req.Response), retentionArg(req.Retention))
 	return s.finished(tenant, "fail", r, err)
 }
@@ -224,7 +221,7 @@ func (s *RedisStore) Extend(ctx context.Context, tenant string, req ExtendReques
 	}
 	var call [8]byte
 	rand.Read(call[:])
-	r, err := s.run(ctx, "extend", tenant, false, s.scripts.Extend, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "extend", false, s.scripts.Extend, RedisKey(tenant, req.Key),
 		string(tok[:]), string(call[:]), lease.Milliseconds())
 	if err != nil {
 		return Lease{}, err
@@ -240,7 +237,7 @@ func (s *RedisStore) Status(ctx context.Context, tenant, key string, withRespons
 	if err := s.limits.checkKey(tenant, key); err != nil {
 		return Record{}, err
 	}
-	r, err := s.run(ctx, "status", tenant, true, s.scripts.Status, RedisKey(tenant, key))
+	r, err := s.run(ctx, "status", true, s.scripts.Status, RedisKey(tenant, key))
 	if err != nil {
 		return Record{}, err
 	}
@@ -255,7 +252,7 @@ func (s *RedisStore) Delete(ctx context.Context, tenant, key string) error {
 	if err := s.limits.checkKey(tenant, key); err != nil {
 		return err
 	}
-	_, err := s.run(ctx, "delete", tenant, true, s.scripts.Delete, RedisKey(tenant, key))
+	_, err := s.run(ctx, "delete", true, s.scripts.Delete, RedisKey(tenant, key))
 	return err
 }
 
@@ -279,17 +276,16 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 
 // run runs script on key and decodes its reply. Any failure to get a reply
 // is ErrStoreUnavailable: the script may or may not have run.
-func (s *RedisStore) run(ctx context.Context, op, tenant string, shed bool, script *redis.Script, key string, args ...any) (reply, error) {
-	own, err := s.admit(ctx, tenant, shed)
-	if err != nil {
+func (s *RedisStore) run(ctx context.Context, op string, shed bool, script *redis.Script, key string, args ...any) (reply, error) {
+	if err := s.admit(ctx, shed); err != nil {
 		return reply{}, fmt.Errorf("%s: %w", op, err)
 	}
-	defer s.release(own)
+	defer func() { <-s.slots }()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout) // the wait for a slot aside
 	defer cancel()
 	keys := []string{key}
 	var cmd *redis.Cmd
-	err = s.retrying(ctx, func(ctx context.Context) error {
+	err := s.retrying(ctx, func(ctx context.Context) error {
 		if s.waitReplicas == 0 {
 			cmd = script.Run(ctx, s.client, keys, args...)
 			return cmd.Err()
@@ -416,52 +412,25 @@ func retentionArg(d time.Duration) string {
 	return strconv.FormatInt(int64(d/time.Second), 10)
 }
 
-// admit takes a slot for one call (see RedisOptions.MaxInFlight), and
-// for a call that may be shed one of its tenant's share of the slots
-// first, which it returns (nil for other calls): at once when they are
-// free; else, for a call that may be shed, within shedWait; else within
-// the store's timeout. A call that gets none did not run.
-func (s *RedisStore) admit(ctx context.Context, tenant string, shed bool) (own chan struct{}, err error) {
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
-	if shed {
-		own = s.tenantSlots(tenant)
-		if err := s.take(ctx, own, shed, &timer); err != nil {
-			return nil, err
-		}
-	}
-	if err := s.take(ctx, s.slots, shed, &timer); err != nil {
-		if own != nil {
-			<-own
-		}
-		return nil, err
-	}
-	return own, nil
-}
-
-// take puts one token into sem, waiting until *timer (started on the first
-// wait) fires or ctx ends.
-func (s *RedisStore) take(ctx context.Context, sem chan struct{}, shed bool, timer **time.Timer) error {
+// admit takes a slot for one call (see RedisOptions.MaxInFlight): at once
+// when one is free; else, for a call that may be shed, within shedWait;
+// else within the store's timeout. A call that gets none did not run.
+func (s *RedisStore) admit(ctx context.Context, shed bool) error {
 	select {
-	case sem <- struct{}{}:
+	case s.slots <- struct{}{}:
 		return nil
 	default:
 	}
-	if *timer == nil {
-		wait := s.timeout
-		if shed {
-			wait = s.shedWait
-		}
-		*timer = time.NewTimer(wait)
+	wait := s.timeout
+	if shed {
+		wait = s.shedWait
 	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
 	select {
-	case sem <- struct{}{}:
+	case s.slots <- struct{}{}:
 		return nil
-	case <-(*timer).C:
+	case <-t.C:
 		if shed {
 			s.shed.Add(1)
 		}
@@ -469,25 +438,6 @@ func (s *RedisStore) take(ctx context.Context, sem chan struct{}, shed bool, tim
 	case <-ctx.Done():
 		return fmt.Errorf("%w: %w", ErrOverloaded, context.Cause(ctx))
 	}
-}
-
-// release gives back what admit took.
-func (s *RedisStore) release(own chan struct{}) {
-	<-s.slots
-	if own != nil {
-		<-own
-	}
-}
-
-// tenantSlots is tenant's share of the slots for calls that may be shed:
-// three quarters of them, so that one tenant's begins, statuses and
-// deletes (statuses have no tenant limit) leave the others a quarter.
-func (s *RedisStore) tenantSlots(tenant string) chan struct{} {
-	if sem, ok := s.tenants.Load(tenant); ok {
-		return sem.(chan struct{})
-	}
-	sem, _ := s.tenants.LoadOrStore(tenant, make(chan struct{}, max(1, cap(s.slots)*3/4)))
-	return sem.(chan struct{})
 }
 
 // Shed is the number of calls refused so far with ErrOverloaded.
