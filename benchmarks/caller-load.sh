@@ -60,23 +60,7 @@ echo "building idemsvc, barechi, payapp and idembench"
 overlay=()
 if [ -n "${PROFILE:-}" ]; then
   # A pprof listener at $BENCH_PPROF, for idemsvc and payapp alike.
-  cat >"$dir/pprof.go" <<'EOF'
-package main
-
-import (
-	"net/http"
-	_ "net/http/pprof"
-	"os"
-)
-
-func init() {
-	if addr := os.Getenv("BENCH_PPROF"); addr != "" {
-		go func() { _ = http.ListenAndServe(addr, nil) }()
-	}
-}
-EOF
-  printf '{"Replace": {"%s": "%s", "%s": "%s"}}\n' "$PWD/cmd/idemsvc/zz_bench_pprof.go" "$dir/pprof.go" \
-    "$PWD/benchmarks/payapp/zz_bench_pprof.go" "$dir/pprof.go" >"$dir/overlay.json"
+  pprof_overlay cmd/idemsvc benchmarks/payapp
   overlay=(-overlay "$dir/overlay.json")
 fi
 go build "${overlay[@]}" -o "$results/idemsvc" ./cmd/idemsvc

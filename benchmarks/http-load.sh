@@ -233,27 +233,12 @@ echo "full reports: $results"
 if [ -n "${PROFILE:-}" ]; then
   echo
   echo "profiling idemsvc"
-  cat >"$dir/pprof.go" <<'EOF'
-package main
-
-import (
-	"net/http"
-	_ "net/http/pprof"
-	"os"
-)
-
-func init() {
-	if addr := os.Getenv("IDEMSVC_BENCH_PPROF"); addr != "" {
-		go func() { _ = http.ListenAndServe(addr, nil) }()
-	}
-}
-EOF
-  printf '{"Replace": {"%s": "%s"}}\n' "$PWD/cmd/idemsvc/zz_bench_pprof.go" "$dir/pprof.go" >"$dir/overlay.json"
+  pprof_overlay cmd/idemsvc
   go build -overlay "$dir/overlay.json" -o "$results/idemsvc-pprof" ./cmd/idemsvc
   kill "$idemsvc_pid"
   wait "$idemsvc_pid" 2>/dev/null || true
   pprof_port=$(free_port)
-  IDEMSVC_BENCH_PPROF=127.0.0.1:$pprof_port start_idemsvc "$results/idemsvc-pprof"
+  BENCH_PPROF=127.0.0.1:$pprof_port start_idemsvc "$results/idemsvc-pprof"
   for mix in begin cycle; do
     (sleep 1 && curl -s -o "$results/idemsvc-$mix.cpu.pprof" \
       "http://127.0.0.1:$pprof_port/debug/pprof/profile?seconds=$((duration > 3 ? duration - 2 : 1))") &

@@ -69,3 +69,29 @@ cleanup() {
   for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
   rm -rf "$dir"
 }
+
+# pprof_overlay PACKAGE_DIR...: $dir/overlay.json, a go build -overlay file
+# that adds to each main package a net/http/pprof listener at $BENCH_PPROF
+# (none when it is unset); the source is not changed.
+pprof_overlay() {
+  cat >"$dir/pprof.go" <<'GO'
+package main
+
+import (
+	"net/http"
+	_ "net/http/pprof"
+	"os"
+)
+
+func init() {
+	if addr := os.Getenv("BENCH_PPROF"); addr != "" {
+		go func() { _ = http.ListenAndServe(addr, nil) }()
+	}
+}
+GO
+  local replace="" pkg
+  for pkg in "$@"; do
+    replace+="${replace:+, }\"$PWD/$pkg/zz_bench_pprof.go\": \"$dir/pprof.go\""
+  done
+  printf '{"Replace": {%s}}\n' "$replace" >"$dir/overlay.json"
+}

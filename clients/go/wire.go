@@ -424,14 +424,6 @@ func (b *bodyReader) Read(p []byte) (int, error) {
 
 func (b *bodyReader) Close() error { return nil }
 
-// WriteTo hands the whole body over in one write (io.ReadAll does not use
-// it, but io.Copy does).
-func (b *bodyReader) WriteTo(w io.Writer) (int64, error) {
-	n, err := w.Write(b.data[b.off:])
-	b.off += n
-	return int64(n), err
-}
-
 // maxHeadBytes bounds an answer's status line and header lines, as
 // http.Transport's default does.
 const maxHeadBytes = 1 << 20
