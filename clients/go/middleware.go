@@ -290,7 +290,8 @@ type recorder struct {
 func (r *recorder) Header() http.Header { return r.header }
 
 func (r *recorder) WriteHeader(code int) {
-	if r.status == 0 {
+	// A 1xx (103 Early Hints, say) is informational: the answer follows.
+	if r.status == 0 && code >= 200 {
 		r.status = code
 	}
 }

@@ -1,0 +1,150 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	idem "github.com/idemsvc/idemsvc/clients/go"
+)
+
+// config is idemproxy's configuration: each setting is a flag and an
+// environment variable (vars below); a flag overrides the variable.
+type config struct {
+	listen      string
+	adminListen string
+	upstream    *url.URL
+	idemsvcURL  string
+	apiKey      string
+	caFile      string
+	certFile    string
+	keyFile     string
+	middleware  idem.MiddlewareOptions
+}
+
+// vars maps each flag to its environment variable. idemsvc's address and
+// credentials are named as every client of idemsvc names them.
+var vars = map[string]string{
+	"listen":           "IDEMPROXY_LISTEN",
+	"admin-listen":     "IDEMPROXY_ADMIN_LISTEN",
+	"upstream":         "IDEMPROXY_UPSTREAM",
+	"methods":          "IDEMPROXY_METHODS",
+	"key-header":       "IDEMPROXY_KEY_HEADER",
+	"key-optional":     "IDEMPROXY_KEY_OPTIONAL",
+	"wait-ms":          "IDEMPROXY_WAIT_MS",
+	"store-headers":    "IDEMPROXY_STORE_HEADERS",
+	"max-body-bytes":   "IDEMPROXY_MAX_BODY_BYTES",
+	"idemsvc-url":      "IDEMSVC_URL",
+	"idemsvc-api-key":  "IDEMSVC_API_KEY",
+	"ca-file":          "IDEMSVC_CA_FILE",
+	"client-cert-file": "IDEMSVC_CLIENT_CERT_FILE",
+	"client-key-file":  "IDEMSVC_CLIENT_KEY_FILE",
+}
+
+// parseConfig reads args and then, for every flag args did not set, env
+// (KEY=value entries, as os.Environ gives them).
+func parseConfig(args, env []string) (config, error) {
+	fs := flag.NewFlagSet("idemproxy", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	listen := fs.String("listen", ":8081", "address to serve on")
+	admin := fs.String("admin-listen", "", "address to serve /healthz and /metrics on (default: listen, where those two paths are then idemproxy's own)")
+	upstream := fs.String("upstream", "", "the service made idempotent, as an http:// or https:// URL (required)")
+	methods := fs.String("methods", "POST,PATCH", "comma-separated methods made idempotent; others pass through")
+	keyHeader := fs.String("key-header", "Idempotency-Key", "the request header with the idempotency key")
+	optional := fs.Bool("key-optional", false, "let requests of those methods without a key through, not idempotent (default: 400)")
+	waitMS := fs.Int("wait-ms", 0, "how long a duplicate waits for the request in flight before 409")
+	storeHeaders := fs.String("store-headers", "Content-Type,Content-Language,Location,ETag,Last-Modified", "comma-separated response headers stored and replayed")
+	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest request body of a request with a key; larger ones get 413")
+	idemsvcURL := fs.String("idemsvc-url", "http://localhost:8080", "idemsvc's base URL")
+	apiKey := fs.String("idemsvc-api-key", "", "the API key of this service's tenant at idemsvc")
+	caFile := fs.String("ca-file", "", "PEM CA that signs idemsvc's certificate (default: the system's)")
+	certFile := fs.String("client-cert-file", "", "PEM client certificate presented to idemsvc")
+	keyFile := fs.String("client-key-file", "", "PEM key of client-cert-file")
+	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + vars[f.Name] + ")" })
+	if err := fs.Parse(args); err != nil {
+		return config{}, fmt.Errorf("%w\n%s", err, usage(fs))
+	}
+	if fs.NArg() > 0 {
+		return config{}, fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), usage(fs))
+	}
+	setByFlag := make(map[string]bool)
+	fs.Visit(func(f *flag.Flag) { setByFlag[f.Name] = true })
+	environ := make(map[string]string)
+	for _, kv := range env {
+		if name, value, ok := strings.Cut(kv, "="); ok {
+			environ[name] = value
+		}
+	}
+	for name, v := range vars {
+		if value, ok := environ[v]; ok && !setByFlag[name] {
+			if err := fs.Set(name, value); err != nil {
+				return config{}, fmt.Errorf("%s: %w", v, err)
+			}
+		}
+	}
+
+	cfg := config{listen: *listen, adminListen: *admin, idemsvcURL: *idemsvcURL, apiKey: *apiKey,
+		caFile: *caFile, certFile: *certFile, keyFile: *keyFile}
+	if *upstream == "" {
+		return config{}, fmt.Errorf("IDEMPROXY_UPSTREAM is required: the URL of the service to make idempotent\n%s", usage(fs))
+	}
+	u, err := url.Parse(*upstream)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return config{}, fmt.Errorf("IDEMPROXY_UPSTREAM %q: want an http:// or https:// URL with a host", *upstream)
+	}
+	cfg.upstream = u
+	if *waitMS < 0 || *maxBody <= 0 {
+		return config{}, fmt.Errorf("IDEMPROXY_WAIT_MS must be 0 or more and IDEMPROXY_MAX_BODY_BYTES more than 0")
+	}
+	cfg.middleware = idem.MiddlewareOptions{
+		KeyHeader:    *keyHeader,
+		Methods:      list(strings.ToUpper(*methods)),
+		Optional:     *optional,
+		Headers:      list(*storeHeaders),
+		Wait:         time.Duration(*waitMS) * time.Millisecond,
+		MaxBodyBytes: *maxBody,
+	}
+	if len(cfg.middleware.Methods) == 0 {
+		return config{}, fmt.Errorf("IDEMPROXY_METHODS names no method")
+	}
+	if !validHeaderName(cfg.middleware.KeyHeader) {
+		return config{}, fmt.Errorf("IDEMPROXY_KEY_HEADER %q is not a header name", cfg.middleware.KeyHeader)
+	}
+	return cfg, nil
+}
+
+// validHeaderName reports whether s is an HTTP field name (a token).
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, c := range s {
+		if c > 0x7e || c <= ' ' || strings.ContainsRune(`"(),/:;<=>?@[\]{}`, c) {
+			return false
+		}
+	}
+	return http.CanonicalHeaderKey(s) != ""
+}
+
+func list(s string) []string {
+	var out []string
+	for _, part := range strings.Split(s, ",") {
+		if part = strings.TrimSpace(part); part != "" {
+			out = append(out, part)
+		}
+	}
+	return out
+}
+
+func usage(fs *flag.FlagSet) string {
+	var b strings.Builder
+	b.WriteString("usage: idemproxy [flags]; each flag is also the environment variable named\n")
+	fs.SetOutput(&b)
+	fs.PrintDefaults()
+	fs.SetOutput(io.Discard)
+	return b.String()
+}

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemsvc/idemsvc/conformance"
+	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redistest"
+)
+
+func TestMain(m *testing.M) { redistest.Main(m) }
+
+// nodeApp is conformance/app.mjs run by Node: an upstream in another
+// language than idemproxy, which counts the requests that reach it.
+type nodeApp struct{ URL string }
+
+func startNodeApp(t *testing.T) *nodeApp {
+	t.Helper()
+	node, err := exec.LookPath("node")
+	if err != nil {
+		t.Fatal("node not found: install Node.js (make test does) to run idemproxy's tests against a Node upstream")
+	}
+	cmd := exec.Command(node, filepath.Join("..", "..", "conformance", "app.mjs"))
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	port, ok := strings.CutPrefix(strings.TrimSpace(line), "listening ")
+	if err != nil || !ok {
+		t.Fatalf("conformance/app.mjs: %q, %v", line, err)
+	}
+	return &nodeApp{URL: "http://127.0.0.1:" + port}
+}
+
+// runs is how many requests reached the app.
+func (a *nodeApp) runs(t *testing.T) int {
+	t.Helper()
+	resp, err := http.Get(a.URL + "/__calls")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	n, err := strconv.Atoi(string(b))
+	if err != nil {
+		t.Fatalf("/__calls: %q", b)
+	}
+	return n
+}
+
+// serveProxy serves idemproxy with the flags given, in front of upstream,
+// until the test ends.
+func serveProxy(t *testing.T, idemsvcURL, upstream string, flags ...string) string {
+	t.Helper()
+	cfg, err := parseConfig(append([]string{"--upstream", upstream, "--idemsvc-url", idemsvcURL}, flags...), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := newProxy(cfg, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p.handler())
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+// closedURL is a loopback URL where nothing listens.
+func closedURL(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return "http://" + l.Addr().String()
+}
+
+// idemproxy behaves as every entry point must (conformance/cases.json), in
+// front of a Node upstream, on the memory store and on Redis.
+func TestConformance(t *testing.T) {
+	app := startNodeApp(t)
+	for _, b := range idemtest.Backends()[:2] {
+		t.Run(b.Name, func(t *testing.T) {
+			svc := idemtest.Serve(t, handlers.Config{Store: b.Open(t)})
+			conformance.Run(t, conformance.Target{
+				URL:     serveProxy(t, svc.URL, app.URL),
+				DownURL: serveProxy(t, closedURL(t), app.URL),
+				Runs:    func() int { return app.runs(t) },
+			})
+		})
+	}
+}
+
+// 50 concurrent duplicates reach the upstream once, and every one of them
+// gets the same status and body: the first from the upstream, the others
+// replayed once it answered (they wait, as IDEMPROXY_WAIT_MS says).
+func TestConcurrentDuplicatesReachTheUpstreamOnce(t *testing.T) {
+	app := startNodeApp(t)
+	svc := idemtest.Serve(t, handlers.Config{Store: idemtest.Backends()[1].Open(t)})
+	url := serveProxy(t, svc.URL, app.URL, "--wait-ms", "10000")
+	before := app.runs(t)
+	type answer struct {
+		status   int
+		body     string
+		replayed bool
+	}
+	answers := make([]answer, 50)
+	var wg sync.WaitGroup
+	key := `"dup-` + conformance.Hex(8) + `"`
+	for i := range answers {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, url+"/slow/300", strings.NewReader(`{"amount":5}`))
+			req.Header.Set("Idempotency-Key", key)
+			req.GetBody = nil // sent once
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			answers[i] = answer{resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed") == "true"}
+		})
+	}
+	wg.Wait()
+	if n := app.runs(t) - before; n != 1 {
+		t.Errorf("the upstream ran %d times, want 1", n)
+	}
+	replays := 0
+	for i, a := range answers {
+		if a.status != http.StatusCreated || a.body != `{"run":1}` {
+			t.Errorf("client %d: %d %q, want 201 {\"run\":1}", i, a.status, a.body)
+		}
+		if a.replayed {
+			replays++
+		}
+	}
+	if replays != len(answers)-1 {
+		t.Errorf("%d replays, want %d", replays, len(answers)-1)
+	}
+}
+
+// /healthz answers while idemproxy serves, and /metrics counts requests by
+// outcome; with an admin listener, both paths go to the upstream instead.
+func TestHealthAndMetrics(t *testing.T) {
+	app := startNodeApp(t)
+	svc := idemtest.Serve(t, handlers.Config{})
+	url := serveProxy(t, svc.URL, app.URL)
+	post := func(key string) int {
+		req, _ := http.NewRequest(http.MethodPost, url+"/answer/201", strings.NewReader("x"))
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	key := conformance.Hex(8)
+	for _, want := range []int{201, 201, 400} {
+		k := key
+		if want == 400 {
+			k = ""
+		}
+		if got := post(k); got != want {
+			t.Fatalf("POST: %d, want %d", got, want)
+		}
+	}
+	if resp, err := http.Get(url + "/answer/200"); err != nil || resp.StatusCode != 200 {
+		t.Fatalf("GET through: %v %v", resp, err)
+	}
+	resp, err := http.Get(url + "/healthz")
+	if err != nil || resp.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz: %v %v", resp, err)
+	}
+	for _, want := range []string{
+		`idemproxy_requests_total{code="201",outcome="executed"} 1`,
+		`idemproxy_requests_total{code="201",outcome="replayed"} 1`,
+		`idemproxy_requests_total{code="400",outcome="refused"} 1`,
+		`idemproxy_requests_total{code="200",outcome="passed"} 1`,
+		`idemproxy_upstream_duration_seconds_count 2`,
+	} {
+		if got := metrics(t, url); !strings.Contains(got, want+"\n") {
+			t.Errorf("/metrics has no %s:\n%s", want, grep(got, "idemproxy_"))
+		}
+	}
+
+	admin := serveProxy(t, svc.URL, app.URL, "--admin-listen", "127.0.0.1:0")
+	resp, err = http.Get(admin + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound { // the app's answer
+		t.Errorf("/healthz with an admin listener: %d, want the upstream's 404", resp.StatusCode)
+	}
+}
+
+func metrics(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return string(b)
+}
+
+func grep(text, prefix string) string {
+	var out bytes.Buffer
+	for line := range strings.Lines(text) {
+		if strings.HasPrefix(line, prefix) {
+			out.WriteString(line)
+		}
+	}
+	return out.String()
+}
+
+// A misconfiguration is refused at start, naming the variable.
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		env  []string
+		want string
+	}{
+		{nil, "IDEMPROXY_UPSTREAM is required"},
+		{[]string{"IDEMPROXY_UPSTREAM=localhost:3000"}, "IDEMPROXY_UPSTREAM"},
+		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_WAIT_MS=soon"}, "IDEMPROXY_WAIT_MS"},
+		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_METHODS= , "}, "IDEMPROXY_METHODS"},
+		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_KEY_HEADER=Idempotency Key"}, "IDEMPROXY_KEY_HEADER"},
+	} {
+		_, err := parseConfig(nil, tc.env)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%v: %v, want an error naming %s", tc.env, err, tc.want)
+		}
+	}
+	cfg, err := parseConfig([]string{"--wait-ms", "250"}, []string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_WAIT_MS=9", "IDEMPROXY_METHODS=post,put"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.middleware.Wait != 250*time.Millisecond || strings.Join(cfg.middleware.Methods, ",") != "POST,PUT" || cfg.listen != ":8081" {
+		t.Errorf("config %+v: the flag wins over the variable, methods are upper-cased, listen defaults to :8081", cfg)
+	}
+}
+
+// The healthcheck subcommand passes against a serving idemproxy and fails
+// against a closed port.
+func TestHealthcheck(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := l.Addr().String()
+	l.Close()
+	env := []string{"IDEMPROXY_UPSTREAM=http://127.0.0.1:1", "IDEMPROXY_LISTEN=" + addr}
+	done := make(chan error, 1)
+	go func() { done <- run(ctx, nil, env, io.Discard) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	})
+	idemtest.Eventually(t, 5*time.Second, "idemproxy healthcheck passes", func() bool {
+		return healthcheck(nil, env, io.Discard) == 0
+	})
+	var out bytes.Buffer
+	if code := healthcheck(nil, []string{"IDEMPROXY_UPSTREAM=http://x", "IDEMPROXY_LISTEN=" + strings.TrimPrefix(closedURL(t), "http://")}, &out); code == 0 {
+		t.Error("healthcheck passed against a closed port")
+	}
+}

@@ -1,0 +1,194 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	idem "github.com/idemsvc/idemsvc/clients/go"
+)
+
+// proxy is idemproxy's request path: idem.Middleware in front of a
+// reverse proxy to the upstream, with metrics around both.
+type proxy struct {
+	cfg      config
+	log      *slog.Logger
+	forward  http.Handler // the middleware and the reverse proxy
+	registry *prometheus.Registry
+	requests *prometheus.CounterVec
+	upstream prometheus.Histogram
+	upErrors prometheus.Counter
+}
+
+// Outcomes of a request, as idemproxy_requests_total labels them.
+const (
+	outcomePassed   = "passed"   // forwarded without idempotency: no key, or another method
+	outcomeExecuted = "executed" // forwarded under a key idemproxy acquired
+	outcomeReplayed = "replayed" // answered with the stored answer of an earlier request
+	outcomeRefused  = "refused"  // answered by idemproxy: bad key, in flight, mismatch, idemsvc down
+)
+
+func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
+	opts := []idem.Option{idem.WithAPIKey(cfg.apiKey)}
+	if cfg.caFile != "" || cfg.certFile != "" {
+		opts = append(opts, idem.WithTLSFiles(cfg.caFile, cfg.certFile, cfg.keyFile))
+	}
+	client, err := idem.New(cfg.idemsvcURL, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("IDEMSVC_URL: %w", err)
+	}
+	p := &proxy{cfg: cfg, log: log, registry: prometheus.NewRegistry()}
+	p.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "idemproxy_requests_total",
+		Help: "Requests answered, by outcome (passed, executed, replayed, refused) and status code.",
+	}, []string{"outcome", "code"})
+	p.upstream = prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name:    "idemproxy_upstream_duration_seconds",
+		Help:    "Time from forwarding a request to the upstream's answer, its body included.",
+		Buckets: prometheus.ExponentialBuckets(0.0005, 2, 16),
+	})
+	p.upErrors = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idemproxy_upstream_errors_total",
+		Help: "Requests the upstream did not answer (refused, reset, timed out): 502 to the caller, and the key released.",
+	})
+	p.registry.MustRegister(p.requests, p.upstream, p.upErrors,
+		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
+
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	// A proxy keeps a connection per request in flight, not 2 per host.
+	transport.MaxIdleConns, transport.MaxIdleConnsPerHost = 512, 256
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(cfg.upstream)
+			r.Out.Host = r.In.Host // the upstream sees the host the caller asked for
+			r.SetXForwarded()
+		},
+		Transport:    transport,
+		ErrorHandler: p.upstreamError,
+	}
+	p.forward = idem.Middleware(client, cfg.middleware)(p.timed(rp))
+	return p, nil
+}
+
+// handler serves the proxy, and /healthz and /metrics unless they have a
+// listener of their own.
+func (p *proxy) handler() http.Handler {
+	counted := p.counted(p.forward)
+	if p.cfg.adminListen != "" {
+		return counted
+	}
+	admin := p.admin()
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if (r.URL.Path == "/healthz" || r.URL.Path == "/metrics") && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+			admin.ServeHTTP(w, r)
+			return
+		}
+		counted.ServeHTTP(w, r)
+	})
+}
+
+// admin serves /healthz (200 while idemproxy serves; it does not ask
+// idemsvc, so that pass-through traffic keeps flowing when idemsvc is
+// down) and /metrics.
+func (p *proxy) admin() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(p.registry, promhttp.HandlerOpts{}))
+	return mux
+}
+
+// requestState is what the handlers learn of one request.
+type requestState struct{ forwarded bool }
+
+type stateKey struct{}
+
+// counted counts each request by its outcome.
+func (p *proxy) counted(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		st := &requestState{}
+		sw := &statusWriter{ResponseWriter: w}
+		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
+		outcome := outcomeRefused
+		switch {
+		case sw.Header().Get(idem.ReplayedHeader) == "true" && !st.forwarded:
+			outcome = outcomeReplayed
+		case st.forwarded && slices.Contains(p.cfg.middleware.Methods, r.Method) && r.Header.Get(p.cfg.middleware.KeyHeader) != "":
+			outcome = outcomeExecuted
+		case st.forwarded:
+			outcome = outcomePassed
+		}
+		code := sw.status
+		if code == 0 {
+			code = http.StatusOK
+		}
+		p.requests.WithLabelValues(outcome, strconv.Itoa(code)).Inc()
+	})
+}
+
+// timed forwards to the upstream, marking the request forwarded and timing
+// the upstream's answer.
+func (p *proxy) timed(rp http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if st, ok := r.Context().Value(stateKey{}).(*requestState); ok {
+			st.forwarded = true
+		}
+		start := time.Now()
+		rp.ServeHTTP(w, r)
+		p.upstream.Observe(time.Since(start).Seconds())
+	})
+}
+
+// upstreamError answers a request the upstream did not answer: 502, which
+// the middleware takes as a retryable failure, releasing the key.
+func (p *proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	p.upErrors.Inc()
+	status, detail := http.StatusBadGateway, "the upstream did not answer"
+	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+		status, detail = http.StatusGatewayTimeout, "the upstream did not answer in time"
+	}
+	if r.Context().Err() == nil {
+		p.log.Warn("upstream error", "method", r.Method, "path", r.URL.Path, "err", err)
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(map[string]any{
+		"type": "about:blank", "title": http.StatusText(status), "status": status, "detail": detail,
+	})
+}
+
+// statusWriter notes the status of an answer.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if w.status == 0 && code >= 200 {
+		w.status = code
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(b []byte) (int, error) {
+	if w.status == 0 {
+		w.status = http.StatusOK
+	}
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer, for
+// the reverse proxy's flushes of a streamed answer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
