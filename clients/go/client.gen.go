@@ -251,7 +251,7 @@ type BeginRequest struct {
 	// Example: order-7f3a/charge
 	Key Key `json:"key"`
 
-	// LeaseMs The length of the lease in milliseconds.
+	// LeaseMs The length of the lease in milliseconds. Default 30000.
 	//
 	// Example: 30000
 	LeaseMs *LeaseMs `json:"lease_ms,omitempty"`
@@ -264,7 +264,7 @@ type BeginRequest struct {
 	// Example: req-01HZX3
 	Owner *string `json:"owner,omitempty"`
 
-	// RetentionS How long the record lives after its last transition, in seconds.
+	// RetentionS How long the record lives after its last transition, in seconds. Default 86400.
 	//
 	// Example: 86400
 	RetentionS *RetentionS `json:"retention_s,omitempty"`
@@ -278,15 +278,15 @@ type BeginRequest struct {
 	Tenant *Tenant `json:"tenant,omitempty"`
 
 	// WaitMs How long to wait, in milliseconds, for an attempt in progress to
-	// finish before answering 409.
+	// finish before answering 409. Default 0 (answer at once).
 	//
 	//
 	// Example: 0
 	WaitMs *int64 `json:"wait_ms,omitempty"`
 }
 
-// BodyEncoding How `body` is encoded: `text` (the default) carries the body as is,
-// `base64` carries a binary body in standard base64 (RFC 4648).
+// BodyEncoding How `body` is encoded: `text` carries the body as is, `base64`
+// carries a binary body in standard base64 (RFC 4648). Default `text`.
 type BodyEncoding string
 
 // CompleteRequest defines model for CompleteRequest.
@@ -313,7 +313,7 @@ type CompleteRequest struct {
 	// take at most 1 MiB (413 beyond).
 	Response *StoredResponse `json:"response,omitempty"`
 
-	// RetentionS How long the record lives after its last transition, in seconds.
+	// RetentionS How long the record lives after its last transition, in seconds. Default 86400.
 	//
 	// Example: 86400
 	RetentionS *RetentionS `json:"retention_s,omitempty"`
@@ -337,7 +337,7 @@ type ExtendRequest struct {
 	// Example: order-7f3a/charge
 	Key Key `json:"key"`
 
-	// LeaseMs The length of the lease in milliseconds.
+	// LeaseMs The length of the lease in milliseconds. Default 30000.
 	//
 	// Example: 30000
 	LeaseMs *LeaseMs `json:"lease_ms,omitempty"`
@@ -391,7 +391,8 @@ type FailRequest struct {
 	Response *StoredResponse `json:"response,omitempty"`
 
 	// Retryable `true` releases the key (the next begin acquires it);
-	// `false` stores a terminal failure that begin replays.
+	// `false` stores a terminal failure that begin replays. Default
+	// true.
 	//
 	//
 	// Example: false
@@ -507,7 +508,7 @@ type Lease struct {
 	LeaseToken LeaseToken `json:"lease_token"`
 }
 
-// LeaseMs The length of the lease in milliseconds.
+// LeaseMs The length of the lease in milliseconds. Default 30000.
 //
 // Example: 30000
 type LeaseMs = int64
@@ -579,6 +580,9 @@ type Problem struct {
 	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time |
 	// | `internal` | 500 | an unexpected error |
 	//
+	// Each problem response of an operation narrows `type` to the kinds
+	// that response can carry.
+	//
 	//
 	// Example: https://idemsvc.dev/problems/in-progress
 	Type string `json:"type"`
@@ -614,7 +618,7 @@ type ReadinessFailure struct {
 // are connected than `IDEMSVC_REDIS_WAIT_REPLICAS`.
 type ReadinessFailureCheck string
 
-// RetentionS How long the record lives after its last transition, in seconds.
+// RetentionS How long the record lives after its last transition, in seconds. Default 86400.
 //
 // Example: 86400
 type RetentionS = int64
@@ -708,8 +712,8 @@ type StoredResponse struct {
 	// Example: {"charge_id":"ch_123"}
 	Body *string `json:"body,omitempty"`
 
-	// BodyEncoding How `body` is encoded: `text` (the default) carries the body as is,
-	// `base64` carries a binary body in standard base64 (RFC 4648).
+	// BodyEncoding How `body` is encoded: `text` carries the body as is, `base64`
+	// carries a binary body in standard base64 (RFC 4648). Default `text`.
 	BodyEncoding *BodyEncoding `json:"body_encoding,omitempty"`
 
 	// Headers Header names and their values. A name must be an HTTP field name
@@ -756,52 +760,40 @@ type KeyQuery = Key
 // Example: payments
 type TenantQuery = Tenant
 
-// FingerprintMismatch An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// FingerprintMismatch A problem detail of kind `fingerprint-mismatch`.
 type FingerprintMismatch = Problem
 
-// Forbidden An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// Forbidden A problem detail of kind `forbidden`.
 type Forbidden = Problem
 
-// InProgress An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// InProgress A problem detail of kind `in-progress`.
 type InProgress = Problem
 
-// Internal An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// Internal A problem detail of kind `internal`.
 type Internal = Problem
 
-// InvalidRequest An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// InvalidRequest A problem detail of kind `invalid-request`.
 type InvalidRequest = Problem
 
-// LeaseLost An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// LeaseLost A problem detail of kind `lease-lost`.
 type LeaseLost = Problem
 
-// NotFound An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// NotFound A problem detail of kind `not-found`.
 type NotFound = Problem
 
-// StoreUnavailable An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// StoreUnavailable A problem detail of kind `store-unavailable`.
 type StoreUnavailable = Problem
 
-// TooLarge An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// TooLarge A problem detail of kind `too-large`.
 type TooLarge = Problem
 
-// TooManyRequests An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// TooManyRequests A problem detail of kind `rate-limited` or `quota-exceeded`.
 type TooManyRequests = Problem
 
-// Unauthorized An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// Unauthorized A problem detail of kind `unauthorized`.
 type Unauthorized = Problem
 
-// UnsupportedMediaType An RFC 9457 problem detail, served as `application/problem+json`.
-// Extension members appear only with the kinds that state them.
+// UnsupportedMediaType A problem detail of kind `unsupported-media-type`.
 type UnsupportedMediaType = Problem
 
 // DeleteKeyParams defines parameters for DeleteKey.
@@ -838,7 +830,7 @@ type GetStatusParams struct {
 	// Key The idempotency key.
 	Key KeyQuery `form:"key" json:"key"`
 
-	// IncludeResponse Include the stored `response` of a finished record.
+	// IncludeResponse Include the stored `response` of a finished record. Default false.
 	IncludeResponse *IncludeResponseQuery `form:"include_response,omitempty" json:"include_response,omitempty"`
 
 	// Tenant The tenant to act for; only an admin key may name a tenant other

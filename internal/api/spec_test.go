@@ -1,10 +1,17 @@
 package api_test
 
 import (
+	"maps"
+	"net/url"
+	"os"
+	"slices"
+	"sort"
+	"strconv"
 	"testing"
 	"time"
 
 	"github.com/getkin/kin-openapi/openapi3"
+	"go.yaml.in/yaml/v3"
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
@@ -60,4 +67,167 @@ func TestSpecStatesTheDefaultLimits(t *testing.T) {
 	if got := schema("Key").MaxLength; got == nil || int(*got) != l.MaxKeyBytes {
 		t.Errorf("key: the spec's maxLength is %v, the service's %d", got, l.MaxKeyBytes)
 	}
+}
+
+// loadSpec loads api/openapi.yaml.
+func loadSpec(t *testing.T) *openapi3.T {
+	t.Helper()
+	spec, err := openapi3.NewLoader().LoadFromFile("../../api/openapi.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return spec
+}
+
+// The description generates natural clients in other languages too (the
+// generated Go types are pinned by the code that uses them):
+//   - optional request fields stay optional: an inline default makes
+//     openapi-typescript, for one, declare the field required, so no
+//     request field or query parameter has one (the description states it);
+//   - integers are plain numbers: format int64 makes generators produce
+//     BigInt and the like (Go code gets int64 from x-go-type);
+//   - a problem's kind is its type, an enum of exactly the kinds the
+//     service answers with, and each problem response narrows it to the
+//     kinds of its status;
+//   - the first server is a URL a client can use as its base URL.
+func TestSpecGeneratesNaturalClients(t *testing.T) {
+	spec := loadSpec(t)
+
+	t.Run("no default on request fields", func(t *testing.T) {
+		seen := map[*openapi3.Schema]bool{}
+		var walk func(where string, ref *openapi3.SchemaRef)
+		walk = func(where string, ref *openapi3.SchemaRef) {
+			if ref == nil || ref.Value == nil || seen[ref.Value] {
+				return
+			}
+			s := ref.Value
+			seen[s] = true
+			if s.Default != nil {
+				t.Errorf("%s has default %v: state it in the description instead", where, s.Default)
+			}
+			for name, p := range s.Properties {
+				walk(where+"."+name, p)
+			}
+			walk(where+"[]", s.Items)
+			walk(where+"{}", s.AdditionalProperties.Schema)
+			for _, list := range []openapi3.SchemaRefs{s.AllOf, s.OneOf, s.AnyOf} {
+				for i, m := range list {
+					walk(where+"/"+strconv.Itoa(i), m)
+				}
+			}
+		}
+		requests := 0
+		for path, item := range spec.Paths.Map() {
+			for method, op := range item.Operations() {
+				params := append(slices.Clone(item.Parameters), op.Parameters...)
+				for _, p := range params {
+					walk(method+" "+path+" ?"+p.Value.Name, p.Value.Schema)
+				}
+				if op.RequestBody != nil {
+					for mt, c := range op.RequestBody.Value.Content {
+						requests++
+						walk(method+" "+path+" "+mt, c.Schema)
+					}
+				}
+			}
+		}
+		if requests == 0 {
+			t.Fatal("no request bodies found")
+		}
+	})
+
+	t.Run("no int64", func(t *testing.T) {
+		b, err := os.ReadFile("../../api/openapi.yaml")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var doc any
+		if err := yaml.Unmarshal(b, &doc); err != nil {
+			t.Fatal(err)
+		}
+		var walk func(where string, v any)
+		walk = func(where string, v any) {
+			switch v := v.(type) {
+			case map[string]any:
+				if v["format"] == "int64" {
+					t.Errorf("%s has format int64: leave the format out (x-go-type: int64 for Go)", where)
+				}
+				for k, e := range v {
+					walk(where+"/"+k, e)
+				}
+			case []any:
+				for i, e := range v {
+					walk(where+"/"+strconv.Itoa(i), e)
+				}
+			}
+		}
+		walk("#", doc)
+	})
+
+	t.Run("problem types", func(t *testing.T) {
+		served := handlers.ProblemTypes()
+		problem := spec.Components.Schemas["Problem"]
+		if problem == nil || problem.Value.Properties["type"] == nil {
+			t.Fatal("no Problem.type")
+		}
+		if got, want := enumStrings(problem.Value.Properties["type"].Value), slices.Sorted(maps.Keys(served)); !slices.Equal(got, want) {
+			t.Errorf("Problem.type's enum is\n%q\nthe service answers with\n%q", got, want)
+		}
+		// Each problem response names the kinds it can carry, each one of
+		// the response's status.
+		checked := 0
+		for path, item := range spec.Paths.Map() {
+			for method, op := range item.Operations() {
+				for code, r := range op.Responses.Map() {
+					c := r.Value.Content["application/problem+json"]
+					if c == nil {
+						continue
+					}
+					where := method + " " + path + " " + code
+					s := c.Schema.Value
+					var kinds []string
+					for _, m := range s.AllOf {
+						if m.Value != problem.Value && m.Value.Properties["type"] != nil {
+							kinds = append(kinds, enumStrings(m.Value.Properties["type"].Value)...)
+						}
+					}
+					if len(s.AllOf) == 0 || s.AllOf[0].Value != problem.Value || len(kinds) == 0 {
+						t.Errorf("%s: not a Problem narrowed to its kinds", where)
+						continue
+					}
+					status, _ := strconv.Atoi(code)
+					for _, k := range kinds {
+						if served[k] != status {
+							t.Errorf("%s: kind %s, which the service answers with status %d", where, k, served[k])
+						}
+					}
+					checked++
+				}
+			}
+		}
+		if checked == 0 {
+			t.Fatal("no problem responses found")
+		}
+	})
+
+	t.Run("servers", func(t *testing.T) {
+		if len(spec.Servers) == 0 {
+			t.Fatal("no servers")
+		}
+		u, err := url.Parse(spec.Servers[0].URL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			t.Errorf("servers[0] is %q: a client needs an absolute http URL", spec.Servers[0].URL)
+		}
+	})
+}
+
+// enumStrings is s's enum, sorted.
+func enumStrings(s *openapi3.Schema) []string {
+	var out []string
+	for _, v := range s.Enum {
+		str, _ := v.(string)
+		out = append(out, str)
+	}
+	sort.Strings(out)
+	return out
 }

@@ -74,6 +74,17 @@ var errorKinds = []struct {
 // internalDetail is the detail of every error the table does not know.
 const internalDetail = "an unexpected error; it has been logged"
 
+// ProblemTypes maps the type URI of every kind of problem the service
+// answers with to the kind's status: the kinds of the table above, and
+// internal for every error it does not know.
+func ProblemTypes() map[string]int {
+	types := map[string]int{ProblemBaseURI + kindInternal.name: kindInternal.status}
+	for _, row := range errorKinds {
+		types[ProblemBaseURI+row.kind.name] = row.kind.status
+	}
+	return types
+}
+
 // Errors of the HTTP layer; each has its row in errorKinds.
 var (
 	errUnauthorized = errors.New("unauthorized")
