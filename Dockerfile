@@ -1,7 +1,11 @@
 # syntax=docker/dockerfile:1
-# idemsvc: a static binary on a distroless base, running as a non-root user.
+# idemsvc and idemproxy: static binaries on a distroless base, running as a
+# non-root user.
 #   docker build --build-arg VERSION=v0.1.0 -t idemsvc .
 #   docker run --rm -p 8080:8080 idemsvc
+# idemproxy, from the same image (see examples/idemproxy-sidecar):
+#   docker run --rm -p 8081:8081 --entrypoint /idemproxy \
+#     -e IDEMPROXY_UPSTREAM=http://app:3000 -e IDEMSVC_URL=http://idemsvc:8080 idemsvc
 # HTTPS (see the README's "HTTPS"): mount a certificate and its key, e.g.
 #   docker run --rm -p 8443:8443 -v $PWD/tls:/tls:ro -e IDEMSVC_LISTEN=:8443 \
 #     -e IDEMSVC_TLS_CERT_FILE=/tls/tls.crt -e IDEMSVC_TLS_KEY_FILE=/tls/tls.key idemsvc
@@ -16,16 +20,17 @@ COPY . .
 # The version idemsvc --version and idemsvc_build_info report.
 ARG VERSION=""
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/idemsvc ./cmd/idemsvc
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/idemsvc ./cmd/idemsvc && \
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/idemproxy ./cmd/idemproxy
 
 # distroless/static: CA certificates (for rediss://) and time zones, no
 # shell, no package manager; "nonroot" is uid 65532.
 FROM gcr.io/distroless/static-debian12:nonroot
-COPY --from=build /out/idemsvc /idemsvc
+COPY --from=build /out/idemsvc /out/idemproxy /
 USER 65532:65532
 EXPOSE 8080
 ENV IDEMSVC_LISTEN=:8080
 # distroless has no shell or curl: the binary checks itself, over HTTPS when
-# IDEMSVC_TLS_CERT_FILE is set.
+# IDEMSVC_TLS_CERT_FILE is set (idemproxy: CMD ["/idemproxy", "healthcheck"]).
 HEALTHCHECK --interval=10s --timeout=3s --retries=3 CMD ["/idemsvc", "healthcheck"]
 ENTRYPOINT ["/idemsvc"]

@@ -296,3 +296,32 @@ func TestHealthcheck(t *testing.T) {
 		t.Error("healthcheck passed against a closed port")
 	}
 }
+
+// An upstream's 103 Early Hints is not taken for its answer: the answer
+// that follows it is stored and replayed.
+func TestInformationalAnswerIsNotStored(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Link", "</style.css>; rel=preload")
+		w.WriteHeader(http.StatusEarlyHints)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		_, _ = w.Write([]byte(`{"id":1}`))
+	}))
+	t.Cleanup(upstream.Close)
+	svc := idemtest.Serve(t, handlers.Config{})
+	url := serveProxy(t, svc.URL, upstream.URL)
+	key := conformance.Hex(8)
+	for i := range 2 {
+		req, _ := http.NewRequest(http.MethodPost, url+"/things", strings.NewReader("x"))
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusCreated || string(b) != `{"id":1}` || (resp.Header.Get("Idempotent-Replayed") == "true") != (i == 1) {
+			t.Errorf("request %d: %d %q replayed %q, want 201 {\"id\":1}", i, resp.StatusCode, b, resp.Header.Get("Idempotent-Replayed"))
+		}
+	}
+}
