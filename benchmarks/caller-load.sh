@@ -15,6 +15,9 @@
 #                         POST /pay answers 201, behind idem.Middleware with
 #                         the SDK's defaults, beside the same app alone, at
 #                         concurrency 64 and 1, a new Idempotency-Key each;
+#   proxy64, proxy1       the same app alone, beside it behind idemproxy
+#                         (cmd/idemproxy) with its defaults, at concurrency
+#                         64 and 1, a new Idempotency-Key each;
 #   open                  begin on an open loop (idembench --rate, 128
 #                         connections) at OPEN_SHARE (default 0.8) of this
 #                         run's closed-loop barechi begins/s, on idemsvc and
@@ -29,6 +32,8 @@
 #   - idemsvc over barechi, for begin, cycle and replay;
 #   - the SDK's client CPU per call: (app CPU behind the middleware - app CPU
 #     alone) / 2, a request making two calls (begin, complete);
+#   - what idemproxy adds to the app alone: p50 and p99, and idemproxy's
+#     CPU per request;
 #   - the open loop: whether idemsvc kept to the schedule, and its p99 over
 #     barechi's.
 #
@@ -52,11 +57,11 @@ cd "$(dirname "$0")/.."
 runs=${1:-3}
 duration=${DURATION:-10}
 open_share=${OPEN_SHARE:-0.8}
-loads=${LOADS:-begin,cycle,replay,pay64,pay1,open}
+loads=${LOADS:-begin,cycle,replay,pay64,pay1,proxy64,proxy1,open}
 
 workdirs caller-load
 
-echo "building idemsvc, barechi, payapp and idembench"
+echo "building idemsvc, barechi, payapp, idemproxy and idembench"
 overlay=()
 if [ -n "${PROFILE:-}" ]; then
   # A pprof listener at $BENCH_PPROF, for idemsvc and payapp alike.
@@ -66,6 +71,7 @@ fi
 go build "${overlay[@]}" -o "$results/idemsvc" ./cmd/idemsvc
 go build "${overlay[@]}" -o "$results/payapp" ./benchmarks/payapp
 go build -o "$dir/barechi" ./benchmarks/barechi
+go build -o "$dir/idemproxy" ./cmd/idemproxy
 if [ -n "${SDK_BASE:-}" ]; then
   git worktree add -q --detach "$dir/base" "$SDK_BASE"
   mkdir -p "$dir/base/benchmarks/payapp"
@@ -118,6 +124,13 @@ BENCH_PPROF=127.0.0.1:$sdk_pprof "$results/payapp" --listen "127.0.0.1:$sdk_port
 sdk_pid=$!
 pids+=("$sdk_pid")
 wait_http "http://127.0.0.1:$sdk_port/"
+
+proxy_port=$(free_port)
+"$dir/idemproxy" --listen "127.0.0.1:$proxy_port" --upstream "http://127.0.0.1:$alone_port" \
+  --idemsvc-url "http://127.0.0.1:$idemsvc_port" 2>"$dir/idemproxy.log" &
+proxy_pid=$!
+pids+=("$proxy_pid")
+wait_http "http://127.0.0.1:$proxy_port/healthz"
 
 base_pid=
 if [ -n "${SDK_BASE:-}" ]; then
@@ -175,11 +188,14 @@ load() {
   [ "$errors" = none ] || echo "  $label: errors: $errors (see $report)"
 }
 
+# picked NAME: whether LOADS names NAME.
+picked() { case ",$loads," in *",$1,"*) return 0 ;; esac; return 1; }
+
 # pair NAME A B [C]: runs the loads A, B (and C) (words for load), in
 # that order in odd runs and the other way round in even ones, if LOADS
 # names NAME.
 pair() {
-  case ",$loads," in *",$1,"*) ;; *) return 0 ;; esac
+  picked "$1" || return 0
   shift
   local l order=()
   for l in "$@"; do
@@ -202,6 +218,8 @@ for run in $(seq "$runs"); do
   pair replay "bare_replay $barechi_port 0 $barechi_pid replay 64" "idemsvc_replay $idemsvc_port 0 $idemsvc_pid replay 64" "$(svcbase replay)"
   pair pay64 "alone_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "sdk_pay64 $sdk_port $sdk_pid $idemsvc_pid pay 64" "$(base 64)"
   pair pay1 "alone_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "sdk_pay1 $sdk_port $sdk_pid $idemsvc_pid pay 1" "$(base 1)"
+  pair proxy64 "alone_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "proxy_pay64 $proxy_port $proxy_pid $idemsvc_pid pay 64"
+  pair proxy1 "alone_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "proxy_pay1 $proxy_port $proxy_pid $idemsvc_pid pay 1"
   rate=$(awk -v r="$run" -v s="$open_share" '$1 == "bare_begin" { n++; if (n == r) printf "%.0f\n", $2 * s }' "$dir/figures")
   pair open "bare_open $barechi_port 0 $barechi_pid begin 128 $rate" "idemsvc_open $idemsvc_port 0 $idemsvc_pid begin 128 $rate"
   echo
@@ -212,7 +230,7 @@ for run in $(seq "$runs"); do
 done
 
 labels=(bare_begin idemsvc_begin bare_cycle idemsvc_cycle bare_replay idemsvc_replay
-  alone_pay64 sdk_pay64 alone_pay1 sdk_pay1 bare_open idemsvc_open)
+  alone_pay64 sdk_pay64 alone_pay1 sdk_pay1 proxy_pay64 proxy_pay1 bare_open idemsvc_open)
 [ -n "$base_pid" ] && labels+=(base_pay64 base_pay1)
 [ -n "$svcbase_pid" ] && labels+=(svcbase_begin svcbase_cycle svcbase_replay)
 # column LABEL N: the median over the runs of LABEL's Nth column.
@@ -235,28 +253,38 @@ done
 echo
 echo "medians of the per-run ratios (idemsvc / barechi unless said):"
 for op in begin cycle replay; do
+  picked "$op" || continue
   awk -v op="$op" -v r="$(ratio "idemsvc_$op" "bare_$op" 2)" -v cpu="$(ratio "idemsvc_$op" "bare_$op" 6)" \
     'BEGIN { printf "  %-7s %.3f of the throughput, %.2fx the server CPU\n", op, r, cpu }'
 done
 for c in 64 1; do
+  picked "pay$c" || continue
   awk -v c="$c" -v r="$(ratio "sdk_pay$c" "alone_pay$c" 2)" -v app="$(ratio "sdk_pay$c" "alone_pay$c" 5 -)" \
     -v p50="$(ratio "sdk_pay$c" "alone_pay$c" 3 -)" -v alone="$(column "alone_pay$c" 5)" \
     'BEGIN { printf "  pay at concurrency %s, behind the middleware / alone: %.3f of the throughput, +%.2f ms at p50; app CPU %.1f µs/request alone, +%.1f µs behind the middleware, %.1f µs per SDK call\n", c, r, p50, alone, app, app / 2 }'
 done
+for c in 64 1; do
+  picked "proxy$c" || continue
+  awk -v c="$c" -v r="$(ratio "proxy_pay$c" "alone_pay$c" 2)" -v p50="$(ratio "proxy_pay$c" "alone_pay$c" 3 -)" \
+    -v p99="$(ratio "proxy_pay$c" "alone_pay$c" 4 -)" -v cpu="$(column "proxy_pay$c" 5)" \
+    'BEGIN { printf "  pay at concurrency %s, behind idemproxy / alone: %.3f of the throughput, +%.2f ms at p50, +%.2f ms at p99; idemproxy CPU %.1f µs/request\n", c, r, p50, p99, cpu }'
+done
 if [ -n "$svcbase_pid" ]; then
   for op in begin cycle replay; do
+    picked "$op" || continue
     awk -v op="$op" -v r="$(ratio "svcbase_$op" "bare_$op" 2)" -v cpu="$(ratio "svcbase_$op" "bare_$op" 6)" -v rev="$SVC_BASE" \
       'BEGIN { printf "  %-7s idemsvc of %s: %.3f of the throughput, %.2fx the server CPU\n", op, rev, r, cpu }'
   done
 fi
 if [ -n "$base_pid" ]; then
   for c in 64 1; do
+    picked "pay$c" || continue
     awk -v c="$c" -v r="$(ratio "sdk_pay$c" "base_pay$c" 2)" -v app="$(ratio "sdk_pay$c" "base_pay$c" 5 -)" \
       -v base="$(ratio "base_pay$c" "alone_pay$c" 5 -)" -v rev="$SDK_BASE" \
       'BEGIN { printf "  pay at concurrency %s, this SDK / the SDK of %s: %.3f of the throughput, %+.1f µs of app CPU per request (%.1f µs per SDK call there)\n", c, rev, r, app, base / 2 }'
   done
 fi
-awk -v rate="$(column bare_open 2)" -v got="$(ratio idemsvc_open bare_open 2)" -v p99="$(ratio idemsvc_open bare_open 4)" \
+picked open && awk -v rate="$(column bare_open 2)" -v got="$(ratio idemsvc_open bare_open 2)" -v p99="$(ratio idemsvc_open bare_open 4)" \
   -v bare="$(column bare_open 4)" -v idem="$(column idemsvc_open 4)" -v share="$open_share" \
   'BEGIN { printf "  open loop at %.0f%% of barechi'"'"'s closed-loop begins/s: idemsvc served %.3f of barechi'"'"'s rate; p99 %.2f ms against %.2f ms, %.2fx\n", 100 * share, got, idem, bare, p99 }'
 echo "load average: $(cut -d' ' -f1-3 /proc/loadavg)"
