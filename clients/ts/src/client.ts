@@ -1,0 +1,365 @@
+import { randomBytes } from 'node:crypto';
+import { doOnce, type DoOptions, type DoResult, type Operation } from './do.js';
+import { IdemError, problemOf, type Problem } from './errors.js';
+import type { components } from './schema.js';
+
+type Schemas = components['schemas'];
+/** A begin's fields; `owner` is made up per call when absent. */
+export type BeginParams = Omit<Schemas['BeginRequest'], 'tenant'>;
+/** A complete's fields. */
+export type CompleteParams = Omit<Schemas['CompleteRequest'], 'tenant'>;
+/** A fail's fields; `error` is cut to the 1,024 bytes idemsvc takes. */
+export type FailParams = Omit<Schemas['FailRequest'], 'tenant'>;
+/** An extend's fields. */
+export type ExtendParams = Omit<Schemas['ExtendRequest'], 'tenant'>;
+/** A begin that acquired the key: run the operation, then complete or fail. */
+export type BeginAcquired = Schemas['BeginAcquired'];
+/** A begin that found the key finished: replay its outcome, do not run the operation. */
+export type BeginReplay = Schemas['BeginReplay'];
+/** What begin answers; tell the two apart by `status` (`acquired`, or `completed`/`failed`). */
+export type BeginResult = BeginAcquired | BeginReplay;
+export type FinishResult = Schemas['FinishResult'];
+export type Lease = Schemas['Lease'];
+export type StatusRecord = Schemas['StatusRecord'];
+export type KeyList = Schemas['KeyList'];
+export type State = Schemas['State'];
+export type Health = Schemas['Health'];
+export type Readiness = Schemas['Readiness'];
+
+/** The parameters of one page of a listing. */
+export interface ListParams {
+  state: State;
+  /** Only records whose last transition is at least this old. */
+  older_than_s?: number;
+  /** Records per page, 1 to 1000 (the server's default is 100). */
+  limit?: number;
+  /** The `next_cursor` of the page before. */
+  cursor?: string;
+}
+
+export interface IdemClientOptions {
+  /** Where idemsvc serves, e.g. `http://idemsvc:8080`. */
+  baseUrl: string;
+  /** Sent as `Authorization: Bearer <apiKey>`. */
+  apiKey?: string;
+  /** The tenant to act for; only an admin key may name another tenant than its own. */
+  tenant?: string;
+  /** Bounds each HTTP request, plus a begin's `wait_ms` (default 10 s). */
+  callTimeoutMs?: number;
+  /** Bounds the time spent retrying one call (default 15 s); 0 turns retries off. */
+  retryBudgetMs?: number;
+  /** The fetch to call with (default: the global one). */
+  fetch?: typeof globalThis.fetch;
+}
+
+/** Options of a single call. */
+export interface CallOptions {
+  /** Ends the call, and its retries, when it fires. */
+  signal?: AbortSignal;
+  /** Sent as X-Request-Id, so idemsvc's log lines can be matched with the caller's. */
+  requestId?: string;
+}
+
+/** Defaults of IdemClientOptions. */
+export const DEFAULT_CALL_TIMEOUT_MS = 10_000;
+export const DEFAULT_RETRY_BUDGET_MS = 15_000;
+
+/** This SDK's version, sent in the User-Agent of every call. */
+export const VERSION = '0.1.0';
+
+const MIN_BACKOFF_MS = 50;
+const MAX_BACKOFF_MS = 2_000;
+const MAX_ERROR_BYTES = 1024;
+
+/**
+ * The client of idemsvc. Every call of the API is a method; each is retried
+ * on network errors, 503 and 429 answers, with exponential backoff and
+ * jitter, honouring Retry-After, within the retry budget. Retrying is safe:
+ * a begin carries an owner (made up per call and kept across its retries),
+ * complete and fail carry the lease token, and the others only read or
+ * forget. A Retry-After beyond the budget is not waited for.
+ *
+ * Calls go through the global `fetch` (undici, with keep-alive): a plain
+ * JSON API needs no more, and the SDK then depends on nothing.
+ *
+ * @example
+ * const idem = new IdemClient({ baseUrl: 'http://idemsvc:8080', apiKey: process.env.IDEMSVC_API_KEY });
+ * const res = await idem.begin({ key: 'order-7f3a/charge' });
+ * if (res.status === 'acquired') {
+ *   await idem.complete({ key: res.key, lease_token: res.lease_token, response: { status_code: 201 } });
+ * }
+ */
+export class IdemClient {
+  readonly baseUrl: string;
+  readonly callTimeoutMs: number;
+  readonly retryBudgetMs: number;
+  private readonly tenant: string | undefined;
+  private readonly headers: Record<string, string>;
+  private readonly fetch: typeof globalThis.fetch;
+
+  constructor(options: IdemClientOptions) {
+    const url = new URL(options.baseUrl);
+    if (url.protocol !== 'http:' && url.protocol !== 'https:') {
+      throw new TypeError(`idem: ${options.baseUrl} is not an http:// or https:// URL`);
+    }
+    this.baseUrl = url.href.replace(/\/+$/, '');
+    this.callTimeoutMs = options.callTimeoutMs && options.callTimeoutMs > 0 ? options.callTimeoutMs : DEFAULT_CALL_TIMEOUT_MS;
+    this.retryBudgetMs = options.retryBudgetMs ?? DEFAULT_RETRY_BUDGET_MS;
+    this.tenant = options.tenant || undefined;
+    this.fetch = options.fetch ?? globalThis.fetch;
+    this.headers = { 'content-type': 'application/json', 'user-agent': `idemsvc-ts/${VERSION}` };
+    if (options.apiKey) {
+      if (/[\0-\x1f\x7f]/.test(options.apiKey)) {
+        throw new TypeError('idem: the API key has a control character (a line end read from a file, say), which no HTTP header can carry');
+      }
+      this.headers.authorization = `Bearer ${options.apiKey}`;
+    }
+  }
+
+  /**
+   * Begins an attempt for `params.key`: an acquired lease (`status:
+   * "acquired"`), or the stored outcome of a finished attempt. A key in
+   * progress elsewhere throws an IdemError of kind `in-progress`, with
+   * `retryAfterMs` and the holder's `problem.lease_expires_at`.
+   */
+  begin(params: BeginParams, options?: CallOptions): Promise<BeginResult> {
+    const body = this.body({ ...params, owner: params.owner || newOwner() });
+    const timeout = this.callTimeoutMs + (params.wait_ms ?? 0);
+    return this.call('begin', 'POST', '/v1/begin', body, options, timeout, json<BeginResult>);
+  }
+
+  /** Stores `params.response` as the outcome of the attempt holding `params.lease_token`. */
+  complete(params: CompleteParams, options?: CallOptions): Promise<FinishResult> {
+    return this.call('complete', 'POST', '/v1/complete', this.body(params), options, this.callTimeoutMs, json<FinishResult>);
+  }
+
+  /**
+   * Ends the attempt holding `params.lease_token` with a failure: retryable
+   * (the default) releases the key, `retryable: false` stores a terminal
+   * failure that begin replays.
+   */
+  fail(params: FailParams, options?: CallOptions): Promise<FinishResult> {
+    const body = params.error === undefined ? params : { ...params, error: shortMessage(params.error) };
+    return this.call('fail', 'POST', '/v1/fail', this.body(body), options, this.callTimeoutMs, json<FinishResult>);
+  }
+
+  /** Pushes the lease of the attempt holding `params.lease_token` to now + `lease_ms`. */
+  extend(params: ExtendParams, options?: CallOptions): Promise<Lease> {
+    return this.call('extend', 'POST', '/v1/extend', this.body(params), options, this.callTimeoutMs, json<Lease>);
+  }
+
+  /** Reads key's record; an IdemError of kind `not-found` when there is none. */
+  status(key: string, options?: CallOptions & { includeResponse?: boolean }): Promise<StatusRecord> {
+    const query = this.query({ key, include_response: options?.includeResponse ? 'true' : undefined });
+    return this.call('status', 'GET', `/v1/status?${query}`, undefined, options, this.callTimeoutMs, json<StatusRecord>);
+  }
+
+  /** Forgets key's record; deleting an absent record is no error. */
+  async delete(key: string, options?: CallOptions): Promise<void> {
+    await this.call('delete', 'DELETE', `/v1/keys?${this.query({ key })}`, undefined, options, this.callTimeoutMs, drain);
+  }
+
+  /** One page of the tenant's records in `params.state`, without their responses. */
+  listKeys(params: ListParams, options?: CallOptions): Promise<KeyList> {
+    const query = this.query({
+      state: params.state,
+      older_than_s: params.older_than_s?.toString(),
+      limit: params.limit?.toString(),
+      cursor: params.cursor,
+    });
+    return this.call('list', 'GET', `/v1/keys?${query}`, undefined, options, this.callTimeoutMs, json<KeyList>);
+  }
+
+  /**
+   * Every record of the tenant in `params.state`, a page per call as the
+   * loop goes on. A record that exists for the whole listing comes at least
+   * once. A cursor that can no longer be followed (a Redis node failed over)
+   * throws kind `invalid-request`: start the listing again.
+   */
+  async *keys(params: Omit<ListParams, 'cursor'>, options?: CallOptions): AsyncGenerator<StatusRecord, void, undefined> {
+    let cursor: string | undefined;
+    do {
+      const page = await this.listKeys({ ...params, cursor }, options);
+      yield* page.items;
+      cursor = page.next_cursor || undefined;
+    } while (cursor !== undefined);
+  }
+
+  /** Liveness: resolves while idemsvc's process is alive. Not retried. */
+  healthz(options?: CallOptions): Promise<Health> {
+    return this.call('healthz', 'GET', '/healthz', undefined, options, this.callTimeoutMs, json<Health>, false);
+  }
+
+  /**
+   * Readiness: `status: "ok"`, or `status: "unavailable"` with each failed
+   * check of each Redis node (idemsvc's 503). Not retried.
+   */
+  async readyz(options?: CallOptions): Promise<Health | Readiness> {
+    try {
+      return await this.call('readyz', 'GET', '/readyz', undefined, options, this.callTimeoutMs, json<Health>, false);
+    } catch (err) {
+      const failures = err instanceof IdemError && err.status === 503 ? (err.cause as Readiness | undefined) : undefined;
+      if (failures?.status === 'unavailable') return failures;
+      throw err;
+    }
+  }
+
+  /** The Prometheus metrics, as text. Not retried. */
+  metrics(options?: CallOptions): Promise<string> {
+    return this.call('metrics', 'GET', '/metrics', undefined, options, this.callTimeoutMs, (res) => res.text(), false);
+  }
+
+  /**
+   * Runs `fn` at most once for `key`, across every caller of idemsvc, and
+   * gives every caller its outcome; see {@link doOnce}.
+   */
+  doOnce(key: string, fn: Operation, options?: DoOptions): Promise<DoResult> {
+    return doOnce(this, key, fn, options);
+  }
+
+  /** The JSON body of a POST, with the client's tenant. */
+  private body(params: object): string {
+    return JSON.stringify(this.tenant === undefined ? params : { ...params, tenant: this.tenant });
+  }
+
+  /** The query string of a GET or DELETE, with the client's tenant. */
+  private query(params: Record<string, string | undefined>): string {
+    const q = new URLSearchParams();
+    for (const [name, value] of Object.entries(params)) {
+      if (value !== undefined) q.set(name, value);
+    }
+    if (this.tenant !== undefined) q.set('tenant', this.tenant);
+    return q.toString();
+  }
+
+  /**
+   * Makes one API call until it succeeds, fails for good, or the retry
+   * budget or the caller's signal ends; `read` decodes a 2xx answer.
+   */
+  private async call<T>(
+    op: string,
+    method: string,
+    path: string,
+    body: string | undefined,
+    options: CallOptions | undefined,
+    timeoutMs: number,
+    read: (res: Response) => Promise<T>,
+    retry = true,
+  ): Promise<T> {
+    const signal = options?.signal;
+    const headers = options?.requestId && !/[\0-\x1f\x7f]/.test(options.requestId)
+      ? { ...this.headers, 'x-request-id': options.requestId }
+      : this.headers;
+    const deadline = Date.now() + this.retryBudgetMs;
+    for (let attempt = 0; ; attempt++) {
+      signal?.throwIfAborted();
+      const timeout = timeoutSignal(timeoutMs, signal);
+      let err: IdemError;
+      try {
+        const res = await this.fetch(this.baseUrl + path, { method, headers, body, signal: timeout.signal });
+        if (res.status < 300) return await read(res);
+        err = await errorOf(op, res);
+      } catch (cause) {
+        if (signal?.aborted) throw signal.reason;
+        if (cause instanceof IdemError) throw cause;
+        const detail = `idemsvc could not be reached: ${cause instanceof Error ? cause.message : String(cause)}`;
+        err = new IdemError(op, 0, problemOf('store-unavailable', detail), undefined, { cause });
+      } finally {
+        timeout.clear();
+      }
+      if (!retry || (err.status !== 0 && err.status !== 503 && err.status !== 429)) throw err;
+      const wait = err.retryAfterMs ?? backoff(attempt);
+      if (Date.now() + wait > deadline) throw err;
+      await sleep(wait, signal);
+    }
+  }
+}
+
+/** The IdemError of an answer that is not a success. */
+async function errorOf(op: string, res: Response): Promise<IdemError> {
+  const contentType = res.headers.get('content-type') ?? '';
+  let problem: Problem | undefined;
+  let payload: unknown;
+  try {
+    payload = contentType.startsWith('application/') && contentType.includes('json') ? await res.json() : await res.text();
+  } catch {
+    // A body cut short: the status is all there is.
+  }
+  if (contentType.startsWith('application/problem+json') && isProblem(payload)) problem = payload;
+  problem ??= {
+    ...problemOf('internal', 'an answer idemsvc does not document', res.status),
+    title: res.statusText || `HTTP ${res.status}`,
+    type: '' as Problem['type'],
+  };
+  const seconds = Number(res.headers.get('retry-after') ?? '');
+  const retryAfterMs = Number.isInteger(seconds) && seconds > 0 ? seconds * 1000 : undefined;
+  // readyz's 503 is a readiness report, not a problem: it rides as the cause.
+  return new IdemError(op, res.status, problem, retryAfterMs, { cause: problem.type ? undefined : payload });
+}
+
+function isProblem(v: unknown): v is Problem {
+  const type = typeof v === 'object' && v !== null ? (v as { type?: unknown }).type : undefined;
+  return typeof type === 'string' && type !== '';
+}
+
+async function json<T>(res: Response): Promise<T> {
+  return (await res.json()) as T;
+}
+
+async function drain(res: Response): Promise<void> {
+  await res.arrayBuffer();
+}
+
+/** A full-jitter exponential delay for the attempt'th retry. */
+export function backoff(attempt: number): number {
+  const d = Math.min(MIN_BACKOFF_MS * 2 ** Math.min(attempt, 16), MAX_BACKOFF_MS);
+  return d / 2 + Math.random() * (d / 2);
+}
+
+/** Resolves after ms, or rejects with signal's reason when it fires first. */
+export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal?.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+  });
+}
+
+/**
+ * A signal that fires after ms or when parent fires. (AbortSignal.any would
+ * do, but Node 18 lacks it.)
+ */
+export function timeoutSignal(ms: number, parent?: AbortSignal): { signal: AbortSignal; clear: () => void } {
+  const controller = new AbortController();
+  const onAbort = () => controller.abort(parent?.reason);
+  const timer = setTimeout(() => controller.abort(new DOMException(`no answer within ${ms} ms`, 'TimeoutError')), ms);
+  parent?.addEventListener('abort', onAbort, { once: true });
+  return {
+    signal: controller.signal,
+    clear: () => {
+      clearTimeout(timer);
+      parent?.removeEventListener('abort', onAbort);
+    },
+  };
+}
+
+/** A random owner for a begin, so that its retries get the lease it may already have been given. */
+export function newOwner(): string {
+  return `idem-ts-${randomBytes(16).toString('hex')}`;
+}
+
+/** msg cut to the 1,024 bytes of UTF-8 idemsvc takes, at a character boundary. */
+export function shortMessage(msg: string): string {
+  if (msg.length <= MAX_ERROR_BYTES / 4 || Buffer.byteLength(msg) <= MAX_ERROR_BYTES) return msg;
+  const bytes = Buffer.from(msg);
+  let cut = MAX_ERROR_BYTES;
+  while (cut > 0 && (bytes[cut]! & 0xc0) === 0x80) cut--;
+  return bytes.toString('utf8', 0, cut);
+}

@@ -1,0 +1,282 @@
+/**
+ * Express middleware that makes routes idempotent per the Idempotency-Key
+ * header draft; see {@link idempotency}.
+ *
+ * @module
+ */
+import type { IncomingMessage, ServerResponse } from 'node:http';
+import type { IdemClient } from './client.js';
+import { runUnderLease } from './do.js';
+import {
+  beginErrorAnswer,
+  beginRequest,
+  fingerprint,
+  keyProblem,
+  NotStored,
+  parseKey,
+  problemAnswer,
+  replayAnswer,
+  retryAgain,
+  settingsOf,
+  storedResponse,
+  tooLargeAnswer,
+  type Answer,
+  type IdempotencyOptions,
+  type Settings,
+} from './middleware.js';
+
+export { REPLAYED_HEADER, type IdempotencyOptions } from './middleware.js';
+export { BODY_OMITTED_HEADER } from './do.js';
+
+/** The request as the middleware reads it: Express's, or any node:http request. */
+export type IdempotentRequest = IncomingMessage & {
+  originalUrl?: string;
+  /** The raw body, when a body parser before the middleware kept it (see {@link keepRawBody}). */
+  rawBody?: Buffer | string;
+};
+
+/** What the middleware tells the handler of a request it runs under a lease. */
+export interface IdempotencyContext {
+  key: string;
+  /** The attempt, strictly increasing per key: a fencing token for the handler's own storage. */
+  attempt: number;
+  /** Fires when the lease is lost: another request may now run the handler for this key. */
+  signal: AbortSignal;
+}
+
+type Response = ServerResponse & { locals?: Record<string, unknown> };
+type Next = (err?: unknown) => void;
+
+/**
+ * A body parser's `verify` option that keeps the raw body for the
+ * middleware, when the parser runs first:
+ *
+ * @example
+ * app.use(express.json({ verify: keepRawBody }));
+ * app.use(idempotency(client));
+ */
+export function keepRawBody(req: IncomingMessage, _res: unknown, body: Buffer): void {
+  (req as IdempotentRequest).rawBody = body;
+}
+
+/**
+ * Makes the routes after it idempotent, per the Idempotency-Key header draft
+ * (draft-ietf-httpapi-idempotency-key-header), as the Go SDK's middleware
+ * does. A request of a configured method (POST, PATCH) with the key header
+ * runs the handler at most once per key: a duplicate gets the stored answer
+ * byte for byte, with `Idempotent-Replayed: true`. The key is a Structured
+ * Field String (`"abc"`), or for compatibility a bare `abc`; an empty,
+ * malformed or over-long key gets 400. The fingerprint is a SHA-256 of the
+ * method, path, query and body, so reusing a key for another request gets
+ * 422; a duplicate of a request still running gets 409 with Retry-After.
+ * A 5xx, 408 or 429, a thrown error and a broken connection fail the
+ * attempt retryably, so a retry runs the handler again. An answer too
+ * large to store is stored without its body and replayed with
+ * `Idempotent-Body-Omitted: true`. Without idemsvc it fails closed with 503.
+ *
+ * The handler's answer is held until it is stored, then sent. Mount the
+ * middleware before body parsers (it reads the body and puts it back for
+ * them), or after one whose `verify` is {@link keepRawBody}. The handler
+ * finds `res.locals.idempotency` ({@link IdempotencyContext}).
+ *
+ * Keys live in the namespace of the client's tenant: when end users choose
+ * them, give each user a namespace of its own (a middleware in front that
+ * prefixes the header with the user's id, say).
+ *
+ * @example
+ * import express from 'express';
+ * import { IdemClient } from '@idemsvc/client';
+ * import { idempotency } from '@idemsvc/client/express';
+ *
+ * const app = express();
+ * app.use(idempotency(new IdemClient({ baseUrl: 'http://idemsvc:8080', apiKey })));
+ * app.post('/charges', express.json(), (req, res) => { res.status(201).json(charge(req.body)); });
+ */
+export function idempotency(client: IdemClient, options?: IdempotencyOptions): (req: IdempotentRequest, res: Response, next: Next) => void {
+  const settings = settingsOf(options);
+  return function idempotencyMiddleware(req, res, next) {
+    if (!settings.methods.has(req.method ?? '')) return next(); // not made idempotent: runs every time
+    const header = req.headers[settings.keyHeaderLower];
+    if (header === undefined) {
+      if (settings.optional) return next();
+      return send(res, keyProblem(settings, true));
+    }
+    const key = parseKey(header);
+    if (key === undefined) return send(res, keyProblem(settings, false));
+    handle(client, settings, key, req, res, next).catch(next);
+  };
+}
+
+async function handle(client: IdemClient, settings: Settings, key: string, req: IdempotentRequest, res: Response, next: Next): Promise<void> {
+  const body = await requestBody(req, settings.maxBodyBytes);
+  if (body === 'too-large') return send(res, tooLargeAnswer());
+  if (body === 'consumed') {
+    return send(
+      res,
+      problemAnswer('internal', 'the request body was read before the idempotency middleware: mount it before body parsers, or give them verify: keepRawBody'),
+    );
+  }
+  const requestId = req.headers['x-request-id'];
+  let begun;
+  try {
+    begun = await beginRequest(client, settings, key, fingerprint(req.method!, req.originalUrl ?? req.url ?? '/', body),
+      typeof requestId === 'string' ? requestId : undefined);
+  } catch (err) {
+    return send(res, beginErrorAnswer(err));
+  }
+  if (begun.status !== 'acquired') return send(res, replayAnswer(begun));
+
+  const capture = new Capture(res);
+  const run = runUnderLease(client, begun, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (signal) => {
+    const context: IdempotencyContext = { key, attempt: begun.attempt, signal };
+    if (res.locals) res.locals.idempotency = context;
+    const status = await capture.answered;
+    const response = storedResponse(status, (name) => res.getHeader(name), capture.body(), settings);
+    if (retryAgain(status)) throw new NotStored(status);
+    return response;
+  });
+  // The handler ran: its caller gets its answer, whether or not storing it
+  // worked; a duplicate then runs it again or gets 409.
+  run.catch(() => undefined).finally(() => capture.flush());
+  next();
+}
+
+/**
+ * The request body: the raw body a parser kept, or read from the stream
+ * and put back for the parsers and handlers after the middleware.
+ */
+function requestBody(req: IdempotentRequest, limit: number): Promise<Buffer | 'too-large' | 'consumed'> {
+  if (req.rawBody !== undefined) {
+    const raw = typeof req.rawBody === 'string' ? Buffer.from(req.rawBody) : req.rawBody;
+    return Promise.resolve(raw.length > limit ? 'too-large' : raw);
+  }
+  if (req.readableEnded || (req as { _body?: boolean })._body) return Promise.resolve('consumed');
+  const declared = Number(req.headers['content-length']);
+  if (declared > limit) return Promise.resolve('too-large');
+  if (declared === 0 || (Number.isNaN(declared) && req.headers['transfer-encoding'] === undefined)) {
+    return Promise.resolve(Buffer.alloc(0)); // no body: the stream is left alone
+  }
+  return readKeeping(req, limit);
+}
+
+/**
+ * Reads the whole body of req and puts it back (unshift) before the stream
+ * ends, so that whoever reads req next reads it all again. It reads in
+ * paused mode, exactly what is buffered each time, which does not end the
+ * stream; req.complete says the last byte has arrived.
+ */
+function readKeeping(req: IncomingMessage, limit: number): Promise<Buffer | 'too-large'> {
+  return new Promise((resolve, reject) => {
+    const chunks: Buffer[] = [];
+    let size = 0;
+    const finish = (result: Buffer | 'too-large' | Error) => {
+      req.off('readable', onReadable);
+      req.off('error', finish);
+      req.off('close', onClose);
+      if (result instanceof Error) return reject(result);
+      if (Buffer.isBuffer(result) && result.length > 0) req.unshift(result);
+      resolve(result);
+    };
+    const onClose = () => finish(new Error('the request was cut short'));
+    const onReadable = () => {
+      for (let n = req.readableLength; n > 0; n = req.readableLength) {
+        const chunk = req.read(n) as Buffer | null;
+        if (chunk === null) break;
+        chunks.push(chunk);
+        size += chunk.length;
+        if (size > limit) return finish('too-large');
+      }
+      if (req.complete) finish(chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks, size));
+    };
+    req.on('readable', onReadable);
+    req.on('error', finish);
+    req.on('close', onClose);
+  });
+}
+
+/**
+ * Holds the handler's answer: writeHead, write and end are captured until
+ * flush sends it. `answered` resolves with the status when the handler
+ * ends its answer, and rejects when the connection breaks first.
+ */
+class Capture {
+  readonly answered: Promise<number>;
+  private readonly chunks: Buffer[] = [];
+  private readonly callbacks: Array<() => void> = [];
+  private readonly original: Pick<ServerResponse, 'writeHead' | 'write' | 'end'>;
+  private ended = false;
+  private flushed = false;
+
+  constructor(private readonly res: Response) {
+    this.original = { writeHead: res.writeHead, write: res.write, end: res.end };
+    let settle!: { resolve: (status: number) => void; reject: (err: Error) => void };
+    this.answered = new Promise((resolve, reject) => (settle = { resolve, reject }));
+    this.answered.catch(() => undefined); // a broken connection is handled by the run
+    res.on('close', () => {
+      if (!this.ended) settle.reject(new Error('the connection broke before the handler answered'));
+    });
+
+    const capture = this;
+    // writeHead(status[, statusMessage][, headers]): the headers join the others.
+    res.writeHead = function (this: ServerResponse, status: number, ...rest: unknown[]) {
+      this.statusCode = status;
+      if (typeof rest[0] === 'string') this.statusMessage = rest.shift() as string;
+      setHeaders(this, rest[0]);
+      return this;
+    } as ServerResponse['writeHead'];
+    res.write = function (chunk: unknown, encoding?: unknown, cb?: unknown) {
+      capture.append(chunk, encoding, cb);
+      return true;
+    } as ServerResponse['write'];
+    res.end = function (this: ServerResponse, chunk?: unknown, encoding?: unknown, cb?: unknown) {
+      if (capture.ended) return this;
+      if (typeof chunk === 'function') [chunk, cb] = [undefined, chunk];
+      capture.append(chunk, encoding, cb);
+      capture.ended = true;
+      settle.resolve(this.statusCode);
+      return this;
+    } as ServerResponse['end'];
+  }
+
+  private append(chunk: unknown, encoding: unknown, cb: unknown): void {
+    if (typeof encoding === 'function') [encoding, cb] = [undefined, encoding];
+    if (typeof cb === 'function') this.callbacks.push(cb as () => void);
+    if (chunk === undefined || chunk === null || this.ended) return;
+    if (typeof chunk === 'string') this.chunks.push(Buffer.from(chunk, (encoding as BufferEncoding | undefined) ?? 'utf8'));
+    else if (chunk instanceof Uint8Array) this.chunks.push(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength));
+  }
+
+  /** The body the handler wrote. */
+  body(): Buffer {
+    return this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks);
+  }
+
+  /** Sends the held answer, once the handler has ended it. */
+  flush(): void {
+    if (this.flushed || !this.ended) return;
+    this.flushed = true;
+    Object.assign(this.res, this.original);
+    const callbacks = this.callbacks;
+    this.res.end(this.body(), () => callbacks.forEach((cb) => cb()));
+  }
+}
+
+/** Sets the headers of a writeHead call: an object, or a flat or paired array. */
+function setHeaders(res: ServerResponse, headers: unknown): void {
+  if (Array.isArray(headers)) {
+    const pairs = Array.isArray(headers[0]) ? (headers as [string, string][]) : [];
+    if (pairs.length === 0) for (let i = 0; i + 1 < headers.length; i += 2) pairs.push([headers[i], headers[i + 1]]);
+    for (const [name, value] of pairs) res.setHeader(name, value);
+  } else if (headers && typeof headers === 'object') {
+    for (const [name, value] of Object.entries(headers)) {
+      if (value !== undefined) res.setHeader(name, value as string | string[] | number);
+    }
+  }
+}
+
+/** Writes an answer of the middleware's own. */
+function send(res: ServerResponse, answer: Answer): void {
+  res.statusCode = answer.status;
+  for (const [name, value] of Object.entries(answer.headers)) res.setHeader(name, value);
+  res.end(answer.body);
+}

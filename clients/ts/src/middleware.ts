@@ -1,0 +1,304 @@
+// The behaviour the Express middleware and the Fastify plugin share, as
+// the Go SDK's middleware has it (clients/go/middleware.go): the key
+// header's parsing, the fingerprint, the answers the middleware writes
+// itself, and which of the handler's answers are stored.
+import { createHash } from 'node:crypto';
+import type { BeginResult, BeginReplay, IdemClient } from './client.js';
+import { DEFAULT_LEASE_MS } from './do.js';
+import { IdemError, isIdemError, PROBLEM_KINDS, PROBLEM_TYPE_PREFIX, type ProblemKind } from './errors.js';
+import { decodeResponse, toBuffer, type IdemResponse } from './response.js';
+
+/** Options of the Express middleware and the Fastify plugin. Absent values take the defaults. */
+export interface IdempotencyOptions {
+  /** The request header with the idempotency key (default `Idempotency-Key`). */
+  keyHeader?: string;
+  /** The methods made idempotent (default POST and PATCH); others run every time, key or not. */
+  methods?: string[];
+  /** Lets requests of those methods without a key through, not idempotent; by default they get 400. */
+  optional?: boolean;
+  /**
+   * The response headers stored and replayed (default Content-Type,
+   * Content-Language, Location, ETag, Last-Modified); others reach only the
+   * first caller.
+   */
+  headers?: string[];
+  /** The lease, extended every third of it while the handler runs (default 30 s). */
+  leaseMs?: number;
+  /** How long answers are replayed (default: the service's, a day). */
+  retentionS?: number;
+  /** How long a duplicate waits for the attempt in progress before 409 (default 0). */
+  waitMs?: number;
+  /** Bounds the request body read for the fingerprint (default 1 MiB); a larger one gets 413. */
+  maxBodyBytes?: number;
+  /**
+   * Bounds the begin, retries included, before the middleware answers 503
+   * (default 2 s, plus waitMs): on a request path, fail closed fast rather
+   * than hold the caller while idemsvc or Redis is down.
+   */
+  budgetMs?: number;
+}
+
+/** The header that marks a response replayed from idemsvc. */
+export const REPLAYED_HEADER = 'Idempotent-Replayed';
+export const DEFAULT_MIDDLEWARE_BUDGET_MS = 2_000;
+const DEFAULT_STORED_HEADERS = ['Content-Type', 'Content-Language', 'Location', 'ETag', 'Last-Modified'];
+const MAX_KEY_BYTES = 255;
+
+/** IdempotencyOptions with every default filled in. */
+export interface Settings {
+  keyHeader: string;
+  /** keyHeader in lower case, as Node names incoming headers. */
+  keyHeaderLower: string;
+  methods: ReadonlySet<string>;
+  optional: boolean;
+  /** The stored headers' names, as given. */
+  storedHeaders: readonly string[];
+  leaseMs: number;
+  retentionS: number | undefined;
+  waitMs: number;
+  maxBodyBytes: number;
+  budgetMs: number;
+}
+
+export function settingsOf(options: IdempotencyOptions = {}): Settings {
+  const keyHeader = options.keyHeader || 'Idempotency-Key';
+  return {
+    keyHeader,
+    keyHeaderLower: keyHeader.toLowerCase(),
+    methods: new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase())),
+    optional: options.optional ?? false,
+    storedHeaders: options.headers ?? DEFAULT_STORED_HEADERS,
+    leaseMs: options.leaseMs && options.leaseMs > 0 ? options.leaseMs : DEFAULT_LEASE_MS,
+    retentionS: options.retentionS,
+    waitMs: options.waitMs && options.waitMs > 0 ? options.waitMs : 0,
+    maxBodyBytes: options.maxBodyBytes && options.maxBodyBytes > 0 ? options.maxBodyBytes : 1 << 20,
+    budgetMs: options.budgetMs && options.budgetMs > 0 ? options.budgetMs : DEFAULT_MIDDLEWARE_BUDGET_MS,
+  };
+}
+
+/** An answer the middleware writes itself: a problem or a replay. */
+export interface Answer {
+  status: number;
+  headers: Record<string, string>;
+  body: Buffer | string;
+}
+
+/**
+ * The key in the key header's value: one Structured Field String (RFC
+ * 8941: `"abc"`, with `\"` and `\\` escapes, printable ASCII), or a bare
+ * token, accepted as the same key for compatibility. An empty key, a
+ * malformed string, several values (Node joins repeated headers with a
+ * comma) and an over-long key give undefined.
+ */
+export function parseKey(header: string | string[]): string | undefined {
+  if (Array.isArray(header)) {
+    if (header.length !== 1) return undefined;
+    header = header[0]!;
+  }
+  const v = header.trim();
+  if (!v.startsWith('"')) {
+    return v !== '' && v.length <= MAX_KEY_BYTES && !/[",\\]/.test(v) ? v : undefined;
+  }
+  let key = '';
+  for (let i = 1; i < v.length; i++) {
+    const c = v.charCodeAt(i);
+    if (c === 0x5c /* \ */) {
+      const next = v[i + 1];
+      if (next !== '"' && next !== '\\') return undefined;
+      key += next;
+      i++;
+    } else if (c === 0x22 /* " */) {
+      return i === v.length - 1 && key !== '' && key.length <= MAX_KEY_BYTES ? key : undefined;
+    } else if (c < 0x20 || c > 0x7e) {
+      return undefined;
+    } else {
+      key += v[i];
+    }
+  }
+  return undefined; // no closing quote
+}
+
+const NUL = Buffer.from([0]);
+const QUESTION = Buffer.from('?');
+
+/**
+ * The request's fingerprint: a SHA-256 of the method, NUL, the decoded path,
+ * `?`, the raw query, NUL and the body, as `sha256:<hex>`. The bytes are
+ * the Go middleware's (its URL.Path is percent-decoded, its RawQuery not),
+ * so a key shared by services in both languages matches.
+ */
+export function fingerprint(method: string, url: string, body: Uint8Array): string {
+  const q = url.indexOf('?');
+  const rawPath = q < 0 ? url : url.slice(0, q);
+  const rawQuery = q < 0 ? '' : url.slice(q + 1);
+  return (
+    'sha256:' +
+    createHash('sha256')
+      .update(method)
+      .update(NUL)
+      .update(percentDecode(rawPath))
+      .update(QUESTION)
+      .update(rawQuery, 'latin1')
+      .update(NUL)
+      .update(body)
+      .digest('hex')
+  );
+}
+
+/** The bytes of a path with its %XX escapes decoded, as Go's URL.Path holds them. */
+function percentDecode(path: string): Buffer {
+  const raw = Buffer.from(path, 'latin1');
+  if (!raw.includes(0x25 /* % */)) return raw;
+  const out = Buffer.allocUnsafe(raw.length);
+  let n = 0;
+  for (let i = 0; i < raw.length; i++) {
+    const hi = hexValue(raw[i + 1]);
+    const lo = hexValue(raw[i + 2]);
+    if (raw[i] === 0x25 && hi >= 0 && lo >= 0) {
+      out[n++] = (hi << 4) | lo;
+      i += 2;
+    } else {
+      out[n++] = raw[i]!;
+    }
+  }
+  return out.subarray(0, n);
+}
+
+function hexValue(c: number | undefined): number {
+  if (c === undefined) return -1;
+  if (c >= 0x30 && c <= 0x39) return c - 0x30;
+  if (c >= 0x41 && c <= 0x46) return c - 0x37;
+  if (c >= 0x61 && c <= 0x66) return c - 0x57;
+  return -1;
+}
+
+/** Begins key within the middleware's budget. */
+export function beginRequest(client: IdemClient, settings: Settings, key: string, fp: string, requestId: string | undefined): Promise<BeginResult> {
+  const signal = AbortSignal.timeout(settings.budgetMs + settings.waitMs);
+  return client.begin(
+    { key, fingerprint: fp, lease_ms: settings.leaseMs, retention_s: settings.retentionS, wait_ms: settings.waitMs || undefined },
+    { signal, requestId },
+  );
+}
+
+/**
+ * Whether an answer is not to be stored, so that a retry runs the handler
+ * again: a server error, 408 Request Timeout and 429 Too Many Requests say
+ * the request may succeed later.
+ */
+export function retryAgain(status: number): boolean {
+  return status >= 500 || status === 408 || status === 429;
+}
+
+/** The response to store: the status, the allow-listed headers, the body. */
+export function storedResponse(status: number, header: (name: string) => unknown, body: Buffer, settings: Settings): IdemResponse {
+  let headers: Record<string, string> | undefined;
+  for (const name of settings.storedHeaders) {
+    let value = header(name);
+    if (Array.isArray(value)) value = value.join(', ');
+    if (value === undefined || value === null || value === '') continue;
+    headers ??= {};
+    headers[name] = String(value);
+  }
+  // Text is stored as text, anything else in base64 (the API takes only UTF-8 text).
+  const text = utf8(body);
+  return { statusCode: status, headers, body: text ?? body };
+}
+
+const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
+
+/** b as a string when it is valid UTF-8. */
+function utf8(b: Buffer): string | undefined {
+  try {
+    return strictUtf8.decode(b);
+  } catch {
+    return undefined;
+  }
+}
+
+/** The answer for a begin that did not acquire the key and did not replay. */
+export function beginErrorAnswer(err: unknown): Answer {
+  if (isIdemError(err, 'in-progress')) {
+    const retryAfter = err.retryAfterMs ? Math.floor(err.retryAfterMs / 1000) : 1;
+    return problemAnswer('in-progress', 'a request with this idempotency key is in progress', retryAfter);
+  }
+  if (isIdemError(err, 'fingerprint-mismatch')) {
+    return problemAnswer('fingerprint-mismatch', 'the idempotency key was used for another request');
+  }
+  if (isIdemError(err, 'rate-limited', 'quota-exceeded')) {
+    // Over this service's limits at idemsvc: the handler did not run.
+    const retryAfter = Math.max(1, Math.floor((err.retryAfterMs ?? 0) / 1000));
+    return problemAnswer(err.kind, 'this service is over its limits at the idempotency service', retryAfter);
+  }
+  if (isIdemError(err, 'invalid-request') && err.status !== 0) {
+    return problemAnswer('invalid-request', `idempotency key: ${err.problem.detail}`);
+  }
+  if (isIdemError(err, 'unauthorized', 'forbidden')) {
+    // A misconfigured API key: retrying will not help.
+    return problemAnswer('internal', "the idempotency service refused this service's credentials");
+  }
+  // Fail closed: without idemsvc, nothing may run.
+  return problemAnswer('store-unavailable', 'the idempotency service cannot be reached', 1);
+}
+
+/** The answer that replays a finished attempt's stored response. */
+export function replayAnswer(replay: BeginReplay): Answer {
+  let response: IdemResponse;
+  try {
+    response = decodeResponse(replay.response);
+  } catch {
+    return problemAnswer('internal', 'the stored response cannot be decoded');
+  }
+  if (replay.status === 'failed' && response.statusCode === undefined) {
+    // A failure stored without a response: the operation ran, and its
+    // outcome is unknown here.
+    const answer = problemAnswer('internal', 'the first request with this idempotency key failed');
+    answer.headers[REPLAYED_HEADER] = 'true';
+    return answer;
+  }
+  const body = response.body === undefined ? '' : typeof response.body === 'string' ? response.body : toBuffer(response.body);
+  return {
+    status: response.statusCode ?? 200,
+    headers: { ...response.headers, [REPLAYED_HEADER]: 'true' },
+    body,
+  };
+}
+
+/** A problem answer, byte for byte as the Go middleware writes it. */
+export function problemAnswer(kind: ProblemKind, detail: string, retryAfterSeconds = 0): Answer {
+  const status = kind === 'internal' ? 500 : PROBLEM_KINDS[kind].status;
+  const headers: Record<string, string> = { 'Content-Type': 'application/problem+json' };
+  if (retryAfterSeconds > 0) headers['Retry-After'] = String(retryAfterSeconds);
+  // encoding/json's field order and escapes, and its trailing newline.
+  const body =
+    JSON.stringify({ detail, status, title: PROBLEM_KINDS[kind].title, type: PROBLEM_TYPE_PREFIX + kind }).replace(
+      /[<>&\u2028\u2029]/g,
+      (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
+    ) + '\n';
+  return { status, headers, body };
+}
+
+/** The answer to a request without a key, or with one the middleware refuses. */
+export function keyProblem(settings: Settings, missing: boolean): Answer {
+  return missing
+    ? problemAnswer('invalid-request', `the ${settings.keyHeader} header is required`)
+    : problemAnswer(
+        'invalid-request',
+        `the ${settings.keyHeader} header must be one non-empty Structured Field String of at most 255 characters, such as "8e03978e"`,
+      );
+}
+
+/** The answer to a request body over the limit. */
+export function tooLargeAnswer(): Answer {
+  return problemAnswer('too-large', 'the request body is too large to be made idempotent');
+}
+
+/** An error that stands for an answer the handler gave but that is not to be stored. */
+export class NotStored extends Error {
+  constructor(status: number) {
+    super(`the handler answered ${status}`);
+    this.name = 'NotStored';
+  }
+}
+
+export { IdemError };

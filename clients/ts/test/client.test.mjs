@@ -1,0 +1,229 @@
+// IdemClient against a real idemsvc, on its in-memory store and on Redis.
+import assert from 'node:assert/strict';
+import { after, before, describe, test } from 'node:test';
+import { decodeResponse, encodeResponse, IdemClient, IdemError } from '@idemsvc/client';
+import { freePort, startIdemsvc, startOn, startRedis, stores, uniqueKey } from './harness.mjs';
+
+for (const store of stores) {
+  describe(`IdemClient on ${store}`, () => {
+    let svc;
+    let idem;
+    before(async () => {
+      svc = await startOn(store);
+      idem = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey });
+    });
+    after(() => svc.stop());
+
+    test('begin acquires, complete stores, and the next begin replays the response', async () => {
+      const key = uniqueKey();
+      const lease = await idem.begin({ key, fingerprint: 'f1' });
+      assert.equal(lease.status, 'acquired');
+      assert.equal(lease.attempt, 1);
+      assert.equal(lease.recovered, false);
+      assert.match(lease.lease_token, /^[0-9a-f]{32}$/);
+
+      const done = await idem.complete({
+        key,
+        lease_token: lease.lease_token,
+        response: { status_code: 201, headers: { 'Content-Type': 'application/json' }, body: '{"id":1}' },
+      });
+      assert.equal(done.status, 'completed');
+      assert.equal(done.attempt, 1);
+
+      const replay = await idem.begin({ key, fingerprint: 'f1' });
+      assert.equal(replay.status, 'completed');
+      assert.deepEqual(decodeResponse(replay.response), {
+        statusCode: 201,
+        headers: { 'Content-Type': 'application/json' },
+        body: '{"id":1}',
+      });
+    });
+
+    test('a begin retried with the same owner gets the same lease; another owner gets in-progress', async () => {
+      const key = uniqueKey();
+      const first = await idem.begin({ key, owner: 'worker-1' });
+      const again = await idem.begin({ key, owner: 'worker-1' });
+      assert.equal(again.lease_token, first.lease_token);
+      assert.equal(again.attempt, first.attempt);
+
+      const err = await idem.begin({ key }).then(() => assert.fail('acquired a held key'), (e) => e);
+      assert.ok(err instanceof IdemError);
+      assert.equal(err.kind, 'in-progress');
+      assert.equal(err.status, 409);
+      assert.equal(err.problem.attempt, 1);
+      assert.equal(err.problem.lease_expires_at, first.lease_expires_at);
+      assert.ok(err.retryAfterMs >= 1000 && err.retryAfterMs <= 30_000, `retryAfterMs ${err.retryAfterMs}`);
+    });
+
+    test('a retryable fail releases the key; a terminal fail is replayed with its response', async () => {
+      const key = uniqueKey();
+      const first = await idem.begin({ key });
+      const released = await idem.fail({ key, lease_token: first.lease_token, error: 'timeout upstream' });
+      assert.equal(released.retryable, true);
+
+      const second = await idem.begin({ key });
+      assert.equal(second.status, 'acquired');
+      assert.equal(second.attempt, 2);
+      await idem.fail({
+        key,
+        lease_token: second.lease_token,
+        retryable: false,
+        error: 'card declined',
+        response: encodeResponse({ statusCode: 402, body: 'declined' }),
+      });
+      const replay = await idem.begin({ key });
+      assert.equal(replay.status, 'failed');
+      assert.equal(replay.error, 'card declined');
+      assert.equal(replay.attempt, 2);
+      assert.deepEqual(decodeResponse(replay.response), { statusCode: 402, body: 'declined' });
+    });
+
+    test('fencing: the same token completes twice alike; an earlier attempt\'s token gets lease-lost', async () => {
+      const key = uniqueKey();
+      const first = await idem.begin({ key, lease_ms: 100 });
+      await new Promise((r) => setTimeout(r, 150));
+      const second = await idem.begin({ key });
+      assert.equal(second.status, 'acquired');
+      assert.equal(second.recovered, true);
+      assert.equal(second.attempt, 2);
+
+      const stale = await idem.complete({ key, lease_token: first.lease_token }).catch((e) => e);
+      assert.equal(stale.kind, 'lease-lost');
+      assert.equal(stale.status, 409);
+
+      const done = await idem.complete({ key, lease_token: second.lease_token, response: { body: 'ok' } });
+      const again = await idem.complete({ key, lease_token: second.lease_token, response: { body: 'ok' } });
+      assert.deepEqual(again, done);
+    });
+
+    test('a different fingerprint gets fingerprint-mismatch, whatever the state', async () => {
+      const key = uniqueKey();
+      await idem.begin({ key, fingerprint: 'sha256:aaa' });
+      const err = await idem.begin({ key, fingerprint: 'sha256:bbb' }).catch((e) => e);
+      assert.ok(err instanceof IdemError);
+      assert.equal(err.kind, 'fingerprint-mismatch');
+      assert.equal(err.status, 422);
+    });
+
+    test('extend pushes the lease; status and listKeys show the record; delete forgets it', async () => {
+      const key = uniqueKey();
+      const lease = await idem.begin({ key, owner: 'op-7', lease_ms: 1000 });
+      const extended = await idem.extend({ key, lease_token: lease.lease_token, lease_ms: 60_000 });
+      assert.ok(Date.parse(extended.lease_expires_at) > Date.parse(lease.lease_expires_at) + 30_000);
+
+      const record = await idem.status(key);
+      assert.equal(record.state, 'in_progress');
+      assert.equal(record.owner, 'op-7');
+      assert.equal(record.tenant, 'ts');
+      assert.equal(record.lease_expired, false);
+      assert.equal(record.response, undefined);
+
+      const listed = [];
+      for await (const r of idem.keys({ state: 'in_progress', limit: 1 })) listed.push(r.key);
+      assert.ok(listed.includes(key), `${key} not among ${listed.length} listed`);
+
+      await idem.delete(key);
+      await idem.delete(key); // absent: no error
+      const gone = await idem.status(key).catch((e) => e);
+      assert.equal(gone.kind, 'not-found');
+      assert.equal(gone.status, 404);
+    });
+
+    test('status includes the stored response when asked, and binary bodies come back byte for byte', async () => {
+      const key = uniqueKey();
+      const bytes = Uint8Array.from({ length: 256 }, (_, i) => i);
+      const lease = await idem.begin({ key });
+      await idem.complete({ key, lease_token: lease.lease_token, response: encodeResponse({ statusCode: 200, body: bytes }) });
+      const record = await idem.status(key, { includeResponse: true });
+      assert.equal(record.state, 'completed');
+      assert.equal(record.response.body_encoding, 'base64');
+      assert.deepEqual(new Uint8Array(decodeResponse(record.response).body), bytes);
+    });
+
+    test('a long failure message is cut to the 1,024 bytes idemsvc takes', async () => {
+      const key = uniqueKey();
+      const lease = await idem.begin({ key });
+      await idem.fail({ key, lease_token: lease.lease_token, retryable: false, error: 'é'.repeat(2000) });
+      const record = await idem.status(key);
+      assert.equal(record.error, 'é'.repeat(512));
+    });
+
+    test('problems are typed: a wrong API key is unauthorized, at once', async () => {
+      const wrong = new IdemClient({ baseUrl: svc.baseUrl, apiKey: 'not-a-key' });
+      const started = Date.now();
+      const err = await wrong.begin({ key: uniqueKey() }).catch((e) => e);
+      assert.equal(err.kind, 'unauthorized');
+      assert.equal(err.status, 401);
+      assert.equal(err.op, 'begin');
+      assert.ok(Date.now() - started < 1000, 'a 401 is not retried');
+      const bad = await idem.begin({ key: 'has space' }).catch((e) => e);
+      assert.equal(bad.kind, 'invalid-request');
+      assert.equal(bad.problem.field, 'key');
+    });
+
+    test('healthz, readyz and metrics answer', async () => {
+      assert.deepEqual(await idem.healthz(), { status: 'ok' });
+      assert.deepEqual(await idem.readyz(), { status: 'ok' });
+      assert.match(await idem.metrics(), /idemsvc_build_info/);
+    });
+  });
+}
+
+describe('IdemClient retries', () => {
+  test('a network error is retried until idemsvc answers', async () => {
+    const port = await freePort();
+    const idem = new IdemClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: 'x' });
+    const late = new Promise((r) => setTimeout(r, 300)).then(() => startIdemsvc({ port }));
+    let svc;
+    try {
+      const err = await new IdemClient({ baseUrl: `http://127.0.0.1:${port}`, retryBudgetMs: 0 }).healthz().catch((e) => e);
+      assert.equal(err.kind, 'store-unavailable');
+      assert.equal(err.status, 0);
+      const answered = await idem.begin({ key: uniqueKey() }).catch((e) => e); // unauthorized: the key is wrong, but idemsvc answered
+      svc = await late;
+      assert.equal(answered.kind, 'unauthorized');
+    } finally {
+      svc ??= await late;
+      await svc.stop();
+    }
+  });
+
+  test('429 waits for Retry-After within the budget; past the budget it throws rate-limited', async () => {
+    const svc = await startIdemsvc();
+    try {
+      const limited = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.limitedKey });
+      await limited.begin({ key: uniqueKey() }); // the burst of 1
+      const short = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.limitedKey, retryBudgetMs: 300 });
+      const err = await short.begin({ key: uniqueKey() }).catch((e) => e);
+      assert.equal(err.kind, 'rate-limited');
+      assert.equal(err.status, 429);
+      assert.ok(err.retryAfterMs >= 1000, `retryAfterMs ${err.retryAfterMs}`);
+
+      const started = Date.now();
+      const lease = await limited.begin({ key: uniqueKey() });
+      assert.equal(lease.status, 'acquired');
+      assert.ok(Date.now() - started >= 900, 'waited for Retry-After');
+    } finally {
+      await svc.stop();
+    }
+  });
+
+  test('a 503 while Redis hangs is retried with the same owner: the begin that ran unseen is not locked out', async () => {
+    const redis = await startRedis();
+    const svc = await startIdemsvc({ redisUrl: redis.url });
+    try {
+      const idem = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey });
+      const key = uniqueKey();
+      redis.pause();
+      setTimeout(() => redis.resume(), 1500);
+      const lease = await idem.begin({ key });
+      assert.equal(lease.status, 'acquired');
+      assert.equal(lease.attempt, 1);
+      const record = await idem.status(key);
+      assert.match(record.owner, /^idem-ts-[0-9a-f]{32}$/);
+    } finally {
+      await svc.stop();
+      await redis.stop();
+    }
+  });
+});

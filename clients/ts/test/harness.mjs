@@ -1,0 +1,174 @@
+// Real parts for the tests: an idemsvc binary built from this repository,
+// and Redis servers on free loopback ports. Every process started here is
+// killed by its own PID when the test file ends.
+import { spawn, spawnSync } from 'node:child_process';
+import { createHash, randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import net from 'node:net';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const here = dirname(fileURLToPath(import.meta.url));
+export const repoRoot = join(here, '..', '..', '..');
+const defaultBinary = join(here, '..', '.cache', 'idemsvc');
+
+const started = new Set();
+process.on('exit', () => {
+  for (const child of started) child.kill('SIGKILL');
+});
+
+/** The idemsvc binary: IDEM_TS_TEST_BIN, or built from the repository (test/build-idemsvc.mjs does it once for npm test). */
+export function idemsvcBinary() {
+  const given = process.env.IDEM_TS_TEST_BIN;
+  if (given) return given;
+  if (!existsSync(defaultBinary)) buildIdemsvc();
+  return defaultBinary;
+}
+
+export function buildIdemsvc() {
+  mkdirSync(dirname(defaultBinary), { recursive: true });
+  const out = spawnSync('go', ['build', '-o', defaultBinary, './cmd/idemsvc'], { cwd: repoRoot, stdio: 'inherit' });
+  if (out.status !== 0) throw new Error(`go build ./cmd/idemsvc failed (${out.status ?? out.signal})`);
+}
+
+/** A TCP port that was free a moment ago on 127.0.0.1. */
+export function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = net.createServer();
+    server.on('error', reject);
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+  });
+}
+
+/** Starts a child process that is killed, by its PID, at exit. */
+function startProcess(command, args, env) {
+  const child = spawn(command, args, { env, stdio: ['ignore', 'pipe', 'pipe'] });
+  started.add(child);
+  let output = '';
+  const keep = (b) => {
+    output = (output + b.toString()).slice(-4000);
+  };
+  child.stdout.on('data', keep);
+  child.stderr.on('data', keep);
+  child.on('exit', () => started.delete(child));
+  return {
+    child,
+    output: () => output,
+    async stop() {
+      if (child.exitCode !== null || child.signalCode !== null) return;
+      const exited = new Promise((resolve) => child.once('exit', resolve));
+      child.kill('SIGKILL');
+      await exited;
+    },
+  };
+}
+
+async function until(what, check, timeoutMs = 15_000, output = () => '') {
+  const end = Date.now() + timeoutMs;
+  for (;;) {
+    if (await check().catch(() => false)) return;
+    if (Date.now() > end) throw new Error(`${what} did not come up within ${timeoutMs} ms:\n${output()}`);
+    await new Promise((r) => setTimeout(r, 25));
+  }
+}
+
+function redisPing(port) {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, '127.0.0.1');
+    socket.setTimeout(500);
+    socket.on('connect', () => socket.write('PING\r\n'));
+    socket.on('data', (b) => {
+      resolve(b.toString().startsWith('+PONG'));
+      socket.destroy();
+    });
+    socket.on('error', () => resolve(false));
+    socket.on('timeout', () => {
+      resolve(false);
+      socket.destroy();
+    });
+  });
+}
+
+/** A redis-server of the test's own on a free loopback port, without persistence. */
+export async function startRedis() {
+  const port = await freePort();
+  const proc = startProcess('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
+    PATH: process.env.PATH,
+  });
+  await until('redis-server', () => redisPing(port), 10_000, proc.output);
+  return {
+    url: `redis://127.0.0.1:${port}`,
+    pause: () => proc.child.kill('SIGSTOP'),
+    resume: () => proc.child.kill('SIGCONT'),
+    stop: () => {
+      proc.child.kill('SIGCONT');
+      return proc.stop();
+    },
+  };
+}
+
+const sha256 = (s) => createHash('sha256').update(s).digest('hex');
+
+/**
+ * Starts idemsvc on a free loopback port, on Redis when redisUrl is given
+ * and on its in-memory store otherwise, with a tenants file: tenant `ts`
+ * (apiKey, no limits) and tenant `limited` (limitedKey: one begin per
+ * second, burst 1).
+ */
+export async function startIdemsvc({ redisUrl, port } = {}) {
+  const dir = mkdtempSync(join(tmpdir(), 'idemsvc-ts-'));
+  const apiKey = randomBytes(16).toString('hex');
+  const limitedKey = randomBytes(16).toString('hex');
+  const tenantsFile = join(dir, 'tenants.yaml');
+  writeFileSync(
+    tenantsFile,
+    JSON.stringify({
+      tenants: [
+        { name: 'ts', api_key_sha256: [sha256(apiKey)] },
+        { name: 'limited', api_key_sha256: [sha256(limitedKey)], limits: { begins_per_s: 1, burst: 1 } },
+      ],
+    }),
+  );
+  port ??= await freePort();
+  const env = { PATH: process.env.PATH, IDEMSVC_LISTEN: `127.0.0.1:${port}`, IDEMSVC_TENANTS_FILE: tenantsFile, IDEMSVC_LOG_LEVEL: 'warn' };
+  if (redisUrl) env.IDEMSVC_REDIS_URL = redisUrl;
+  const proc = startProcess(idemsvcBinary(), [], env);
+  const baseUrl = `http://127.0.0.1:${port}`;
+  await until('idemsvc', async () => (await fetch(`${baseUrl}/healthz`)).ok, 15_000, proc.output);
+  return {
+    baseUrl,
+    apiKey,
+    limitedKey,
+    output: proc.output,
+    async stop() {
+      await proc.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/** The stores every client and doOnce test runs on. */
+export const stores = ['memory', 'redis'];
+
+/** idemsvc on the named store, with its Redis if any; stop() stops both. */
+export async function startOn(store) {
+  const redis = store === 'redis' ? await startRedis() : undefined;
+  const svc = await startIdemsvc({ redisUrl: redis?.url });
+  return {
+    ...svc,
+    redis,
+    async stop() {
+      await svc.stop();
+      await redis?.stop();
+    },
+  };
+}
+
+/** A key unique to this run. */
+export function uniqueKey(prefix = 'k') {
+  return `${prefix}-${randomBytes(8).toString('hex')}`;
+}
