@@ -69,8 +69,9 @@ func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
 	transport.MaxIdleConns, transport.MaxIdleConnsPerHost = 512, 256
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
+			// The upstream's own Host, as for any URL; X-Forwarded-Host
+			// names the one the caller asked for.
 			r.SetURL(cfg.upstream)
-			r.Out.Host = r.In.Host // the upstream sees the host the caller asked for
 			r.SetXForwarded()
 		},
 		Transport:    transport,
