@@ -1,0 +1,141 @@
+// The Express middleware: the shared conformance suite in front of the
+// conformance app, then what Express users rely on besides.
+import assert from 'node:assert/strict';
+import { createHash } from 'node:crypto';
+import { once } from 'node:events';
+import { after, before, describe, test } from 'node:test';
+import express from 'express';
+import { IdemClient } from '@idemsvc/client';
+import { idempotency, keepRawBody } from '@idemsvc/client/express';
+import { createApp } from '../../../conformance/app.mjs';
+import { conformanceTests } from './conformance.mjs';
+import { startIdemsvc, uniqueKey } from './harness.mjs';
+
+let svc;
+before(async () => {
+  svc = await startIdemsvc();
+});
+after(() => svc.stop());
+
+/** Serves app on a free loopback port. */
+async function serve(app) {
+  const server = app.listen(0, '127.0.0.1');
+  await once(server, 'listening');
+  return {
+    port: server.address().port,
+    url: `http://127.0.0.1:${server.address().port}`,
+    close: () => new Promise((resolve) => {
+      server.closeAllConnections();
+      server.close(resolve);
+    }),
+  };
+}
+
+describe('Express conformance', () => {
+  conformanceTests('express', () => svc, async (client) => {
+    const { handler, runs } = createApp();
+    const app = express();
+    app.use(idempotency(client));
+    app.use((req, res) => handler(req, res));
+    return { ...(await serve(app)), runs };
+  });
+});
+
+describe('Express middleware', () => {
+  let client;
+  before(() => {
+    client = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey });
+  });
+
+  test('a body parser after the middleware reads the same body, and a duplicate is replayed', async () => {
+    const app = express();
+    let runs = 0;
+    app.use(idempotency(client));
+    app.post('/orders', express.json(), (req, res) => {
+      runs++;
+      res.status(201).json({ got: req.body, run: runs });
+    });
+    const server = await serve(app);
+    try {
+      const key = uniqueKey();
+      const post = () => fetch(`${server.url}/orders`, {
+        method: 'POST',
+        headers: { 'Idempotency-Key': `"${key}"`, 'Content-Type': 'application/json' },
+        body: JSON.stringify({ amount: 100 }),
+      });
+      const first = await post();
+      assert.equal(first.status, 201);
+      assert.deepEqual(await first.json(), { got: { amount: 100 }, run: 1 });
+      const second = await post();
+      assert.equal(second.headers.get('idempotent-replayed'), 'true');
+      assert.deepEqual(await second.json(), { got: { amount: 100 }, run: 1 });
+      assert.equal(runs, 1);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test('after a body parser that keeps the raw body, the fingerprint is the Go middleware\'s bytes', async () => {
+    const app = express();
+    app.use(express.text({ type: '*/*', verify: keepRawBody }));
+    app.use(idempotency(client));
+    app.post('/a%20b/c', (req, res) => {
+      assert.equal(res.locals.idempotency.attempt, 1);
+      assert.equal(res.locals.idempotency.signal.aborted, false);
+      res.status(202).send(`echo ${req.body}`);
+    });
+    const server = await serve(app);
+    try {
+      const key = uniqueKey();
+      const res = await fetch(`${server.url}/a%20b/c?x=%20y&z`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'payload' });
+      assert.equal(res.status, 202);
+      assert.equal(await res.text(), 'echo payload');
+      // Go: method NUL URL.Path (decoded) '?' URL.RawQuery NUL body.
+      const want = createHash('sha256').update('POST\0/a b/c?x=%20y&z\0payload').digest('hex');
+      assert.equal((await client.status(key)).fingerprint, `sha256:${want}`);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test('a thrown error is a 500, not stored: the retry runs the handler again', async () => {
+    const app = express();
+    let runs = 0;
+    app.use(idempotency(client));
+    app.post('/boom', () => {
+      runs++;
+      throw new Error('boom');
+    });
+    app.use((_err, _req, res, _next) => res.status(500).send('failed')); // Express's own handler would log the error
+    const server = await serve(app);
+    try {
+      const key = uniqueKey();
+      for (let i = 0; i < 2; i++) {
+        const res = await fetch(`${server.url}/boom`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'x' });
+        assert.equal(res.status, 500);
+        assert.equal(res.headers.get('idempotent-replayed'), null);
+      }
+      assert.equal(runs, 2);
+    } finally {
+      await server.close();
+    }
+  });
+
+  test("the middleware's own answers are the Go middleware's bytes", async () => {
+    const app = express();
+    app.use(idempotency(client));
+    app.post('/x', (_req, res) => res.send('never'));
+    const server = await serve(app);
+    try {
+      const res = await fetch(`${server.url}/x`, { method: 'POST', body: 'x' });
+      assert.equal(res.status, 400);
+      assert.equal(res.headers.get('content-type'), 'application/problem+json');
+      assert.equal(
+        await res.text(),
+        '{"detail":"the Idempotency-Key header is required","status":400,"title":"Invalid request","type":"https://idemsvc.dev/problems/invalid-request"}\n',
+      );
+    } finally {
+      await server.close();
+    }
+  });
+});
