@@ -181,9 +181,14 @@ async function bytesOf(payload: unknown): Promise<Buffer> {
   return Buffer.from(String(payload));
 }
 
-/** Sends an answer of the plugin's own; the hook chain stops there. */
+/**
+ * Sends an answer of the plugin's own; the hook chain stops there. The body
+ * goes as bytes, which Fastify sends as they are: given a string, it would
+ * add a charset to a JSON content type.
+ */
 function send(reply: FastifyReply, answer: Answer): FastifyReply {
-  return reply.code(answer.status).headers(answer.headers).send(answer.body);
+  const body = typeof answer.body === 'string' ? Buffer.from(answer.body) : answer.body;
+  return reply.code(answer.status).headers(answer.headers).send(body);
 }
 
 interface Deferred<T> {
