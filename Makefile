@@ -3,6 +3,7 @@
 # Regenerate code from its sources (api/openapi.yaml).
 generate:
 	go generate ./... ./clients/go/...
+	clients/ts/scripts/deps.sh && cd clients/ts && npm run generate
 
 # The test suite, against real Redis started by the tests.
 test:

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Formatting, vet, a tidy go.mod, and generated code that matches its sources.
+# Formatting, vet, a tidy go.mod, and generated code (Go, and the TypeScript
+# SDK's types) that matches its sources.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,3 +47,10 @@ if ! command -v npx >/dev/null; then
   fi
 fi
 npx --yes @redocly/cli@2.77.0 lint --format=summary api/openapi.yaml
+# The TypeScript SDK's types, generated from the same description.
+clients/ts/scripts/deps.sh
+(cd clients/ts && npm run --silent generate >/dev/null)
+if ! git diff --exit-code --stat -- clients/ts/src/schema.ts; then
+  echo "clients/ts/src/schema.ts is stale: run make generate and commit the result" >&2
+  exit 1
+fi

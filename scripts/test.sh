@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The test suite: real Redis servers (standalone and a 3+3 Cluster) and a
 # NATS JetStream server are started by the tests themselves from
-# redis-server and nats-server, installed here when missing. Extra arguments
-# go to go test, e.g. scripts/test.sh -run Begin.
+# redis-server and nats-server, installed here when missing. The TypeScript
+# SDK's tests (clients/ts, npm test) run first, on Node and npm from
+# Debian's packages when they are missing. Extra arguments go to go test,
+# e.g. scripts/test.sh -run Begin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -33,6 +35,13 @@ export PATH="$PATH:/usr/sbin" # where Debian puts nats-server
 if ! command -v nats-server >/dev/null; then
   apt_install nats-server
 fi
+
+# The TypeScript SDK: npm ci when its node_modules is missing or stale, then
+# its build and node --test suite against a real idemsvc and Redis.
+command -v node >/dev/null || apt_install nodejs
+command -v npm >/dev/null || apt_install npm
+clients/ts/scripts/deps.sh
+(cd clients/ts && npm test)
 
 # Both modules of the workspace (go.work): idemsvc and its Go client.
 exec go test -race -count=1 "$@" ./... ./clients/go/...

@@ -527,7 +527,8 @@ export interface components {
              *     | `store-unavailable` | 503 | the store cannot be reached or did not answer in time |
              *     | `internal` | 500 | an unexpected error |
              *
-             *     Each response below narrows `type` to the kinds it can carry.
+             *     Each problem response of an operation narrows `type` to the kinds
+             *     that response can carry.
              * @example https://idemsvc.dev/problems/in-progress
              * @enum {string}
              */
