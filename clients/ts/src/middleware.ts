@@ -5,7 +5,7 @@
 import { createHash } from 'node:crypto';
 import type { BeginResult, BeginReplay, IdemClient } from './client.js';
 import { DEFAULT_LEASE_MS } from './do.js';
-import { IdemError, isIdemError, PROBLEM_KINDS, PROBLEM_TYPE_PREFIX, type ProblemKind } from './errors.js';
+import { isIdemError, PROBLEM_KINDS, PROBLEM_TYPE_PREFIX, type ProblemKind } from './errors.js';
 import { decodeResponse, toBuffer, type IdemResponse } from './response.js';
 
 /** Options of the Express middleware and the Fastify plugin. Absent values take the defaults. */
@@ -266,12 +266,12 @@ export function replayAnswer(replay: BeginReplay): Answer {
 
 /** A problem answer, byte for byte as the Go middleware writes it. */
 export function problemAnswer(kind: ProblemKind, detail: string, retryAfterSeconds = 0): Answer {
-  const status = kind === 'internal' ? 500 : PROBLEM_KINDS[kind].status;
+  const { status, title } = PROBLEM_KINDS[kind];
   const headers: Record<string, string> = { 'Content-Type': 'application/problem+json' };
   if (retryAfterSeconds > 0) headers['Retry-After'] = String(retryAfterSeconds);
   // encoding/json's field order and escapes, and its trailing newline.
   const body =
-    JSON.stringify({ detail, status, title: PROBLEM_KINDS[kind].title, type: PROBLEM_TYPE_PREFIX + kind }).replace(
+    JSON.stringify({ detail, status, title, type: PROBLEM_TYPE_PREFIX + kind }).replace(
       /[<>&\u2028\u2029]/g,
       (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
     ) + '\n';
@@ -300,5 +300,3 @@ export class NotStored extends Error {
     this.name = 'NotStored';
   }
 }
-
-export { IdemError };
