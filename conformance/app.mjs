@@ -51,11 +51,10 @@ export function createApp() {
         res.end(Buffer.alloc(LARGE_BYTES, 'a'));
         return;
       }
-      case 'crash': {
-        // The connection breaks before any answer.
-        req.socket.destroy();
-        return;
-      }
+      case 'crash':
+        // The handler fails before any answer: Express and Fastify answer
+        // 500; the server below, idemproxy's upstream, breaks the connection.
+        throw new Error('crash');
       default:
         res.writeHead(404, { 'Content-Type': 'text/plain' });
         res.end('no such route\n');

@@ -8,6 +8,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { IdemClient } from './client.js';
 import { runUnderLease } from './do.js';
 import {
+  abandonAfterLease,
   beginErrorAnswer,
   beginRequest,
   fingerprint,
@@ -69,8 +70,11 @@ export function keepRawBody(req: IncomingMessage, _res: unknown, body: Buffer): 
  * malformed or over-long key gets 400. The fingerprint is a SHA-256 of the
  * method, path, query and body, so reusing a key for another request gets
  * 422; a duplicate of a request still running gets 409 with Retry-After.
- * A 5xx, 408 or 429, a thrown error and a broken connection fail the
- * attempt retryably, so a retry runs the handler again. An answer too
+ * A 5xx, 408 or 429 and a thrown error fail the attempt retryably, so a
+ * retry runs the handler again. When the caller leaves before the handler
+ * answers, the key stays held while the handler may still run: its answer,
+ * if it comes within a lease, is stored for the retry; otherwise the
+ * attempt fails retryably then. An answer too
  * large to store is stored without its body and replayed with
  * `Idempotent-Body-Omitted: true`. Without idemsvc it fails closed with 503.
  *
@@ -126,7 +130,7 @@ async function handle(client: IdemClient, settings: Settings, key: string, req: 
   }
   if (begun.status !== 'acquired') return send(res, replayAnswer(begun));
 
-  const capture = new Capture(res);
+  const capture = new Capture(res, settings.leaseMs);
   const run = runUnderLease(client, begun, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (signal) => {
     const context: IdempotencyContext = { key, attempt: begun.attempt, signal };
     if (res.locals) res.locals.idempotency = context;
@@ -197,7 +201,8 @@ function readKeeping(req: IncomingMessage, limit: number): Promise<Buffer | 'too
 /**
  * Holds the handler's answer: writeHead, write and end are captured until
  * flush sends it. `answered` resolves with the status when the handler
- * ends its answer, and rejects when the connection breaks first.
+ * ends its answer; when the connection breaks first, it rejects unless the
+ * handler answers within a lease ({@link abandonAfterLease}).
  */
 class Capture {
   readonly answered: Promise<number>;
@@ -207,13 +212,13 @@ class Capture {
   private ended = false;
   private flushed = false;
 
-  constructor(private readonly res: Response) {
+  constructor(private readonly res: Response, leaseMs: number) {
     this.original = { writeHead: res.writeHead, write: res.write, end: res.end };
     let settle!: { resolve: (status: number) => void; reject: (err: Error) => void };
     this.answered = new Promise((resolve, reject) => (settle = { resolve, reject }));
     this.answered.catch(() => undefined); // a broken connection is handled by the run
     res.on('close', () => {
-      if (!this.ended) settle.reject(new Error('the connection broke before the handler answered'));
+      if (!this.ended) abandonAfterLease(leaseMs, this.answered, settle.reject);
     });
 
     const capture = this;

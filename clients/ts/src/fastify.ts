@@ -9,6 +9,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { IdemClient } from './client.js';
 import { runUnderLease } from './do.js';
 import {
+  abandonAfterLease,
   beginErrorAnswer,
   beginRequest,
   fingerprint,
@@ -67,7 +68,9 @@ const pending = new WeakMap<FastifyRequest, Pending>();
  * raw body in a preParsing hook (for the fingerprint) and hands it on to
  * the content-type parsers unchanged, begins the key in a preHandler hook,
  * and stores the answer in an onSend hook before it is sent. A reply the
- * handler hijacks is not stored: it fails the attempt retryably.
+ * handler hijacks is not stored: once its connection closes, the attempt
+ * fails retryably within a lease (the handler may still be running), as
+ * when the caller leaves before the answer.
  *
  * @example
  * import Fastify from 'fastify';
@@ -142,7 +145,9 @@ async function begin(client: IdemClient, settings: Settings, p: Pending, request
   }
   const answer = deferred<{ status: number; body: Buffer }>();
   p.answer = answer;
-  reply.raw.on('close', () => answer.reject(new Error('the connection broke before the handler answered')));
+  reply.raw.on('close', () => {
+    if (!answer.settled) abandonAfterLease(settings.leaseMs, answer.promise, answer.reject);
+  });
   p.run = runUnderLease(client, begun, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (signal) => {
     const context: IdempotencyContext = { key: p.key, attempt: begun.attempt, signal };
     request.idempotency = context;
@@ -195,12 +200,16 @@ interface Deferred<T> {
   promise: Promise<T>;
   resolve: (value: T) => void;
   reject: (err: Error) => void;
+  /** Whether resolve or reject was called. */
+  settled: boolean;
 }
 
 function deferred<T>(): Deferred<T> {
-  let resolve!: (value: T) => void;
-  let reject!: (err: Error) => void;
-  const promise = new Promise<T>((res, rej) => ((resolve = res), (reject = rej)));
-  promise.catch(() => undefined); // a broken connection is handled by the run
-  return { promise, resolve, reject };
+  const d = { settled: false } as Deferred<T>;
+  d.promise = new Promise<T>((res, rej) => {
+    d.resolve = (value) => ((d.settled = true), res(value));
+    d.reject = (err) => ((d.settled = true), rej(err));
+  });
+  d.promise.catch(() => undefined); // a broken connection is handled by the run
+  return d;
 }

@@ -300,3 +300,23 @@ export class NotStored extends Error {
     this.name = 'NotStored';
   }
 }
+
+/**
+ * Rejects answered when the caller's connection closed before the handler
+ * answered and the handler has still not answered one lease later. Until
+ * then the handler may still be running, and its key stays held (the lease
+ * is extended as for any handler that runs): releasing it at once would
+ * let the caller's retry run the handler alongside. An answer given in
+ * that time is stored as usual, for the retry to replay.
+ */
+export function abandonAfterLease(leaseMs: number, answered: Promise<unknown>, reject: (err: Error) => void): void {
+  const timer = setTimeout(
+    () => reject(new Error('the caller left, and the handler did not answer within a lease')),
+    leaseMs,
+  );
+  timer.unref();
+  answered.then(
+    () => clearTimeout(timer),
+    () => clearTimeout(timer),
+  );
+}

@@ -121,6 +121,67 @@ describe('Express middleware', () => {
     }
   });
 
+  test('a caller that leaves does not release the key while the handler runs: the retry gets 409, then the late answer', async () => {
+    const app = express();
+    let runs = 0;
+    let finish;
+    const finished = new Promise((resolve) => (finish = resolve));
+    app.use(idempotency(client));
+    app.post('/slow', async (_req, res) => {
+      runs++;
+      await finished;
+      res.status(201).send('charged once');
+    });
+    const server = await serve(app);
+    try {
+      const key = uniqueKey();
+      const post = (signal) => fetch(`${server.url}/slow`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'x', signal });
+      const left = new AbortController();
+      const first = post(left.signal).catch(() => 'left');
+      await eventually(() => runs === 1);
+      left.abort(); // the caller times out and leaves
+      assert.equal(await first, 'left');
+      await new Promise((resolve) => setTimeout(resolve, 100));
+      const retry = await post();
+      assert.equal(retry.status, 409, 'the retry must not run the handler while it still runs');
+      finish();
+      await eventually(async () => (await client.status(key)).state === 'completed');
+      const replay = await post();
+      assert.equal(replay.status, 201);
+      assert.equal(replay.headers.get('idempotent-replayed'), 'true');
+      assert.equal(await replay.text(), 'charged once');
+      assert.equal(runs, 1);
+    } finally {
+      finish();
+      await server.close();
+    }
+  });
+
+  test('a handler that never answers its departed caller releases the key a lease later', async () => {
+    const app = express();
+    let runs = 0;
+    app.use(idempotency(client, { leaseMs: 300 }));
+    app.post('/never', () => {
+      runs++;
+    });
+    const server = await serve(app);
+    try {
+      const key = uniqueKey();
+      const post = (signal) => fetch(`${server.url}/never`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'x', signal });
+      const left = new AbortController();
+      const first = post(left.signal).catch(() => 'left');
+      await eventually(() => runs === 1);
+      left.abort();
+      await first;
+      await eventually(async () => (await client.status(key)).state === 'failed');
+      const retry = post(AbortSignal.timeout(200)).catch(() => 'timed out');
+      await eventually(() => runs === 2);
+      await retry;
+    } finally {
+      await server.close();
+    }
+  });
+
   test("the middleware's own answers are the Go middleware's bytes", async () => {
     const app = express();
     app.use(idempotency(client));
@@ -139,3 +200,12 @@ describe('Express middleware', () => {
     }
   });
 });
+
+/** Polls cond every 20 ms for up to 5 s. */
+async function eventually(cond) {
+  const deadline = Date.now() + 5000;
+  while (!(await cond())) {
+    if (Date.now() > deadline) assert.fail(`not within 5 s: ${cond}`);
+    await new Promise((resolve) => setTimeout(resolve, 20));
+  }
+}
