@@ -39,6 +39,12 @@ type MiddlewareOptions struct {
 	// MaxBodyBytes bounds the request body read for the fingerprint
 	// (default 1 MiB); a larger one gets 413.
 	MaxBodyBytes int64
+	// MaxStoredBodyBytes bounds the answer's body held to be stored
+	// (default 1 MiB, idemsvc's default max-response-bytes). A larger body
+	// is sent to the caller as the handler writes it, and stored without
+	// it: its replays carry the status and headers, an empty body and
+	// "Idempotent-Body-Omitted: true". Memory per request stays bounded.
+	MaxStoredBodyBytes int
 	// Budget bounds the begin, retries included, before the middleware
 	// gives up and answers 503 (default 2 s plus Wait): on a request path,
 	// fail closed fast rather than hold the caller while idemsvc or Redis
@@ -80,6 +86,9 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 	if opts.MaxBodyBytes <= 0 {
 		opts.MaxBodyBytes = 1 << 20
 	}
+	if opts.MaxStoredBodyBytes <= 0 {
+		opts.MaxStoredBodyBytes = 1 << 20
+	}
 	if opts.Lease <= 0 {
 		opts.Lease = DefaultLease
 	}
@@ -115,8 +124,13 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 				return
 			}
 			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes))
-			if err != nil {
+			var tooLarge *http.MaxBytesError
+			switch {
+			case errors.As(err, &tooLarge):
 				writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
+				return
+			case err != nil:
+				writeProblem(w, http.StatusBadRequest, "invalid-request", "the request body could not be read", 0)
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))
@@ -137,7 +151,7 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 				writeReplay(w, res.Replay)
 				return
 			}
-			rec := &recorder{header: make(http.Header)}
+			rec := &recorder{header: make(http.Header), w: w, limit: opts.MaxStoredBodyBytes}
 			_, _ = c.run(r.Context(), key, res.Lease, DoOptions{Lease: opts.Lease, Retention: opts.Retention, omitBody: true},
 				func(ctx context.Context) (Response, error) {
 					next.ServeHTTP(rec, r.WithContext(ctx))
@@ -280,11 +294,17 @@ func writeProblem(w http.ResponseWriter, status int, kind, detail string, retryA
 		Title: kinds[kind].title, Status: status, Detail: detail})
 }
 
-// recorder captures a handler's response.
+// recorder captures a handler's response. A body over limit is not held:
+// from the write that crosses it, the answer goes to w as it is written,
+// and it is stored without its body.
 type recorder struct {
-	header http.Header
-	status int
-	body   bytes.Buffer
+	header    http.Header
+	status    int
+	body      bytes.Buffer
+	w         http.ResponseWriter
+	limit     int
+	streaming bool // the answer is going to w as it is written
+	sent      bool // writeTo ran
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -300,6 +320,14 @@ func (r *recorder) Write(b []byte) (int, error) {
 	if r.status == 0 {
 		r.status = http.StatusOK
 	}
+	if !r.streaming && r.body.Len()+len(b) > r.limit {
+		r.streaming = true
+		r.writeTo(r.w)
+		r.body = bytes.Buffer{}
+	}
+	if r.streaming {
+		return r.w.Write(b)
+	}
 	return r.body.Write(b)
 }
 
@@ -309,20 +337,32 @@ func (r *recorder) stored(allowed []string) Response {
 	if status == 0 {
 		status = http.StatusOK
 	}
-	resp := Response{StatusCode: status, Body: bytes.Clone(r.body.Bytes())}
+	// The body is not cloned: the recorder is done with it once stored.
+	resp := Response{StatusCode: status, Body: r.body.Bytes()}
 	for _, name := range allowed {
-		if v := r.header.Get(name); v != "" {
+		// Several fields of one name are one field, their values joined.
+		if v := strings.Join(r.header.Values(name), ", "); v != "" {
 			if resp.Headers == nil {
 				resp.Headers = make(map[string]string)
 			}
 			resp.Headers[name] = v
 		}
 	}
+	if r.streaming {
+		if resp.Headers == nil {
+			resp.Headers = make(map[string]string)
+		}
+		resp.Headers[BodyOmittedHeader] = "true"
+	}
 	return resp
 }
 
-// writeTo sends the captured response to the caller.
+// writeTo sends the captured response to the caller, once.
 func (r *recorder) writeTo(w http.ResponseWriter) {
+	if r.sent {
+		return
+	}
+	r.sent = true
 	for name, values := range r.header {
 		w.Header()[name] = values
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -543,5 +544,53 @@ func TestMiddlewareProblemTitlesAreIdemsvcs(t *testing.T) {
 	}
 	if a := send(t, http.MethodPost, url+"/orders", "", []byte(`{}`)); title(a.body) != title(invalid.Body) {
 		t.Errorf("the middleware's 400 title %q, idemsvc's %q", title(a.body), title(invalid.Body))
+	}
+}
+
+// An answer over MaxStoredBodyBytes goes to the caller as the handler
+// writes it, not held whole: memory stays bounded whatever its size, and
+// its replays carry the status and headers with Idempotent-Body-Omitted.
+func TestMiddlewareLargeAnswerIsStreamed(t *testing.T) {
+	svc := startIdemsvc(t, nil)
+	const size = 64 << 20
+	chunk := bytes.Repeat([]byte("z"), 32<<10)
+	opts := idem.MiddlewareOptions{Headers: []string{"Content-Type", "Link"}}
+	url := serveIdempotent(t, newClient(t, svc.URL), opts, func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/octet-stream")
+		w.Header().Add("Link", "</a>; rel=preload")
+		w.Header().Add("Link", "</b>; rel=preload")
+		w.WriteHeader(http.StatusCreated)
+		for n := 0; n < size; n += len(chunk) {
+			_, _ = w.Write(chunk)
+		}
+	})
+	key := "large-" + t.Name()
+	req, _ := http.NewRequest(http.MethodPost, url, nil)
+	req.Header.Set("Idempotency-Key", key)
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, err := io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	runtime.ReadMemStats(&after)
+	if err != nil || n != size || resp.StatusCode != http.StatusCreated {
+		t.Fatalf("first answer: %d, %d bytes, %v; want 201 and %d bytes", resp.StatusCode, n, err, size)
+	}
+	// The test's own client and server share this process: a held answer
+	// would allocate its 64 MiB several times over.
+	if alloc := after.TotalAlloc - before.TotalAlloc; alloc > 16<<20 {
+		t.Errorf("%d MiB allocated for a %d MiB answer: it was held, not streamed", alloc>>20, size>>20)
+	}
+	replay := send(t, http.MethodPost, url, key, nil)
+	if replay.status != http.StatusCreated || len(replay.body) != 0 ||
+		replay.header.Get(idem.ReplayedHeader) != "true" || replay.header.Get(idem.BodyOmittedHeader) != "true" {
+		t.Errorf("replay: %d, %d bytes, %v", replay.status, len(replay.body), replay.header)
+	}
+	if got := replay.header.Values("Link"); len(got) != 1 || got[0] != "</a>; rel=preload, </b>; rel=preload" {
+		t.Errorf("replayed Link: %q, want both values in one field", got)
 	}
 }
