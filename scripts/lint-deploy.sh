@@ -33,7 +33,7 @@ tool() {
   local dir="$cache/$1-$2" bin
   bin="$dir/$(basename "$3")"
   if [ ! -x "$bin" ]; then
-    echo "installing $3@$2" >&2
+    echo "installing $3@$2"
     mkdir -p "$dir"
     GOBIN="$dir" GOFLAGS=-buildvcs=false go install "$3@$2"
   fi
@@ -48,13 +48,13 @@ module() {
   dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
   sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
   if [ "$sum" != "$3" ]; then
-    echo "$1@$2: checksum $sum, expected $3" >&2
+    echo "$1@$2: checksum $sum, expected $3"
     exit 1
   fi
   echo "$dir"
 }
 
-echo "== docker-compose.yaml" >&2
+echo "== docker-compose.yaml"
 compose_spec=$(tool compose-go "$COMPOSE_GO_VERSION" github.com/compose-spec/compose-go/v2/cmd)
 for profile in cluster single; do
   (cd deploy && COMPOSE_PROFILES=$profile "$compose_spec" docker-compose.yaml >/dev/null)
@@ -62,7 +62,92 @@ for profile in cluster single; do
     (cd deploy && COMPOSE_PROFILES=$profile docker compose config --quiet)
   fi
 done
-echo "docker-compose.yaml: valid (profiles cluster and single)" >&2
+echo "docker-compose.yaml: valid (profiles cluster and single)"
 
-echo "== go test ./deploy/" >&2
+echo "== Kubernetes schemas"
+# Made once per Kubernetes version and version of the generator.
+generator=deploy/tools/kubeschemas/main.go
+schemas="$cache/schemas-$KUBERNETES_VERSION-po-$PROMETHEUS_OPERATOR_VERSION-$(sha256sum "$generator" | cut -c1-12)"
+if [ ! -d "$schemas" ]; then
+  k8s=$(module k8s.io/kubernetes "$KUBERNETES_VERSION" "$KUBERNETES_SUM")
+  po=$(module github.com/prometheus-operator/prometheus-operator "$PROMETHEUS_OPERATOR_VERSION" "$PROMETHEUS_OPERATOR_SUM")
+  rm -rf "$schemas.tmp"
+  go run ./deploy/tools/kubeschemas -out "$schemas.tmp" \
+    -swagger "$k8s/api/openapi-spec/swagger.json" \
+    -crd "$po/jsonnet/prometheus-operator/servicemonitors-crd.json"
+  mv "$schemas.tmp" "$schemas"
+fi
+
+helm=$(tool helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm)
+kubeconform=$(tool kubeconform "$KUBECONFORM_VERSION" github.com/yannh/kubeconform/cmd/kubeconform)
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+# Helm's own folders, away from the user's.
+export HELM_CACHE_HOME="$work/helm/cache" HELM_CONFIG_HOME="$work/helm/config" HELM_DATA_HOME="$work/helm/data"
+kube_version=${KUBERNETES_VERSION#v}
+
+# validate NAME: the rendered manifests on stdin against the schemas; a
+# kind without a schema fails too.
+validate() {
+  "$kubeconform" -strict -summary -output text \
+    -schema-location "$schemas/{{ .ResourceKind }}{{ .KindSuffix }}.json" - |
+    sed "s|^|$1: |"
+}
+
+# lint NAME ARGS...: helm lint --strict, its output shown only when it has
+# more to say than Helm's advice to add an icon.
+lint() {
+  local name=$1
+  shift
+  if ! "$helm" lint --strict --kube-version "$kube_version" "$@" >"$work/lint" 2>&1; then
+    sed "s|^|$name: |" "$work/lint"
+    exit 1
+  fi
+  grep -v 'icon is recommended\|values.yaml: file does not exist\|^==> Linting\|chart(s) linted\|^$' "$work/lint" |
+    sed "s|^|$name: |" || true
+  echo "$name: helm lint passed"
+}
+
+echo "== deploy/helm/idemsvc"
+chart=deploy/helm/idemsvc
+for values in "" "$chart"/ci/*-values.yaml; do
+  name=${values:+$(basename "$values" -values.yaml)}
+  name=${name:-defaults}
+  lint "idemsvc ($name)" "$chart" ${values:+-f "$values"}
+  "$helm" template idemsvc "$chart" --namespace idemsvc --kube-version "$kube_version" ${values:+-f "$values"} |
+    validate "idemsvc ($name)"
+done
+# Settings idemsvc would refuse at start are refused by the chart.
+for bad in "redis.clusterAddrs={redis-0:6379}" "redis.url=,redis.sentinel.addrs={s:26379}" \
+  "tls.clientCA.enabled=true" "redis.tls.enabled=true" "tenants.create=true" \
+  "env.IDEMSVC_LISTEN=:9090" "redis.waitReplica=1" "logLevel=verbose"; do
+  if "$helm" template idemsvc "$chart" --kube-version "$kube_version" --set "$bad" >/dev/null 2>"$work/err"; then
+    echo "$chart: --set $bad rendered, but should have been refused"
+    exit 1
+  fi
+done
+echo "idemsvc: 8 invalid value sets refused"
+
+echo "== deploy/helm/idemproxy-sidecar"
+lint idemproxy-sidecar deploy/helm/idemproxy-sidecar
+# Its example application, which includes it, rendered from a copy: the
+# dependency build writes into the chart's folder.
+cp -r deploy/helm/idemproxy-sidecar "$work/idemproxy-sidecar"
+example="$work/idemproxy-sidecar/example"
+"$helm" dependency build "$example" >/dev/null
+lint "idemproxy-sidecar example" "$example"
+"$helm" template payments "$example" --kube-version "$kube_version" | validate "idemproxy-sidecar example"
+"$helm" template payments "$example" --kube-version "$kube_version" \
+  --set idemproxy.idemsvcCASecret.name=idemsvc-ca | validate "idemproxy-sidecar example (private CA)"
+
+# The plain YAML of its README, for teams without Helm, in a Pod.
+{
+  printf 'apiVersion: v1\nkind: Pod\nmetadata: {name: payments}\nspec:\n  containers:\n'
+  awk '/^## Without Helm/ {on=1} on && /^```$/ {exit} on && started {print "    " $0} on && /^```yaml$/ {started=1}' \
+    deploy/helm/idemproxy-sidecar/README.md
+} >"$work/snippet.yaml"
+grep -q 'name: idemproxy' "$work/snippet.yaml"
+validate "idemproxy-sidecar README snippet" <"$work/snippet.yaml"
+
+echo "== go test ./deploy/"
 go test -count=1 ./deploy/
