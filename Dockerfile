@@ -10,7 +10,7 @@
 #   docker run --rm -p 8443:8443 -v $PWD/tls:/tls:ro -e IDEMSVC_LISTEN=:8443 \
 #     -e IDEMSVC_TLS_CERT_FILE=/tls/tls.crt -e IDEMSVC_TLS_KEY_FILE=/tls/tls.key idemsvc
 
-FROM golang:1.26-bookworm AS build
+FROM golang:1.26-bookworm@sha256:38f30937ff0751bd8c202e53556168b9093302ee6d591e7e65a9d1b84a9d360c AS build
 WORKDIR /src
 COPY go.mod go.sum ./
 # The Go client is a module of its own that go.mod takes from the repository.
@@ -25,7 +25,7 @@ RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache
 
 # distroless/static: CA certificates (for rediss://) and time zones, no
 # shell, no package manager; "nonroot" is uid 65532.
-FROM gcr.io/distroless/static-debian12:nonroot
+FROM gcr.io/distroless/static-debian12:nonroot@sha256:f5b485ea962d9bd1186b2f6b3a061191539b905b82ec395de78cbfae51f20e35
 COPY --from=build /out/idemsvc /out/idemproxy /
 USER 65532:65532
 EXPOSE 8080
