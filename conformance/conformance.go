@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -76,8 +77,9 @@ type Target struct {
 	// URL is the entry point in front of the app; DownURL the same in front
 	// of the same app, but with an idemsvc that cannot be reached.
 	URL, DownURL string
-	// Runs tells how many times the app ran so far.
-	Runs func() int
+	// Runs tells how many times the app ran so far; it fails t when it
+	// cannot tell.
+	Runs func(t *testing.T) int
 }
 
 // Run runs every case against target, each as a subtest.
@@ -96,12 +98,12 @@ func Run(t *testing.T, target Target) {
 				base = target.DownURL
 			}
 			key := fmt.Sprintf("conf-%x-%d", prefix, i)
-			before := target.Runs()
+			before := target.Runs(t)
 			answers := runSteps(t, base, key, c.Steps)
 			for j, s := range c.Steps {
 				check(t, j, s, answers[j], answers)
 			}
-			if got := target.Runs() - before; got != c.Calls {
+			if got := target.Runs(t) - before; got != c.Calls {
 				t.Errorf("the app ran %d times, want %d (%s)", got, c.Calls, c.Rule)
 			}
 		})
@@ -154,12 +156,14 @@ func send(base, key string, s Step) answer {
 	if err != nil {
 		return answer{err: err}
 	}
-	// net/http resends a request with an Idempotency-Key on a connection
-	// that broke; each step is sent once.
-	req.GetBody = nil
 	if s.Key != nil {
-		req.Header.Set("Idempotency-Key", strings.ReplaceAll(*s.Key, "{key}", key))
+		// Under a lower-case name: http.Transport resends a request whose
+		// Header map has an "Idempotency-Key" entry when its connection
+		// breaks, and each step is sent once. Field names are
+		// case-insensitive: the header goes out all the same.
+		req.Header["idempotency-key"] = []string{expandKey(*s.Key, key)}
 	}
+	req.GetBody = nil // nor is a body rewound to be sent again
 	resp, err := client.Do(req)
 	if err != nil {
 		return answer{err: err}
@@ -167,6 +171,16 @@ func send(base, key string, s Step) answer {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	return answer{status: resp.StatusCode, header: resp.Header, body: b, err: err}
+}
+
+// keyPattern is {key}, or {key:N}: the case's key padded to N bytes.
+var keyPattern = regexp.MustCompile(`\{key(?::(\d+))?\}`)
+
+func expandKey(value, key string) string {
+	return keyPattern.ReplaceAllStringFunc(value, func(m string) string {
+		n, _ := strconv.Atoi(keyPattern.FindStringSubmatch(m)[1])
+		return key + strings.Repeat("k", max(0, n-len(key)))
+	})
 }
 
 func check(t *testing.T, i int, s Step, a answer, all []answer) {
@@ -188,7 +202,7 @@ func check(t *testing.T, i int, s Step, a answer, all []answer) {
 		switch {
 		case want == nil && ok:
 			t.Errorf("%s: header %s: %q, want none", where, name, got)
-		case want != nil && (len(got) != 1 || got[0] != *want):
+		case want != nil && strings.Join(got, ", ") != *want:
 			t.Errorf("%s: header %s: %q, want %q", where, name, got, *want)
 		}
 	}
@@ -228,7 +242,7 @@ type App struct {
 }
 
 // Runs is how many requests the app handled.
-func (a *App) Runs() int { return int(a.runs.Load()) }
+func (a *App) Runs(*testing.T) int { return int(a.runs.Load()) }
 
 // LargeBytes is the size of /large's body: over idemsvc's 1 MiB
 // stored-response limit.

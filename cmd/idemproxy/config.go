@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,26 +24,30 @@ type config struct {
 	caFile      string
 	certFile    string
 	keyFile     string
-	middleware  idem.MiddlewareOptions
+	// upstreamTimeout bounds a keyed request's wait for the upstream's
+	// answer: past it, 504, and the key is released.
+	upstreamTimeout time.Duration
+	middleware      idem.MiddlewareOptions
 }
 
 // vars maps each flag to its environment variable. idemsvc's address and
 // credentials are named as every client of idemsvc names them.
 var vars = map[string]string{
-	"listen":           "IDEMPROXY_LISTEN",
-	"admin-listen":     "IDEMPROXY_ADMIN_LISTEN",
-	"upstream":         "IDEMPROXY_UPSTREAM",
-	"methods":          "IDEMPROXY_METHODS",
-	"key-header":       "IDEMPROXY_KEY_HEADER",
-	"key-optional":     "IDEMPROXY_KEY_OPTIONAL",
-	"wait-ms":          "IDEMPROXY_WAIT_MS",
-	"store-headers":    "IDEMPROXY_STORE_HEADERS",
-	"max-body-bytes":   "IDEMPROXY_MAX_BODY_BYTES",
-	"idemsvc-url":      "IDEMSVC_URL",
-	"idemsvc-api-key":  "IDEMSVC_API_KEY",
-	"ca-file":          "IDEMSVC_CA_FILE",
-	"client-cert-file": "IDEMSVC_CLIENT_CERT_FILE",
-	"client-key-file":  "IDEMSVC_CLIENT_KEY_FILE",
+	"listen":              "IDEMPROXY_LISTEN",
+	"admin-listen":        "IDEMPROXY_ADMIN_LISTEN",
+	"upstream":            "IDEMPROXY_UPSTREAM",
+	"methods":             "IDEMPROXY_METHODS",
+	"key-header":          "IDEMPROXY_KEY_HEADER",
+	"key-optional":        "IDEMPROXY_KEY_OPTIONAL",
+	"wait-ms":             "IDEMPROXY_WAIT_MS",
+	"store-headers":       "IDEMPROXY_STORE_HEADERS",
+	"max-body-bytes":      "IDEMPROXY_MAX_BODY_BYTES",
+	"upstream-timeout-ms": "IDEMPROXY_UPSTREAM_TIMEOUT_MS",
+	"idemsvc-url":         "IDEMSVC_URL",
+	"idemsvc-api-key":     "IDEMSVC_API_KEY",
+	"ca-file":             "IDEMSVC_CA_FILE",
+	"client-cert-file":    "IDEMSVC_CLIENT_CERT_FILE",
+	"client-key-file":     "IDEMSVC_CLIENT_KEY_FILE",
 }
 
 // parseConfig reads args and then, for every flag args did not set, env
@@ -59,6 +64,7 @@ func parseConfig(args, env []string) (config, error) {
 	waitMS := fs.Int("wait-ms", 0, "how long a duplicate waits for the request in flight before 409")
 	storeHeaders := fs.String("store-headers", "Content-Type,Content-Language,Location,ETag,Last-Modified", "comma-separated response headers stored and replayed")
 	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest request body of a request with a key; larger ones get 413")
+	upstreamTimeout := fs.Int("upstream-timeout-ms", 60000, "how long a request with a key may wait for the upstream's answer; then 504, and the key is released")
 	idemsvcURL := fs.String("idemsvc-url", "http://localhost:8080", "idemsvc's base URL")
 	apiKey := fs.String("idemsvc-api-key", "", "the API key of this service's tenant at idemsvc")
 	caFile := fs.String("ca-file", "", "PEM CA that signs idemsvc's certificate (default: the system's)")
@@ -97,9 +103,10 @@ func parseConfig(args, env []string) (config, error) {
 		return config{}, fmt.Errorf("IDEMPROXY_UPSTREAM %q: want an http:// or https:// URL with a host", *upstream)
 	}
 	cfg.upstream = u
-	if *waitMS < 0 || *maxBody <= 0 {
-		return config{}, fmt.Errorf("IDEMPROXY_WAIT_MS must be 0 or more and IDEMPROXY_MAX_BODY_BYTES more than 0")
+	if *waitMS < 0 || *maxBody <= 0 || *upstreamTimeout <= 0 {
+		return config{}, fmt.Errorf("IDEMPROXY_WAIT_MS must be 0 or more, and IDEMPROXY_MAX_BODY_BYTES and IDEMPROXY_UPSTREAM_TIMEOUT_MS more than 0")
 	}
+	cfg.upstreamTimeout = time.Duration(*upstreamTimeout) * time.Millisecond
 	cfg.middleware = idem.MiddlewareOptions{
 		KeyHeader:    *keyHeader,
 		Methods:      list(strings.ToUpper(*methods)),
@@ -114,8 +121,18 @@ func parseConfig(args, env []string) (config, error) {
 	if !validHeaderName(cfg.middleware.KeyHeader) {
 		return config{}, fmt.Errorf("IDEMPROXY_KEY_HEADER %q is not a header name", cfg.middleware.KeyHeader)
 	}
+	for _, name := range cfg.middleware.Headers {
+		if !validHeaderName(name) || slices.Contains(unstorable, http.CanonicalHeaderKey(name)) {
+			return config{}, fmt.Errorf("IDEMPROXY_STORE_HEADERS: %q cannot be stored and replayed (not a header name, a connection's own header, or a cookie that would go to whoever reuses the key)", name)
+		}
+	}
 	return cfg, nil
 }
+
+// unstorable are the answer headers that describe one connection or one
+// caller, never to be replayed.
+var unstorable = []string{"Connection", "Keep-Alive", "Proxy-Connection", "Transfer-Encoding", "Te", "Trailer",
+	"Upgrade", "Content-Length", "Set-Cookie", "Proxy-Authenticate", "Www-Authenticate"}
 
 // validHeaderName reports whether s is an HTTP field name (a token).
 func validHeaderName(s string) bool {

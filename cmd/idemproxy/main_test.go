@@ -109,7 +109,7 @@ func TestConformance(t *testing.T) {
 			conformance.Run(t, conformance.Target{
 				URL:     serveProxy(t, svc.URL, app.URL),
 				DownURL: serveProxy(t, closedURL(t), app.URL),
-				Runs:    func() int { return app.runs(t) },
+				Runs:    app.runs,
 			})
 		})
 	}
@@ -254,6 +254,8 @@ func TestConfigErrors(t *testing.T) {
 		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_WAIT_MS=soon"}, "IDEMPROXY_WAIT_MS"},
 		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_METHODS= , "}, "IDEMPROXY_METHODS"},
 		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_KEY_HEADER=Idempotency Key"}, "IDEMPROXY_KEY_HEADER"},
+		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_STORE_HEADERS=Content-Type,set-cookie"}, "IDEMPROXY_STORE_HEADERS"},
+		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_UPSTREAM_TIMEOUT_MS=0"}, "IDEMPROXY_UPSTREAM_TIMEOUT_MS"},
 	} {
 		_, err := parseConfig(nil, tc.env)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -323,5 +325,137 @@ func TestInformationalAnswerIsNotStored(t *testing.T) {
 		if resp.StatusCode != http.StatusCreated || string(b) != `{"id":1}` || (resp.Header.Get("Idempotent-Replayed") == "true") != (i == 1) {
 			t.Errorf("request %d: %d %q replayed %q, want 201 {\"id\":1}", i, resp.StatusCode, b, resp.Header.Get("Idempotent-Replayed"))
 		}
+	}
+}
+
+// A keyed request without a body reaches the upstream once even when the
+// upstream breaks its reused connection after reading it: http.Transport
+// would send such a request again, since it carries an Idempotency-Key.
+func TestKeyedRequestIsNotResent(t *testing.T) {
+	var mu sync.Mutex
+	hits := map[string]int{}
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		hits[r.URL.Path]++
+		mu.Unlock()
+		if r.URL.Path == "/break" {
+			conn, _, err := http.NewResponseController(w).Hijack()
+			if err == nil {
+				conn.Close()
+			}
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	t.Cleanup(upstream.Close)
+	svc := idemtest.Serve(t, handlers.Config{})
+	url := serveProxy(t, svc.URL, upstream.URL)
+	post := func(path string) int {
+		req, _ := http.NewRequest(http.MethodPost, url+path, nil)
+		req.Header.Set("Idempotency-Key", conformance.Hex(8))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	post("/warm") // leaves a connection to the upstream idle, to be reused
+	if got := post("/break"); got != http.StatusBadGateway {
+		t.Errorf("POST /break: %d, want 502", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if hits["/break"] != 1 {
+		t.Errorf("the upstream got /break %d times, want 1", hits["/break"])
+	}
+}
+
+// The upstream sees what it would without idemproxy: the Host asked for,
+// and the Forwarded and X-Forwarded-* headers of the caller's proxies, the
+// caller's address added to X-Forwarded-For.
+func TestForwardedHeadersAreKept(t *testing.T) {
+	seen := make(chan *http.Request, 2)
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		seen <- r
+	}))
+	t.Cleanup(upstream.Close)
+	url := serveProxy(t, idemtest.Serve(t, handlers.Config{}).URL, upstream.URL)
+
+	req, _ := http.NewRequest(http.MethodGet, url+"/x", nil)
+	req.Host = "shop.example"
+	req.Header.Set("X-Forwarded-For", "203.0.113.7")
+	req.Header.Set("X-Forwarded-Proto", "https")
+	req.Header.Set("Forwarded", "for=203.0.113.7;proto=https")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	got := <-seen
+	if got.Host != "shop.example" || got.Header.Get("X-Forwarded-For") != "203.0.113.7, 127.0.0.1" ||
+		got.Header.Get("X-Forwarded-Proto") != "https" || got.Header.Get("Forwarded") != "for=203.0.113.7;proto=https" {
+		t.Errorf("upstream saw Host %q, headers %v", got.Host, got.Header)
+	}
+
+	req, _ = http.NewRequest(http.MethodGet, url+"/x", nil)
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	got = <-seen
+	if got.Header.Get("X-Forwarded-For") != "127.0.0.1" || got.Header.Get("X-Forwarded-Proto") != "http" ||
+		got.Header.Get("X-Forwarded-Host") != strings.TrimPrefix(url, "http://") {
+		t.Errorf("without proxies before it, upstream saw headers %v", got.Header)
+	}
+}
+
+// A caller that leaves does not release the key: the upstream's answer,
+// which comes later, is stored, and the caller's retry gets it; meanwhile a
+// retry gets 409. An upstream slower than the upstream timeout gets 504,
+// and the key is released.
+func TestCallerLeavingAndUpstreamTimeout(t *testing.T) {
+	app := startNodeApp(t)
+	svc := idemtest.Serve(t, handlers.Config{})
+	url := serveProxy(t, svc.URL, app.URL, "--upstream-timeout-ms", "1500")
+	post := func(key, path string, timeout time.Duration) (int, string, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), timeout)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+path, strings.NewReader("x"))
+		req.Header["idempotency-key"] = []string{key} // sent once: see conformance.send
+		req.GetBody = nil
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, "", err
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b), nil
+	}
+	before := app.runs(t)
+	key := conformance.Hex(8)
+	if _, _, err := post(key, "/slow/800", 200*time.Millisecond); err == nil {
+		t.Fatal("the caller did not time out")
+	}
+	if status, _, err := post(key, "/slow/800", 5*time.Second); err != nil || status != http.StatusConflict {
+		t.Errorf("retry while the upstream runs: %d %v, want 409", status, err)
+	}
+	idemtest.Eventually(t, 5*time.Second, "the late answer replayed", func() bool {
+		status, body, err := post(key, "/slow/800", 5*time.Second)
+		return err == nil && status == http.StatusCreated && body == `{"run":1}`
+	})
+	if n := app.runs(t) - before; n != 1 {
+		t.Errorf("the upstream ran %d times, want 1", n)
+	}
+
+	key = conformance.Hex(8)
+	for i := range 2 {
+		if status, _, err := post(key, "/slow/3000", 10*time.Second); err != nil || status != http.StatusGatewayTimeout {
+			t.Errorf("request %d to a slow upstream: %d %v, want 504", i, status, err)
+		}
+	}
+	if n := app.runs(t) - before; n != 3 {
+		t.Errorf("the upstream ran %d times in all, want 3: a 504 releases the key", n)
 	}
 }

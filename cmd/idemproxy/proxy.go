@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"net/http/httputil"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -69,10 +71,10 @@ func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
 	transport.MaxIdleConns, transport.MaxIdleConnsPerHost = 512, 256
 	rp := &httputil.ReverseProxy{
 		Rewrite: func(r *httputil.ProxyRequest) {
-			// The upstream's own Host, as for any URL; X-Forwarded-Host
-			// names the one the caller asked for.
 			r.SetURL(cfg.upstream)
-			r.SetXForwarded()
+			r.Out.Host = r.In.Host
+			forwardedFor(r)
+			unreplayable(r.Out)
 		},
 		Transport:    transport,
 		ErrorHandler: p.upstreamError,
@@ -111,31 +113,90 @@ func (p *proxy) admin() http.Handler {
 	return mux
 }
 
+// forwardedFor tells the upstream what it would have seen without
+// idemproxy: the Host the caller asked for and the Forwarded and
+// X-Forwarded-* headers the caller's proxies set (Rewrite drops them), with
+// the caller's address added to X-Forwarded-For.
+func forwardedFor(r *httputil.ProxyRequest) {
+	for _, name := range []string{"Forwarded", "X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"} {
+		if v, ok := r.In.Header[name]; ok {
+			r.Out.Header[name] = v
+		}
+	}
+	if ip, _, err := net.SplitHostPort(r.In.RemoteAddr); err == nil {
+		if prior := r.Out.Header.Values("X-Forwarded-For"); len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		r.Out.Header.Set("X-Forwarded-For", ip)
+	}
+	if r.Out.Header.Get("X-Forwarded-Host") == "" {
+		r.Out.Header.Set("X-Forwarded-Host", r.In.Host)
+	}
+	if r.Out.Header.Get("X-Forwarded-Proto") == "" {
+		proto := "http"
+		if r.In.TLS != nil {
+			proto = "https"
+		}
+		r.Out.Header.Set("X-Forwarded-Proto", proto)
+	}
+}
+
+// unreplayable keeps http.Transport from sending a request twice. It
+// resends a request without a body (or one it can rewind) that failed on
+// a reused connection when the request's Header map has an
+// "Idempotency-Key" or "X-Idempotency-Key" entry, even after the upstream
+// read it: for a POST, a second run. Stored under a lower-case name, the
+// header still goes out (field names are case-insensitive), but the
+// Transport no longer finds the entry it looks for.
+func unreplayable(out *http.Request) {
+	for _, name := range []string{"Idempotency-Key", "X-Idempotency-Key"} {
+		if v, ok := out.Header[name]; ok {
+			delete(out.Header, name)
+			out.Header[strings.ToLower(name)] = v
+		}
+	}
+}
+
 // requestState is what the handlers learn of one request.
-type requestState struct{ forwarded bool }
+type requestState struct {
+	keyed     bool // a handled method with the key header
+	forwarded bool // it reached the reverse proxy
+}
 
 type stateKey struct{}
 
 // counted counts each request by its outcome.
+//
+// A keyed request outlives its caller: once the upstream has it, the
+// upstream's answer is what a retry must get, so the request to the
+// upstream goes on (within the upstream timeout) when the caller leaves,
+// and its answer is stored. Cancelled with the caller, the request would
+// release the key while the upstream may still run it, and the caller's
+// retry would run it again.
 func (p *proxy) counted(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		st := &requestState{}
+		keyed := slices.Contains(p.cfg.middleware.Methods, r.Method) && r.Header.Get(p.cfg.middleware.KeyHeader) != ""
+		st := &requestState{keyed: keyed}
 		sw := &statusWriter{ResponseWriter: w}
-		next.ServeHTTP(sw, r.WithContext(context.WithValue(r.Context(), stateKey{}, st)))
-		outcome := outcomeRefused
-		switch {
-		case sw.Header().Get(idem.ReplayedHeader) == "true" && !st.forwarded:
-			outcome = outcomeReplayed
-		case st.forwarded && slices.Contains(p.cfg.middleware.Methods, r.Method) && r.Header.Get(p.cfg.middleware.KeyHeader) != "":
-			outcome = outcomeExecuted
-		case st.forwarded:
-			outcome = outcomePassed
+		ctx := r.Context()
+		if keyed {
+			ctx = context.WithoutCancel(ctx)
 		}
-		code := sw.status
-		if code == 0 {
-			code = http.StatusOK
-		}
-		p.requests.WithLabelValues(outcome, strconv.Itoa(code)).Inc()
+		defer func() {
+			// Counted also when the answer broke off (the reverse proxy
+			// panics with http.ErrAbortHandler).
+			outcome := outcomeRefused
+			switch {
+			case sw.Header().Get(idem.ReplayedHeader) == "true" && !st.forwarded:
+				outcome = outcomeReplayed
+			case st.forwarded && keyed:
+				outcome = outcomeExecuted
+			case st.forwarded:
+				outcome = outcomePassed
+			}
+			p.requests.WithLabelValues(outcome, strconv.Itoa(sw.status)).Inc()
+		}()
+		next.ServeHTTP(sw, r.WithContext(context.WithValue(ctx, stateKey{}, st)))
 	})
 }
 
@@ -143,8 +204,14 @@ func (p *proxy) counted(next http.Handler) http.Handler {
 // the upstream's answer.
 func (p *proxy) timed(rp http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if st, ok := r.Context().Value(stateKey{}).(*requestState); ok {
+		st, _ := r.Context().Value(stateKey{}).(*requestState)
+		if st != nil {
 			st.forwarded = true
+		}
+		if st != nil && st.keyed {
+			ctx, cancel := context.WithTimeout(r.Context(), p.cfg.upstreamTimeout)
+			defer cancel()
+			r = r.WithContext(ctx)
 		}
 		start := time.Now()
 		rp.ServeHTTP(w, r)
@@ -155,14 +222,19 @@ func (p *proxy) timed(rp http.Handler) http.Handler {
 // upstreamError answers a request the upstream did not answer: 502, which
 // the middleware takes as a retryable failure, releasing the key.
 func (p *proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
-	p.upErrors.Inc()
 	status, detail := http.StatusBadGateway, "the upstream did not answer"
-	if ne, ok := err.(net.Error); ok && ne.Timeout() {
+	var ne net.Error
+	if errors.Is(err, context.DeadlineExceeded) || errors.As(err, &ne) && ne.Timeout() {
 		status, detail = http.StatusGatewayTimeout, "the upstream did not answer in time"
 	}
-	if r.Context().Err() == nil {
-		p.log.Warn("upstream error", "method", r.Method, "path", r.URL.Path, "err", err)
+	if errors.Is(err, context.Canceled) {
+		// A caller of a request passed through left: no answer to give,
+		// and nothing wrong with the upstream.
+		w.WriteHeader(http.StatusBadGateway)
+		return
 	}
+	p.upErrors.Inc()
+	p.log.Warn("upstream error", "method", r.Method, "path", r.URL.Path, "err", err)
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(map[string]any{

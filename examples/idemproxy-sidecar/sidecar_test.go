@@ -3,6 +3,7 @@ package sidecar
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -108,11 +109,13 @@ func TestSidecar(t *testing.T) {
 		return err == nil && resp.StatusCode == http.StatusOK
 	})
 
-	// The compose file's curl, twice.
+	// The compose file's curl, twice, with a key of this run's own (the
+	// test's Redis is shared).
 	var bodies []string
+	key := fmt.Sprintf(`"order-%d"`, time.Now().UnixNano())
 	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, base+"/payments", strings.NewReader(`{"amount":100}`))
-		req.Header.Set("Idempotency-Key", `"order-1"`)
+		req.Header.Set("Idempotency-Key", key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
