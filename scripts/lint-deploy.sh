@@ -11,6 +11,7 @@
 # Tools and schemas are pinned, installed with the Go toolchain into
 # $IDEMSVC_LINT_CACHE, and reused when that version is there.
 set -euo pipefail
+shopt -s inherit_errexit
 cd "$(dirname "$0")/.."
 
 HELM_VERSION=v3.22.0
@@ -33,7 +34,7 @@ tool() {
   local dir="$cache/$1-$2" bin
   bin="$dir/$(basename "$3")"
   if [ ! -x "$bin" ]; then
-    echo "installing $3@$2"
+    echo "installing $3@$2" >&2
     mkdir -p "$dir"
     GOBIN="$dir" GOFLAGS=-buildvcs=false go install "$3@$2"
   fi
@@ -48,7 +49,7 @@ module() {
   dir=$(sed -n 's/^\t"Dir": "\(.*\)",$/\1/p' <<<"$info")
   sum=$(sed -n 's/^\t"Sum": "\(.*\)",$/\1/p' <<<"$info")
   if [ "$sum" != "$3" ]; then
-    echo "$1@$2: checksum $sum, expected $3"
+    echo "$1@$2: checksum $sum, expected $3" >&2
     exit 1
   fi
   echo "$dir"
@@ -122,7 +123,7 @@ for bad in "redis.clusterAddrs={redis-0:6379}" "redis.url=,redis.sentinel.addrs=
   "tls.clientCA.enabled=true" "redis.tls.enabled=true" "tenants.create=true" \
   "env.IDEMSVC_LISTEN=:9090" "redis.waitReplica=1" "logLevel=verbose"; do
   if "$helm" template idemsvc "$chart" --kube-version "$kube_version" --set "$bad" >/dev/null 2>"$work/err"; then
-    echo "$chart: --set $bad rendered, but should have been refused"
+    echo "$chart: --set $bad rendered, but should have been refused" >&2
     exit 1
   fi
 done
