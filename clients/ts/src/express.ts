@@ -6,7 +6,7 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { IdemClient } from './client.js';
-import { runUnderLease } from './do.js';
+import { BODY_OMITTED_HEADER, runUnderLease } from './do.js';
 import {
   abandonAfterLease,
   beginErrorAnswer,
@@ -130,12 +130,17 @@ async function handle(client: IdemClient, settings: Settings, key: string, req: 
   }
   if (begun.status !== 'acquired') return send(res, replayAnswer(begun));
 
-  const capture = new Capture(res, settings.leaseMs);
+  const capture = new Capture(res, settings.leaseMs, MAX_HELD_BODY_BYTES);
   const run = runUnderLease(client, begun, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (signal) => {
     const context: IdempotencyContext = { key, attempt: begun.attempt, signal };
     if (res.locals) res.locals.idempotency = context;
     const status = await capture.answered;
     const response = storedResponse(status, (name) => res.getHeader(name), capture.body(), settings);
+    if (capture.streamed) {
+      // Too large to hold: it went to the caller as written, and is stored without its body.
+      response.body = undefined;
+      response.headers = { ...response.headers, [BODY_OMITTED_HEADER]: 'true' };
+    }
     if (retryAgain(status)) throw new NotStored(status);
     return response;
   });
@@ -198,9 +203,13 @@ function readKeeping(req: IncomingMessage, limit: number): Promise<Buffer | 'too
   });
 }
 
+/** The most of an answer's body held to be stored: idemsvc's default stored-response limit. */
+const MAX_HELD_BODY_BYTES = 1 << 20;
+
 /**
  * Holds the handler's answer: writeHead, write and end are captured until
- * flush sends it. `answered` resolves with the status when the handler
+ * flush sends it. A body over the limit is not held: from the write that
+ * crosses it, the answer goes to the caller as it is written (streamed). `answered` resolves with the status when the handler
  * ends its answer; when the connection breaks first, it rejects unless the
  * handler answers within a lease ({@link abandonAfterLease}).
  */
@@ -208,11 +217,14 @@ class Capture {
   readonly answered: Promise<number>;
   private readonly chunks: Buffer[] = [];
   private readonly callbacks: Array<() => void> = [];
-  private readonly original: Pick<ServerResponse, 'writeHead' | 'write' | 'end'>;
+  readonly original: Pick<ServerResponse, 'writeHead' | 'write' | 'end'>;
+  private size = 0;
   private ended = false;
   private flushed = false;
+  /** Whether the answer went to the caller as it was written, not held. */
+  streamed = false;
 
-  constructor(private readonly res: Response, leaseMs: number) {
+  constructor(private readonly res: Response, leaseMs: number, private readonly limit: number) {
     this.original = { writeHead: res.writeHead, write: res.write, end: res.end };
     let settle!: { resolve: (status: number) => void; reject: (err: Error) => void };
     this.answered = new Promise((resolve, reject) => (settle = { resolve, reject }));
@@ -230,28 +242,57 @@ class Capture {
       return this;
     } as ServerResponse['writeHead'];
     res.write = function (chunk: unknown, encoding?: unknown, cb?: unknown) {
-      capture.append(chunk, encoding, cb);
-      return true;
+      return capture.append(chunk, encoding, cb);
     } as ServerResponse['write'];
     res.end = function (this: ServerResponse, chunk?: unknown, encoding?: unknown, cb?: unknown) {
       if (capture.ended) return this;
       if (typeof chunk === 'function') [chunk, cb] = [undefined, chunk];
       capture.append(chunk, encoding, cb);
       capture.ended = true;
+      if (capture.streamed) (capture.original.end as () => ServerResponse).call(this);
       settle.resolve(this.statusCode);
       return this;
     } as ServerResponse['end'];
   }
 
-  private append(chunk: unknown, encoding: unknown, cb: unknown): void {
+  /** Holds a chunk, or writes it when the answer is streamed; false asks the writer to wait for 'drain'. */
+  private append(chunk: unknown, encoding: unknown, cb: unknown): boolean {
     if (typeof encoding === 'function') [encoding, cb] = [undefined, encoding];
+    let b: Buffer | undefined;
+    if (chunk === undefined || chunk === null || this.ended) b = undefined;
+    else if (typeof chunk === 'string') b = Buffer.from(chunk, (encoding as BufferEncoding | undefined) ?? 'utf8');
+    else if (chunk instanceof Uint8Array) b = Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength);
+    if (!this.streamed && b !== undefined && this.size + b.length > this.limit) this.stream();
+    if (this.streamed) {
+      return b === undefined
+        ? (typeof cb === 'function' && process.nextTick(cb as () => void), true)
+        : this.writeThrough(b, cb as ((err?: Error | null) => void) | undefined);
+    }
     if (typeof cb === 'function') this.callbacks.push(cb as () => void);
-    if (chunk === undefined || chunk === null || this.ended) return;
-    if (typeof chunk === 'string') this.chunks.push(Buffer.from(chunk, (encoding as BufferEncoding | undefined) ?? 'utf8'));
-    else if (chunk instanceof Uint8Array) this.chunks.push(Buffer.from(chunk.buffer, chunk.byteOffset, chunk.byteLength));
+    if (b !== undefined) {
+      this.chunks.push(b);
+      this.size += b.length;
+    }
+    return true;
   }
 
-  /** The body the handler wrote. */
+  /** Sends the head and the body held so far, and lets what follows through. */
+  private stream(): void {
+    this.streamed = true;
+    // The head goes out with the first write, through writeHead.
+    this.res.writeHead = this.original.writeHead;
+    for (const chunk of this.chunks) this.writeThrough(chunk);
+    this.chunks.length = 0;
+    for (const cb of this.callbacks.splice(0)) process.nextTick(cb);
+  }
+
+  /** Writes to the caller's connection, past the capture. */
+  private writeThrough(chunk: Buffer, cb?: (err?: Error | null) => void): boolean {
+    const write = this.original.write as (this: ServerResponse, chunk: Buffer, cb?: (err?: Error | null) => void) => boolean;
+    return write.call(this.res, chunk, cb);
+  }
+
+  /** The body the handler wrote, as held (empty when streamed). */
   body(): Buffer {
     return this.chunks.length === 1 ? this.chunks[0]! : Buffer.concat(this.chunks);
   }
@@ -261,6 +302,7 @@ class Capture {
     if (this.flushed || !this.ended) return;
     this.flushed = true;
     Object.assign(this.res, this.original);
+    if (this.streamed) return; // sent as it was written
     const callbacks = this.callbacks;
     this.res.end(this.body(), () => callbacks.forEach((cb) => cb()));
   }

@@ -182,6 +182,41 @@ describe('Express middleware', () => {
     }
   });
 
+  test('an answer over 1 MiB goes to the caller as it is written, and is replayed without its body', { timeout: 10_000 }, async () => {
+    const app = express();
+    let received;
+    const halfway = new Promise((resolve) => (received = resolve));
+    app.use(idempotency(client));
+    app.post('/large', async (_req, res) => {
+      res.status(201).type('application/octet-stream');
+      res.write(Buffer.alloc(2 << 20, 'a'));
+      await halfway; // the caller has the first 2 MiB before the handler ends: not held
+      res.end(Buffer.alloc(1 << 20, 'b'));
+    });
+    const server = await serve(app);
+    try {
+      const key = uniqueKey();
+      const first = await fetch(`${server.url}/large`, { method: 'POST', headers: { 'Idempotency-Key': key } });
+      assert.equal(first.status, 201);
+      let size = 0;
+      for await (const chunk of first.body) {
+        size += chunk.length;
+        if (size >= 2 << 20) received();
+      }
+      assert.equal(size, 3 << 20);
+      await eventually(async () => (await client.status(key)).state === 'completed');
+      const replay = await fetch(`${server.url}/large`, { method: 'POST', headers: { 'Idempotency-Key': key } });
+      assert.equal(replay.status, 201);
+      assert.equal(replay.headers.get('idempotent-replayed'), 'true');
+      assert.equal(replay.headers.get('idempotent-body-omitted'), 'true');
+      assert.equal(replay.headers.get('content-type'), 'application/octet-stream');
+      assert.equal((await replay.arrayBuffer()).byteLength, 0);
+    } finally {
+      received();
+      await server.close();
+    }
+  });
+
   test("the middleware's own answers are the Go middleware's bytes", async () => {
     const app = express();
     app.use(idempotency(client));
