@@ -15,7 +15,7 @@
 #                         POST /pay answers 201, behind idem.Middleware with
 #                         the SDK's defaults, beside the same app alone, at
 #                         concurrency 64 and 1, a new Idempotency-Key each;
-#   proxy64, proxy1       the same app alone, beside it behind idemproxy
+#   proxy64, proxy1       the same app alone (direct_), beside it behind idemproxy
 #                         (cmd/idemproxy) with its defaults, at concurrency
 #                         64 and 1, a new Idempotency-Key each;
 #   open                  begin on an open loop (idembench --rate, 128
@@ -218,8 +218,8 @@ for run in $(seq "$runs"); do
   pair replay "bare_replay $barechi_port 0 $barechi_pid replay 64" "idemsvc_replay $idemsvc_port 0 $idemsvc_pid replay 64" "$(svcbase replay)"
   pair pay64 "alone_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "sdk_pay64 $sdk_port $sdk_pid $idemsvc_pid pay 64" "$(base 64)"
   pair pay1 "alone_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "sdk_pay1 $sdk_port $sdk_pid $idemsvc_pid pay 1" "$(base 1)"
-  pair proxy64 "alone_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "proxy_pay64 $proxy_port $proxy_pid $idemsvc_pid pay 64"
-  pair proxy1 "alone_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "proxy_pay1 $proxy_port $proxy_pid $idemsvc_pid pay 1"
+  pair proxy64 "direct_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "proxy_pay64 $proxy_port $proxy_pid $idemsvc_pid pay 64"
+  pair proxy1 "direct_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "proxy_pay1 $proxy_port $proxy_pid $idemsvc_pid pay 1"
   rate=$(awk -v r="$run" -v s="$open_share" '$1 == "bare_begin" { n++; if (n == r) printf "%.0f\n", $2 * s }' "$dir/figures")
   pair open "bare_open $barechi_port 0 $barechi_pid begin 128 $rate" "idemsvc_open $idemsvc_port 0 $idemsvc_pid begin 128 $rate"
   echo
@@ -230,7 +230,7 @@ for run in $(seq "$runs"); do
 done
 
 labels=(bare_begin idemsvc_begin bare_cycle idemsvc_cycle bare_replay idemsvc_replay
-  alone_pay64 sdk_pay64 alone_pay1 sdk_pay1 proxy_pay64 proxy_pay1 bare_open idemsvc_open)
+  alone_pay64 sdk_pay64 alone_pay1 sdk_pay1 direct_pay64 proxy_pay64 direct_pay1 proxy_pay1 bare_open idemsvc_open)
 [ -n "$base_pid" ] && labels+=(base_pay64 base_pay1)
 [ -n "$svcbase_pid" ] && labels+=(svcbase_begin svcbase_cycle svcbase_replay)
 # column LABEL N: the median over the runs of LABEL's Nth column.
@@ -265,8 +265,8 @@ for c in 64 1; do
 done
 for c in 64 1; do
   picked "proxy$c" || continue
-  awk -v c="$c" -v r="$(ratio "proxy_pay$c" "alone_pay$c" 2)" -v p50="$(ratio "proxy_pay$c" "alone_pay$c" 3 -)" \
-    -v p99="$(ratio "proxy_pay$c" "alone_pay$c" 4 -)" -v cpu="$(column "proxy_pay$c" 5)" \
+  awk -v c="$c" -v r="$(ratio "proxy_pay$c" "direct_pay$c" 2)" -v p50="$(ratio "proxy_pay$c" "direct_pay$c" 3 -)" \
+    -v p99="$(ratio "proxy_pay$c" "direct_pay$c" 4 -)" -v cpu="$(column "proxy_pay$c" 5)" \
     'BEGIN { printf "  pay at concurrency %s, behind idemproxy / alone: %.3f of the throughput, +%.2f ms at p50, +%.2f ms at p99; idemproxy CPU %.1f µs/request\n", c, r, p50, p99, cpu }'
 done
 if [ -n "$svcbase_pid" ]; then
