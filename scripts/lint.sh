@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Formatting, vet, a tidy go.mod, and generated code (Go, and the TypeScript
-# SDK's types) that matches its sources.
+# Formatting, vet, a tidy go.mod, generated code (Go, and the TypeScript
+# SDK's types) that matches its sources, and the deployment files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -54,3 +54,6 @@ if ! git diff --exit-code --stat -- clients/ts/src/schema.ts; then
   echo "clients/ts/src/schema.ts is stale: run make generate and commit the result" >&2
   exit 1
 fi
+# The deployment files: compose, the Helm charts (helm lint, kubeconform)
+# and the dashboard, against the code.
+scripts/lint-deploy.sh
