@@ -3,8 +3,8 @@
 # NATS JetStream server are started by the tests themselves from
 # redis-server and nats-server, installed here when missing. The TypeScript
 # SDK's tests (clients/ts, npm test) run first, on Node and npm from
-# Debian's packages when they are missing. Extra arguments go to go test,
-# e.g. scripts/test.sh -run Begin.
+# Debian's packages when they are missing. Extra arguments go to go test
+# alone, e.g. scripts/test.sh -run Begin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -36,12 +36,16 @@ if ! command -v nats-server >/dev/null; then
   apt_install nats-server
 fi
 
-# The TypeScript SDK: npm ci when its node_modules is missing or stale, then
-# its build and node --test suite against a real idemsvc and Redis.
+# Node.js: idemproxy's tests put a Node upstream behind it. The TypeScript
+# SDK: npm ci when its node_modules is missing or stale, then its build and
+# node --test suite against a real idemsvc and Redis; arguments for go test
+# (a -run filter, say) leave it out.
 command -v node >/dev/null || apt_install nodejs
 command -v npm >/dev/null || apt_install npm
-clients/ts/scripts/deps.sh
-(cd clients/ts && npm test)
+if [ $# -eq 0 ]; then
+  clients/ts/scripts/deps.sh
+  (cd clients/ts && npm test)
+fi
 
 # Both modules of the workspace (go.work): idemsvc and its Go client.
 exec go test -race -count=1 "$@" ./... ./clients/go/...
