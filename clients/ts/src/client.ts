@@ -100,7 +100,11 @@ export class IdemClient {
   constructor(options: IdemClientOptions) {
     const url = new URL(options.baseUrl);
     if (url.protocol !== 'http:' && url.protocol !== 'https:') {
-      throw new TypeError(`idem: ${options.baseUrl} is not an http:// or https:// URL`);
+      throw new TypeError('idem: baseUrl is not an http:// or https:// URL');
+    }
+    if (url.username || url.password) {
+      // fetch refuses such a URL, and its error would carry the credentials.
+      throw new TypeError('idem: baseUrl carries credentials; give the API key as apiKey');
     }
     this.baseUrl = url.href.replace(/\/+$/, '');
     this.callTimeoutMs = options.callTimeoutMs && options.callTimeoutMs > 0 ? options.callTimeoutMs : DEFAULT_CALL_TIMEOUT_MS;
@@ -111,6 +115,9 @@ export class IdemClient {
     if (options.apiKey) {
       if (/[\0-\x1f\x7f]/.test(options.apiKey)) {
         throw new TypeError('idem: the API key has a control character (a line end read from a file, say), which no HTTP header can carry');
+      }
+      if (/[^\x20-\x7e]/.test(options.apiKey)) {
+        throw new TypeError('idem: the API key has a character outside printable ASCII, which idemsvc never issues');
       }
       this.headers.authorization = `Bearer ${options.apiKey}`;
     }
@@ -247,7 +254,9 @@ export class IdemClient {
     retry = true,
   ): Promise<T> {
     const signal = options?.signal;
-    const headers = options?.requestId && !/[\0-\x1f\x7f]/.test(options.requestId)
+    // A request id that no header can carry (a control character, or one
+    // past Latin-1, which fetch refuses) is not sent.
+    const headers = options?.requestId && /^[\x20-\x7e\x80-\xff]*$/.test(options.requestId) && !/\x7f/.test(options.requestId)
       ? { ...this.headers, 'x-request-id': options.requestId }
       : this.headers;
     const deadline = Date.now() + this.retryBudgetMs;

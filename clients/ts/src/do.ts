@@ -1,6 +1,6 @@
 import type { BeginAcquired, BeginReplay, IdemClient } from './client.js';
 import { backoff, newOwner, sleep } from './client.js';
-import { IdemError, isIdemError, problemOf, Terminal, TerminalFailure } from './errors.js';
+import { IdemError, isIdemError, problemOf, terminalOf, TerminalFailure } from './errors.js';
 import { decodeResponse, encodeResponse, type IdemResponse } from './response.js';
 
 /** Options of doOnce. Absent values take the defaults. */
@@ -111,11 +111,14 @@ export interface LeaseOptions {
 /** Runs fn under lease, extending it, and completes or fails the attempt. */
 export async function runUnderLease(client: IdemClient, lease: BeginAcquired, options: LeaseOptions, fn: Operation): Promise<DoResult> {
   const { key, lease_token, attempt } = lease;
+  // fn's signal fires when the caller's does, or when the lease is lost;
+  // the heartbeat goes on until fn settles either way, since fn may go on
+  // running after the caller gave up, and the key must stay held meanwhile.
   const fnSignal = new AbortController();
   const onCallerAbort = () => fnSignal.abort(options.signal?.reason);
   if (options.signal?.aborted) onCallerAbort();
   options.signal?.addEventListener('abort', onCallerAbort, { once: true });
-  const heartbeat = new Heartbeat(client, key, lease_token, options.leaseMs, fnSignal);
+  const heartbeat = new Heartbeat(client, key, lease_token, options.leaseMs, (err) => fnSignal.abort(err));
 
   let response: IdemResponse;
   try {
@@ -124,16 +127,20 @@ export async function runUnderLease(client: IdemClient, lease: BeginAcquired, op
     // The operation ran: its outcome is stored whatever the caller's signal does.
     await heartbeat.stop();
     options.signal?.removeEventListener('abort', onCallerAbort);
-    if (err instanceof Terminal) {
-      const stored = err.response ?? {};
+    // Whoever still holds fn's signal (a handler the middleware gave up on)
+    // learns that the key is no longer held for it.
+    if (!fnSignal.signal.aborted) fnSignal.abort(leaseLost(err, `the attempt ended: ${messageOf(err)}`));
+    const term = terminalOf(err);
+    if (term !== undefined) {
+      const stored = term.response ?? {};
       try {
-        await client.fail({ key, lease_token, retryable: false, error: err.message, response: encodeResponse(stored) });
+        await client.fail({ key, lease_token, retryable: false, error: term.message, response: encodeResponse(stored) });
       } catch (failErr) {
         if (!isIdemError(failErr, 'too-large')) throw failErr;
         // Store the failure without its response rather than not at all.
-        await client.fail({ key, lease_token, retryable: false, error: err.message });
+        await client.fail({ key, lease_token, retryable: false, error: term.message });
       }
-      throw new TerminalFailure(err.message, false, attempt, stored, { cause: err });
+      throw new TerminalFailure(term.message, false, attempt, stored, { cause: err });
     }
     try {
       await client.fail({ key, lease_token, error: messageOf(err) });
@@ -183,6 +190,7 @@ function messageOf(err: unknown): string {
 class Heartbeat {
   private timer: ReturnType<typeof setTimeout>;
   private stopped = false;
+  private isLost = false;
   private expiresAt: number; // of the lease, as last extended, on this clock: a little late at worst
   private inFlight: { abort: AbortController; done: Promise<void> } | undefined;
 
@@ -191,14 +199,14 @@ class Heartbeat {
     private readonly key: string,
     private readonly token: string,
     private readonly leaseMs: number,
-    private readonly lost: AbortController,
+    private readonly onLost: (err: IdemError) => void,
   ) {
     this.expiresAt = Date.now() + leaseMs;
     this.timer = setTimeout(() => this.beat(), leaseMs / 3);
   }
 
   private beat(): void {
-    if (this.stopped || this.lost.signal.aborted) return;
+    if (this.stopped || this.isLost) return;
     const abort = new AbortController();
     // An extend that cannot end before the lease does is of no use.
     const deadline = setTimeout(() => abort.abort(), Math.max(0, this.expiresAt - Date.now()));
@@ -212,7 +220,7 @@ class Heartbeat {
       await this.client.extend({ key: this.key, lease_token: this.token, lease_ms: this.leaseMs }, { signal });
       this.expiresAt = sent + this.leaseMs;
     } catch (err) {
-      if (this.stopped || this.lost.signal.aborted) return;
+      if (this.stopped || this.isLost) return;
       if (isIdemError(err, 'lease-lost')) return this.lose(err);
       if (isIdemError(err, 'not-found')) return this.lose(leaseLost(err, 'the record is gone, and the lease with it'));
       if (Date.now() >= this.expiresAt) {
@@ -223,7 +231,8 @@ class Heartbeat {
   }
 
   private lose(err: IdemError): void {
-    this.lost.abort(err);
+    this.isLost = true;
+    this.onLost(err);
   }
 
   /** Ends the heartbeat, cancelling an extend in flight, and waits for it. */

@@ -70,10 +70,12 @@ function kindOfStatus(status: number): ProblemKind {
   }
 }
 
-/** The problem kind named by a problem's `type`, or undefined for another URI. */
+/**
+ * The problem kind named by a problem's `type`: its last path segment, as
+ * the contract says; undefined for a URI that names no kind.
+ */
 export function kindOfType(type: string): ProblemKind | undefined {
-  if (!type.startsWith(PROBLEM_TYPE_PREFIX)) return undefined;
-  const name = type.slice(PROBLEM_TYPE_PREFIX.length);
+  const name = type.slice(type.lastIndexOf('/') + 1);
   return isKind(name) ? name : undefined;
 }
 
@@ -117,6 +119,8 @@ export function problemOf(kind: ProblemKind, detail: string, status: number = PR
   return { type: `${PROBLEM_TYPE_PREFIX}${kind}` as Problem['type'], title: PROBLEM_KINDS[kind].title, status, detail };
 }
 
+const TERMINAL = Symbol.for('@idemsvc/client.Terminal');
+
 /**
  * Marks an error as a terminal failure: `doOnce` stores it (with
  * `response`, if given, to replay) and every later call for the key gets
@@ -129,12 +133,26 @@ export function problemOf(kind: ProblemKind, detail: string, status: number = PR
 export class Terminal extends Error {
   /** What to replay for the failure, if anything. */
   readonly response: IdemResponse | undefined;
+  /** Marks a Terminal across copies of this package: see {@link terminalOf}. */
+  readonly [TERMINAL] = true;
 
   constructor(cause: unknown, response?: IdemResponse) {
     super(cause instanceof Error ? cause.message : String(cause), { cause });
     this.name = 'Terminal';
     this.response = response;
   }
+}
+
+/**
+ * The Terminal that err is or wraps (in its `cause` chain, as Go's
+ * errors.As looks), from this copy of the package or another; undefined
+ * when err is retryable.
+ */
+export function terminalOf(err: unknown): Terminal | undefined {
+  for (let e = err, depth = 0; e instanceof Object && depth < 32; e = (e as { cause?: unknown }).cause, depth++) {
+    if ((e as { [TERMINAL]?: boolean })[TERMINAL] === true) return e as Terminal;
+  }
+  return undefined;
 }
 
 /** `terminal(err)` is `new Terminal(err)`. */

@@ -9,6 +9,7 @@ import type { IdemClient } from './client.js';
 import { BODY_OMITTED_HEADER, runUnderLease } from './do.js';
 import {
   abandonAfterLease,
+  releaseForGoneCaller,
   beginErrorAnswer,
   beginRequest,
   fingerprint,
@@ -129,6 +130,7 @@ async function handle(client: IdemClient, settings: Settings, key: string, req: 
     return send(res, beginErrorAnswer(err));
   }
   if (begun.status !== 'acquired') return send(res, replayAnswer(begun));
+  if (res.destroyed || req.socket.destroyed) return releaseForGoneCaller(client, begun);
 
   const capture = new Capture(res, settings.leaseMs, MAX_HELD_BODY_BYTES);
   const run = runUnderLease(client, begun, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (signal) => {

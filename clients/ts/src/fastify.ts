@@ -10,6 +10,8 @@ import type { IdemClient } from './client.js';
 import { runUnderLease } from './do.js';
 import {
   abandonAfterLease,
+  problemAnswer,
+  releaseForGoneCaller,
   beginErrorAnswer,
   beginRequest,
   fingerprint,
@@ -142,6 +144,12 @@ async function begin(client: IdemClient, settings: Settings, p: Pending, request
   if (begun.status !== 'acquired') {
     pending.delete(request);
     return send(reply, replayAnswer(begun));
+  }
+  if (reply.raw.destroyed || request.raw.socket.destroyed) {
+    // The caller left while the key was being begun: nothing runs for it.
+    pending.delete(request);
+    await releaseForGoneCaller(client, begun);
+    return send(reply, problemAnswer('internal', 'the caller left before the handler ran'));
   }
   const answer = deferred<{ status: number; body: Buffer }>();
   p.answer = answer;

@@ -41,6 +41,7 @@ export {
   isIdemError,
   Terminal,
   terminal,
+  terminalOf,
   TerminalFailure,
   PROBLEM_KINDS,
   type Problem,

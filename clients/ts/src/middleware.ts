@@ -302,6 +302,18 @@ export class NotStored extends Error {
 }
 
 /**
+ * Releases a key acquired for a caller that left while it was being begun
+ * (during a wait, say): the handler is not run for nobody.
+ */
+export async function releaseForGoneCaller(client: IdemClient, begun: { key: string; lease_token: string }): Promise<void> {
+  try {
+    await client.fail({ key: begun.key, lease_token: begun.lease_token, error: 'the caller left before the handler ran' });
+  } catch {
+    // The lease runs out on its own.
+  }
+}
+
+/**
  * Rejects answered when the caller's connection closed before the handler
  * answered and the handler has still not answered one lease later. Until
  * then the handler may still be running, and its key stays held (the lease

@@ -53,6 +53,38 @@ for (const store of stores) {
       assert.equal(results.filter((r) => r.replayed).length, 5);
     });
 
+    test("the caller's signal reaches fn, but the lease is kept while fn still runs", async () => {
+      const key = uniqueKey();
+      const caller = new AbortController();
+      let runs = 0;
+      const fn = async (signal) => {
+        runs++;
+        if (runs === 1) {
+          caller.abort();
+          assert.ok(signal.aborted, "fn's signal fires with the caller's");
+          await delay(900); // fn ignores it and goes on, past the 300 ms lease
+        }
+        return { body: `run ${runs}` };
+      };
+      const first = idem.doOnce(key, fn, { leaseMs: 300, signal: caller.signal }).then((r) => r, (e) => e);
+      await delay(500);
+      // The lease, extended while fn runs, still holds the key.
+      const second = await idem.doOnce(key, fn, { waitMs: 2000 });
+      assert.equal(runs, 1);
+      assert.equal(second.response.body, 'run 1');
+      assert.equal((await first).response?.body ?? (await first).message, 'run 1');
+    });
+
+    test('a Terminal wrapped in another error is still terminal', async () => {
+      const key = uniqueKey();
+      const err = await idem.doOnce(key, () => {
+        throw new Error('wrapped', { cause: terminal(new Error('card declined')) });
+      }).catch((e) => e);
+      assert.ok(err instanceof TerminalFailure, String(err));
+      assert.equal((await idem.status(key)).state, 'failed');
+      assert.equal((await idem.status(key)).retryable, false);
+    });
+
     test('a Terminal error is stored: later calls get the same TerminalFailure, replayed', async () => {
       const key = uniqueKey();
       const declined = new Error('card declined');

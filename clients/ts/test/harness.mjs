@@ -14,9 +14,18 @@ export const repoRoot = join(here, '..', '..', '..');
 const defaultBinary = join(here, '..', '.cache', 'idemsvc');
 
 const started = new Set();
-process.on('exit', () => {
+function killStarted() {
   for (const child of started) child.kill('SIGKILL');
-});
+}
+process.on('exit', killStarted);
+// Ended by a signal (Ctrl-C, or the runner's timeout), a process does not
+// run its exit handlers: kill what was started here, then end as asked.
+for (const signal of ['SIGINT', 'SIGTERM']) {
+  process.once(signal, () => {
+    killStarted();
+    process.kill(process.pid, signal);
+  });
+}
 
 /** The idemsvc binary: IDEM_TS_TEST_BIN, or built from the repository (test/build-idemsvc.mjs does it once for npm test). */
 export function idemsvcBinary() {
