@@ -113,7 +113,9 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 	token := lease.LeaseToken
 	fnCtx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
-	stop := c.heartbeat(fnCtx, lost, key, token, opts.Lease)
+	// The heartbeat outlives ctx: fn may go on running after its caller
+	// gave up, and the key must stay held until it returns.
+	stop := c.heartbeat(context.WithoutCancel(fnCtx), lost, key, token, opts.Lease)
 	// The operation ran: its outcome is stored even if ctx ends meanwhile.
 	finishCtx := context.WithoutCancel(ctx)
 

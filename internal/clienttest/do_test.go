@@ -12,6 +12,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
 )
 
 // Twenty callers of one key at once: fn runs once, and every caller gets
@@ -137,6 +138,43 @@ func TestDoExtendsTheLeaseOfALongOperation(t *testing.T) {
 	stored, err := st.Response.Decode()
 	if err != nil || stored.StatusCode != 200 || string(stored.Body) != "report ready" {
 		t.Errorf("stored response = %+v, %v; want fn's", stored, err)
+	}
+}
+
+// When the caller's context ends while fn goes on running, the lease is
+// still extended until fn returns: a duplicate waits and gets fn's
+// outcome instead of running it alongside.
+func TestDoKeepsTheLeaseAfterTheCallerGivesUp(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	const key = "caller-gives-up"
+	const lease = 300 * time.Millisecond
+	ctx, giveUp := context.WithCancel(testContext(t))
+	var runs atomic.Int32
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Do(ctx, key, idem.DoOptions{Lease: lease}, func(fnCtx context.Context) (idem.Response, error) {
+			runs.Add(1)
+			giveUp()
+			<-fnCtx.Done()        // fn sees it,
+			time.Sleep(3 * lease) // but goes on past the lease
+			return idem.Response{Body: []byte("done once")}, nil
+		})
+		done <- err
+	}()
+	idemtest.Eventually(t, 5*time.Second, "fn running", func() bool { return runs.Load() == 1 })
+	time.Sleep(2 * lease)
+	res, err := newClient(t, svc.URL).Do(testContext(t), key, idem.DoOptions{Lease: lease, Wait: 2 * time.Second},
+		func(context.Context) (idem.Response, error) {
+			runs.Add(1)
+			return idem.Response{Body: []byte("ran twice")}, nil
+		})
+	if err != nil || !res.Replayed || string(res.Response.Body) != "done once" || runs.Load() != 1 {
+		t.Errorf("the duplicate got %+v, %v after %d runs; want the replay of the one run", res, err, runs.Load())
+	}
+	if err := <-done; err != nil {
+		t.Errorf("the first Do: %v", err)
 	}
 }
 
