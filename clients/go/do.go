@@ -53,7 +53,7 @@ var ErrFailed = errors.New("idem: failed terminally")
 //   - otherwise fn runs with a context that is cancelled, with cause
 //     ErrLeaseLost, if the lease is lost; Do's error then matches
 //     ErrLeaseLost too. The lease is extended every
-//     Lease/3 while fn runs.
+//     Lease/3 while fn runs, also once ctx has ended, until fn returns.
 //
 // fn's response is then completed; a response idemsvc refuses to store
 // (over its size limit) fails the attempt terminally instead, so that no
