@@ -113,9 +113,7 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 	token := lease.LeaseToken
 	fnCtx, lost := context.WithCancelCause(ctx)
 	defer lost(nil)
-	// The heartbeat outlives ctx: fn may go on running after its caller
-	// gave up, and the key must stay held until it returns.
-	stop := c.heartbeat(context.WithoutCancel(fnCtx), lost, key, token, opts.Lease)
+	stop := c.heartbeat(fnCtx, lost, key, token, opts.Lease)
 	// The operation ran: its outcome is stored even if ctx ends meanwhile.
 	finishCtx := context.WithoutCancel(ctx)
 
@@ -169,9 +167,10 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 	return out, errors.Join(err, ferr)
 }
 
-// heartbeat extends the lease every lease/3 until stop is called. When the
-// lease is lost, or cannot be extended before it runs out, it cancels ctx
-// with ErrLeaseLost. It is a timer, not a goroutine, until it first
+// heartbeat extends the lease every lease/3 until stop is called, also
+// after ctx ends (fn may run on after its caller gave up). When the lease
+// is lost, or cannot be extended before it runs out, it cancels ctx with
+// ErrLeaseLost. It is a timer, not a goroutine, until it first
 // fires: an operation shorter than lease/3 costs no more than that.
 func (c *Client) heartbeat(ctx context.Context, lost context.CancelCauseFunc, key, token string, lease time.Duration) (stop func()) {
 	h := &heartbeat{c: c, parent: ctx, lost: lost, key: key, token: token, lease: lease,
@@ -201,13 +200,15 @@ type heartbeat struct {
 // unless the lease is lost or the heartbeat stopped.
 func (h *heartbeat) beat() {
 	h.mu.Lock()
-	if h.stopped || h.parent.Err() != nil {
+	if h.stopped {
 		h.mu.Unlock()
 		return
 	}
 	// stop cancels an extend in flight: the caller completes at once
 	// instead of waiting for a slow idemsvc while the lease runs down.
-	ctx, cancel := context.WithDeadline(h.parent, h.expires)
+	// The extend outlives the caller's context: fn may go on running after
+	// its caller gave up, and the key must stay held until it returns.
+	ctx, cancel := context.WithDeadline(context.WithoutCancel(h.parent), h.expires)
 	h.cancel = cancel
 	h.beating.Add(1)
 	h.mu.Unlock()
@@ -222,8 +223,8 @@ func (h *heartbeat) beat() {
 	switch {
 	case err == nil:
 		h.expires = sent.Add(h.lease)
-	case stopped || h.parent.Err() != nil:
-		return // stopped, or the caller's context ended
+	case stopped:
+		return
 	case errors.Is(err, ErrLeaseLost):
 		h.lost(err)
 		return

@@ -124,13 +124,12 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 				return
 			}
 			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes))
-			var tooLarge *http.MaxBytesError
-			switch {
-			case errors.As(err, &tooLarge):
-				writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
-				return
-			case err != nil:
-				writeProblem(w, http.StatusBadRequest, "invalid-request", "the request body could not be read", 0)
+			if err != nil {
+				if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
+					writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
+				} else {
+					writeProblem(w, http.StatusBadRequest, "invalid-request", "the request body could not be read", 0)
+				}
 				return
 			}
 			r.Body = io.NopCloser(bytes.NewReader(body))

@@ -1,0 +1,38 @@
+package clienttest_test
+
+import (
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"testing"
+
+	idem "github.com/idemsvc/idemsvc/clients/go"
+)
+
+// BenchmarkMiddleware is one idempotent request through idem.Middleware
+// with the SDK's defaults (a begin and a complete on an idemsvc served in
+// process, over the memory store), the application's side called directly:
+// its figures are the middleware's and the SDK's, plus idemsvc's, which
+// share the process. Compare revisions side by side.
+func BenchmarkMiddleware(b *testing.B) {
+	svc := startIdemsvc(b, nil)
+	h := idem.Middleware(newClient(b, svc.URL), idem.MiddlewareOptions{})(http.HandlerFunc(
+		func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			_, _ = w.Write([]byte(`{"id":"pay_1","status":"ok"}`))
+		}))
+	prefix := "bench-" + strconv.Itoa(int(b.N)) + "-"
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := range b.N {
+		req := httptest.NewRequest(http.MethodPost, "/pay", strings.NewReader(`{"amount":100}`))
+		req.Header.Set("Idempotency-Key", `"`+prefix+strconv.Itoa(i)+`"`)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		if rec.Code != http.StatusCreated {
+			b.Fatalf("%d: %s", rec.Code, rec.Body)
+		}
+	}
+}
