@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/cli"
 )
 
 // config is idemproxy's configuration: each setting is a flag and an
@@ -72,10 +73,10 @@ func parseConfig(args, env []string) (config, error) {
 	keyFile := fs.String("client-key-file", "", "PEM key of client-cert-file")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + vars[f.Name] + ")" })
 	if err := fs.Parse(args); err != nil {
-		return config{}, fmt.Errorf("%w\n%s", err, usage(fs))
+		return config{}, fmt.Errorf("%w\n%s", err, cli.Usage(fs, "usage: idemproxy [flags]; each flag is also the environment variable named"))
 	}
 	if fs.NArg() > 0 {
-		return config{}, fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), usage(fs))
+		return config{}, fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), cli.Usage(fs, "usage: idemproxy [flags]; each flag is also the environment variable named"))
 	}
 	setByFlag := make(map[string]bool)
 	fs.Visit(func(f *flag.Flag) { setByFlag[f.Name] = true })
@@ -96,7 +97,7 @@ func parseConfig(args, env []string) (config, error) {
 	cfg := config{listen: *listen, adminListen: *admin, idemsvcURL: *idemsvcURL, apiKey: *apiKey,
 		caFile: *caFile, certFile: *certFile, keyFile: *keyFile}
 	if *upstream == "" {
-		return config{}, fmt.Errorf("IDEMPROXY_UPSTREAM is required: the URL of the service to make idempotent\n%s", usage(fs))
+		return config{}, fmt.Errorf("IDEMPROXY_UPSTREAM is required: the URL of the service to make idempotent\n%s", cli.Usage(fs, "usage: idemproxy [flags]; each flag is also the environment variable named"))
 	}
 	u, err := url.Parse(*upstream)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -109,9 +110,9 @@ func parseConfig(args, env []string) (config, error) {
 	cfg.upstreamTimeout = time.Duration(*upstreamTimeout) * time.Millisecond
 	cfg.middleware = idem.MiddlewareOptions{
 		KeyHeader:    *keyHeader,
-		Methods:      list(strings.ToUpper(*methods)),
+		Methods:      cli.List(strings.ToUpper(*methods)),
 		Optional:     *optional,
-		Headers:      list(*storeHeaders),
+		Headers:      cli.List(*storeHeaders),
 		Wait:         time.Duration(*waitMS) * time.Millisecond,
 		MaxBodyBytes: *maxBody,
 	}
@@ -145,23 +146,4 @@ func validHeaderName(s string) bool {
 		}
 	}
 	return http.CanonicalHeaderKey(s) != ""
-}
-
-func list(s string) []string {
-	var out []string
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
-	}
-	return out
-}
-
-func usage(fs *flag.FlagSet) string {
-	var b strings.Builder
-	b.WriteString("usage: idemproxy [flags]; each flag is also the environment variable named\n")
-	fs.SetOutput(&b)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
-	return b.String()
 }

@@ -1,12 +1,10 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
-	"time"
+
+	"github.com/idemsvc/idemsvc/internal/cli"
 )
 
 // healthcheck asks the idemproxy that the same configuration describes, on
@@ -23,25 +21,8 @@ func healthcheck(args, env []string, out io.Writer) int {
 	if cfg.adminListen != "" {
 		addr = cfg.adminListen
 	}
-	host, port, err := net.SplitHostPort(addr)
-	if err != nil {
-		fmt.Fprintf(out, "idemproxy healthcheck: listen address %q: %v\n", addr, err)
-		return 1
-	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "127.0.0.1"
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(host, port)+"/healthz", nil)
-	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
-	if err != nil {
+	if err := cli.CheckHealth(addr, nil); err != nil {
 		fmt.Fprintf(out, "idemproxy healthcheck: %v\n", err)
-		return 1
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(out, "idemproxy healthcheck: /healthz answered %d\n", resp.StatusCode)
 		return 1
 	}
 	return 0

@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/cli"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -102,10 +103,10 @@ func parseConfig(args, env []string) (config, error) {
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + envName(f.Name) + ")" })
 
 	if err := fs.Parse(args); err != nil {
-		return config{}, fmt.Errorf("%w\n%s", err, usage(fs))
+		return config{}, fmt.Errorf("%w\n%s", err, cli.Usage(fs, "usage: idemsvc [flags]; each flag is also an environment variable"))
 	}
 	if fs.NArg() > 0 {
-		return config{}, fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), usage(fs))
+		return config{}, fmt.Errorf("unexpected argument %q\n%s", fs.Arg(0), cli.Usage(fs, "usage: idemsvc [flags]; each flag is also an environment variable"))
 	}
 	var problems []error
 	setByFlag := make(map[string]bool)
@@ -134,8 +135,8 @@ func parseConfig(args, env []string) (config, error) {
 	c := config{
 		listen:              *listen,
 		redisURL:            *redisURL,
-		redisClusterAddrs:   list(*cluster),
-		redisSentinelAddrs:  list(*sentinels),
+		redisClusterAddrs:   cli.List(*cluster),
+		redisSentinelAddrs:  cli.List(*sentinels),
 		redisSentinelMaster: *master,
 		redisUsername:       *username,
 		redisPassword:       *password,
@@ -174,7 +175,7 @@ func parseConfig(args, env []string) (config, error) {
 	c.limits.DefaultLease = time.Duration(*defaultLease) * time.Millisecond
 	c.limits.MaxRetention = time.Duration(*maxRetention) * time.Second
 	c.limits.DefaultRetention = time.Duration(*defaultRetention) * time.Second
-	for _, p := range list(*proxies) {
+	for _, p := range cli.List(*proxies) {
 		prefix, err := netip.ParsePrefix(p)
 		if addr, aerr := netip.ParseAddr(p); aerr == nil {
 			prefix, err = addr.Prefix(addr.BitLen())
@@ -278,23 +279,4 @@ func isOtherVar(name string) bool {
 // envName is the environment variable of a flag: redis-url is IDEMSVC_REDIS_URL.
 func envName(flagName string) string {
 	return "IDEMSVC_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
-}
-
-func list(s string) []string {
-	var out []string
-	for _, part := range strings.Split(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
-	}
-	return out
-}
-
-func usage(fs *flag.FlagSet) string {
-	var b strings.Builder
-	b.WriteString("usage: idemsvc [flags]; each flag is also an environment variable\n")
-	fs.SetOutput(&b)
-	fs.PrintDefaults()
-	fs.SetOutput(io.Discard)
-	return b.String()
 }

@@ -2,14 +2,12 @@ package main
 
 import (
 	"bytes"
-	"context"
 	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"net/http"
-	"time"
+
+	"github.com/idemsvc/idemsvc/internal/cli"
 )
 
 // healthcheck asks the idemsvc that the same configuration (IDEMSVC_*
@@ -27,34 +25,15 @@ func healthcheck(args, env []string, out io.Writer) int {
 		fmt.Fprintf(out, "idemsvc healthcheck: %v\n", err)
 		return 1
 	}
-	host, port, err := net.SplitHostPort(cfg.listen)
-	if err != nil {
-		fmt.Fprintf(out, "idemsvc healthcheck: listen address %q: %v\n", cfg.listen, err)
-		return 1
-	}
-	if host == "" || host == "0.0.0.0" || host == "::" {
-		host = "127.0.0.1"
-	}
-	transport := &http.Transport{DisableKeepAlives: true}
-	scheme := "http"
+	var tlsConfig *tls.Config
 	if cfg.tlsCertFile != "" {
-		scheme = "https"
-		if transport.TLSClientConfig, err = selfTLS(&cfg); err != nil {
+		if tlsConfig, err = selfTLS(&cfg); err != nil {
 			fmt.Fprintf(out, "idemsvc healthcheck: %v\n", err)
 			return 1
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, scheme+"://"+net.JoinHostPort(host, port)+"/healthz", nil)
-	resp, err := (&http.Client{Transport: transport}).Do(req)
-	if err != nil {
+	if err := cli.CheckHealth(cfg.listen, tlsConfig); err != nil {
 		fmt.Fprintf(out, "idemsvc healthcheck: %v\n", err)
-		return 1
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		fmt.Fprintf(out, "idemsvc healthcheck: /healthz answered %d\n", resp.StatusCode)
 		return 1
 	}
 	return 0
