@@ -84,6 +84,23 @@ func TestBeginReplayResponseWritesLikeGenerated(t *testing.T) {
 	}
 }
 
+// The hand-written 201 to begin writes what the generated response writes.
+func TestBeginAcquiredResponseWritesLikeGenerated(t *testing.T) {
+	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 7e6, time.UTC))
+	for _, key := range encodeKeys {
+		for _, r := range []BeginAcquired{
+			{Attempt: 1, Key: key, LeaseExpiresAt: at, LeaseToken: "3f2a9c0d5b7e41c8a6d09e2f7b1c4a55", Status: BeginAcquiredStatusAcquired},
+			{Attempt: 1 << 40, Key: key, LeaseExpiresAt: at, LeaseToken: "", Recovered: true, Status: BeginAcquiredStatusAcquired},
+		} {
+			got := visit(t, func(w *httptest.ResponseRecorder) error { return BeginAcquiredResponse(r).VisitBeginResponse(w) })
+			want := visit(t, func(w *httptest.ResponseRecorder) error { return Begin201JSONResponse(r).VisitBeginResponse(w) })
+			if !sameAnswer(t, got, want, r) {
+				t.Errorf("key %q:\n got %+v\nwant %+v", key, got, want)
+			}
+		}
+	}
+}
+
 // appendString escapes every string as encoding/json does without HTML
 // escaping, and JSONStringLen says how long that is.
 func FuzzAppendString(f *testing.F) {

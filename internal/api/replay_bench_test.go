@@ -44,3 +44,20 @@ func BenchmarkReplayEncode(b *testing.B) {
 		}
 	})
 }
+
+func BenchmarkAcquiredEncode(b *testing.B) {
+	r := BeginAcquired{Attempt: 1, Key: "order-42/charge", LeaseExpiresAt: NewMilliTime(time.Now()),
+		LeaseToken: "3f2a9c0d5b7e41c8a6d09e2f7b1c4a55", Status: BeginAcquiredStatusAcquired}
+	b.Run("hand-written", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = BeginAcquiredResponse(r).VisitBeginResponse(httptest.NewRecorder())
+		}
+	})
+	b.Run("encoding-json-v1", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = Begin201JSONResponse(r).VisitBeginResponse(httptest.NewRecorder())
+		}
+	})
+}

@@ -159,7 +159,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 func (s *Service) beginResult(ctx context.Context, t string, res statemachine.BeginResult) api.BeginResponseObject {
 	if res.Acquired {
 		setOutcome(ctx, t, "acquired")
-		return api.Begin201JSONResponse{
+		return api.BeginAcquiredResponse{
 			Status:         api.BeginAcquiredStatusAcquired,
 			Key:            res.Record.Key,
 			Attempt:        res.Lease.Attempt,
