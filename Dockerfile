@@ -4,7 +4,7 @@
 #   docker build --build-arg VERSION=v0.1.0 -t idemsvc .
 #   docker run --rm -p 8080:8080 idemsvc
 # idemproxy, from the same image (see examples/idemproxy-sidecar):
-#   docker run --rm -p 8081:8081 --entrypoint /idemproxy \
+#   docker run --rm -p 8081:8081 --entrypoint /idemproxy --health-cmd '/idemproxy healthcheck' \
 #     -e IDEMPROXY_UPSTREAM=http://app:3000 -e IDEMSVC_URL=http://idemsvc:8080 idemsvc
 # HTTPS (see the README's "HTTPS"): mount a certificate and its key, e.g.
 #   docker run --rm -p 8443:8443 -v $PWD/tls:/tls:ro -e IDEMSVC_LISTEN=:8443 \

@@ -55,7 +55,8 @@ The argument is the application's idemproxy values:
     {{- end }}
     {{- range $name, $value := .env }}
     - name: {{ $name }}
-      value: {{ $value | toString | quote }}
+      {{- /* A number as an integer: Helm would write 1048576 from a values file as 1.048576e+06. */}}
+      value: {{ if kindIs "float64" $value }}{{ $value | int64 | toString | quote }}{{ else }}{{ $value | toString | quote }}{{ end }}
     {{- end }}
   ports:
     - name: idemproxy

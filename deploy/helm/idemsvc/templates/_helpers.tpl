@@ -89,3 +89,12 @@ refuse them at start.
 {{- end }}
 {{- end }}
 {{- end }}
+
+{{/*
+An environment value as idemsvc reads it: a number as an integer (Helm
+would write 10485760 from a values file as 1.048576e+07, which idemsvc
+refuses), anything else as text.
+*/}}
+{{- define "idemsvc.envValue" -}}
+{{- if kindIs "float64" . -}}{{ . | int64 | toString | quote }}{{- else -}}{{ . | toString | quote }}{{- end -}}
+{{- end }}
