@@ -256,7 +256,7 @@ export class IdemClient {
     const signal = options?.signal;
     // A request id that no header can carry (a control character, or one
     // past Latin-1, which fetch refuses) is not sent.
-    const headers = options?.requestId && /^[\x20-\x7e\x80-\xff]*$/.test(options.requestId) && !/\x7f/.test(options.requestId)
+    const headers = options?.requestId && /^[\x20-\x7e\x80-\xff]*$/.test(options.requestId)
       ? { ...this.headers, 'x-request-id': options.requestId }
       : this.headers;
     const deadline = Date.now() + this.retryBudgetMs;
@@ -345,7 +345,7 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
  * A signal that fires after ms or when parent fires. (AbortSignal.any would
  * do, but Node 18 lacks it.)
  */
-export function timeoutSignal(ms: number, parent?: AbortSignal): { signal: AbortSignal; clear: () => void } {
+function timeoutSignal(ms: number, parent?: AbortSignal): { signal: AbortSignal; clear: () => void } {
   const controller = new AbortController();
   const onAbort = () => controller.abort(parent?.reason);
   const timer = setTimeout(() => controller.abort(new DOMException(`no answer within ${ms} ms`, 'TimeoutError')), ms);
@@ -365,7 +365,7 @@ export function newOwner(): string {
 }
 
 /** msg cut to the 1,024 bytes of UTF-8 idemsvc takes, at a character boundary. */
-export function shortMessage(msg: string): string {
+function shortMessage(msg: string): string {
   if (msg.length <= MAX_ERROR_BYTES / 4 || Buffer.byteLength(msg) <= MAX_ERROR_BYTES) return msg;
   const bytes = Buffer.from(msg);
   let cut = MAX_ERROR_BYTES;

@@ -74,7 +74,7 @@ function kindOfStatus(status: number): ProblemKind {
  * The problem kind named by a problem's `type`: its last path segment, as
  * the contract says; undefined for a URI that names no kind.
  */
-export function kindOfType(type: string): ProblemKind | undefined {
+function kindOfType(type: string): ProblemKind | undefined {
   const name = type.slice(type.lastIndexOf('/') + 1);
   return isKind(name) ? name : undefined;
 }

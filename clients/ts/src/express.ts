@@ -6,28 +6,22 @@
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { IdemClient } from './client.js';
-import { BODY_OMITTED_HEADER, runUnderLease } from './do.js';
 import {
-  abandonAfterLease,
-  releaseForGoneCaller,
-  beginErrorAnswer,
-  beginRequest,
+  acquire,
   fingerprint,
   keyProblem,
-  NotStored,
+  MAX_HELD_BODY_BYTES,
   parseKey,
   problemAnswer,
-  replayAnswer,
-  retryAgain,
   settingsOf,
-  storedResponse,
+  storeAnswer,
   tooLargeAnswer,
   type Answer,
   type IdempotencyOptions,
   type Settings,
 } from './middleware.js';
 
-export { REPLAYED_HEADER, type IdempotencyOptions } from './middleware.js';
+export { REPLAYED_HEADER, type IdempotencyContext, type IdempotencyOptions } from './middleware.js';
 export { BODY_OMITTED_HEADER } from './do.js';
 
 /** The request as the middleware reads it: Express's, or any node:http request. */
@@ -36,15 +30,6 @@ export type IdempotentRequest = IncomingMessage & {
   /** The raw body, when a body parser before the middleware kept it (see {@link keepRawBody}). */
   rawBody?: Buffer | string;
 };
-
-/** What the middleware tells the handler of a request it runs under a lease. */
-export interface IdempotencyContext {
-  key: string;
-  /** The attempt, strictly increasing per key: a fencing token for the handler's own storage. */
-  attempt: number;
-  /** Fires when the lease is lost: another request may now run the handler for this key. */
-  signal: AbortSignal;
-}
 
 type Response = ServerResponse & { locals?: Record<string, unknown> };
 type Next = (err?: unknown) => void;
@@ -121,34 +106,19 @@ async function handle(client: IdemClient, settings: Settings, key: string, req: 
       problemAnswer('internal', 'the request body was read before the idempotency middleware: mount it before body parsers, or give them verify: keepRawBody'),
     );
   }
-  const requestId = req.headers['x-request-id'];
-  let begun;
-  try {
-    begun = await beginRequest(client, settings, key, fingerprint(req.method!, req.originalUrl ?? req.url ?? '/', body),
-      typeof requestId === 'string' ? requestId : undefined);
-  } catch (err) {
-    return send(res, beginErrorAnswer(err));
-  }
-  if (begun.status !== 'acquired') return send(res, replayAnswer(begun));
-  if (res.destroyed || req.socket.destroyed) return releaseForGoneCaller(client, begun);
+  const fp = fingerprint(req.method!, req.originalUrl ?? req.url ?? '/', body);
+  const lease = await acquire(client, settings, key, fp, req.headers['x-request-id'], res);
+  if (!('lease_token' in lease)) return send(res, lease);
 
-  const capture = new Capture(res, settings.leaseMs, MAX_HELD_BODY_BYTES);
-  const run = runUnderLease(client, begun, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (signal) => {
-    const context: IdempotencyContext = { key, attempt: begun.attempt, signal };
+  const { answer, stored } = storeAnswer(client, settings, lease, res, (name) => res.getHeader(name), (context) => {
     if (res.locals) res.locals.idempotency = context;
-    const status = await capture.answered;
-    const response = storedResponse(status, (name) => res.getHeader(name), capture.body(), settings);
-    if (capture.streamed) {
-      // Too large to hold: it went to the caller as written, and is stored without its body.
-      response.body = undefined;
-      response.headers = { ...response.headers, [BODY_OMITTED_HEADER]: 'true' };
-    }
-    if (retryAgain(status)) throw new NotStored(status);
-    return response;
   });
+  const capture: Capture = new Capture(res, MAX_HELD_BODY_BYTES, (status) =>
+    answer.resolve({ status, body: capture.body(), streamed: capture.streamed }),
+  );
   // The handler ran: its caller gets its answer, whether or not storing it
   // worked; a duplicate then runs it again or gets 409.
-  run.catch(() => undefined).finally(() => capture.flush());
+  void stored.finally(() => capture.flush());
   next();
 }
 
@@ -205,18 +175,13 @@ function readKeeping(req: IncomingMessage, limit: number): Promise<Buffer | 'too
   });
 }
 
-/** The most of an answer's body held to be stored: idemsvc's default stored-response limit. */
-const MAX_HELD_BODY_BYTES = 1 << 20;
-
 /**
  * Holds the handler's answer: writeHead, write and end are captured until
  * flush sends it. A body over the limit is not held: from the write that
- * crosses it, the answer goes to the caller as it is written (streamed). `answered` resolves with the status when the handler
- * ends its answer; when the connection breaks first, it rejects unless the
- * handler answers within a lease ({@link abandonAfterLease}).
+ * crosses it, the answer goes to the caller as it is written (streamed).
+ * `ended` is called with the status when the handler ends its answer.
  */
 class Capture {
-  readonly answered: Promise<number>;
   private readonly chunks: Buffer[] = [];
   private readonly callbacks: Array<() => void> = [];
   readonly original: Pick<ServerResponse, 'writeHead' | 'write' | 'end'>;
@@ -226,14 +191,12 @@ class Capture {
   /** Whether the answer went to the caller as it was written, not held. */
   streamed = false;
 
-  constructor(private readonly res: Response, leaseMs: number, private readonly limit: number) {
+  constructor(
+    private readonly res: Response,
+    private readonly limit: number,
+    ended: (status: number) => void,
+  ) {
     this.original = { writeHead: res.writeHead, write: res.write, end: res.end };
-    let settle!: { resolve: (status: number) => void; reject: (err: Error) => void };
-    this.answered = new Promise((resolve, reject) => (settle = { resolve, reject }));
-    this.answered.catch(() => undefined); // a broken connection is handled by the run
-    res.on('close', () => {
-      if (!this.ended) abandonAfterLease(leaseMs, this.answered, settle.reject);
-    });
 
     const capture = this;
     // writeHead(status[, statusMessage][, headers]): the headers join the others.
@@ -252,7 +215,7 @@ class Capture {
       capture.append(chunk, encoding, cb);
       capture.ended = true;
       if (capture.streamed) (capture.original.end as () => ServerResponse).call(this);
-      settle.resolve(this.statusCode);
+      ended(this.statusCode);
       return this;
     } as ServerResponse['end'];
   }

@@ -7,42 +7,28 @@
 import { Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { IdemClient } from './client.js';
-import { runUnderLease } from './do.js';
 import {
-  abandonAfterLease,
-  problemAnswer,
-  releaseForGoneCaller,
-  beginErrorAnswer,
-  beginRequest,
+  acquire,
   fingerprint,
   keyProblem,
-  NotStored,
   parseKey,
-  replayAnswer,
-  retryAgain,
   settingsOf,
-  storedResponse,
+  storeAnswer,
   tooLargeAnswer,
   type Answer,
+  type Deferred,
+  type HandlerAnswer,
+  type IdempotencyContext,
   type IdempotencyOptions,
   type Settings,
 } from './middleware.js';
 
-export { REPLAYED_HEADER, type IdempotencyOptions } from './middleware.js';
+export { REPLAYED_HEADER, type IdempotencyContext, type IdempotencyOptions } from './middleware.js';
 export { BODY_OMITTED_HEADER } from './do.js';
 
 /** The plugin's options: the client, and the middleware's options. */
 export interface IdempotencyPluginOptions extends IdempotencyOptions {
   client: IdemClient;
-}
-
-/** What the plugin tells the handler of a request it runs under a lease (`request.idempotency`). */
-export interface IdempotencyContext {
-  key: string;
-  /** The attempt, strictly increasing per key: a fencing token for the handler's own storage. */
-  attempt: number;
-  /** Fires when the lease is lost: another request may now run the handler for this key. */
-  signal: AbortSignal;
 }
 
 declare module 'fastify' {
@@ -57,7 +43,7 @@ interface Pending {
   key: string;
   fingerprint: string;
   /** Set once the key is acquired: the handler's answer, and the run that stores it. */
-  answer?: Deferred<{ status: number; body: Buffer }>;
+  answer?: Deferred<HandlerAnswer>;
   run?: Promise<unknown>;
 }
 
@@ -115,7 +101,7 @@ export function idempotency(fastify: FastifyInstance, options: IdempotencyPlugin
     const p = pending.get(request);
     if (p?.answer === undefined) return payload;
     const body = await bytesOf(payload);
-    p.answer.resolve({ status: reply.statusCode, body });
+    p.answer.resolve({ status: reply.statusCode, body, streamed: false });
     await p.run;
     return typeof payload === 'string' || Buffer.isBuffer(payload) ? payload : body;
   });
@@ -133,37 +119,16 @@ Object.assign(idempotency, {
 export default idempotency;
 
 async function begin(client: IdemClient, settings: Settings, p: Pending, request: FastifyRequest, reply: FastifyReply): Promise<void> {
-  const requestId = request.headers['x-request-id'];
-  let begun;
-  try {
-    begun = await beginRequest(client, settings, p.key, p.fingerprint, typeof requestId === 'string' ? requestId : undefined);
-  } catch (err) {
+  const lease = await acquire(client, settings, p.key, p.fingerprint, request.headers['x-request-id'], reply.raw);
+  if (!('lease_token' in lease)) {
     pending.delete(request);
-    return send(reply, beginErrorAnswer(err));
+    return send(reply, lease);
   }
-  if (begun.status !== 'acquired') {
-    pending.delete(request);
-    return send(reply, replayAnswer(begun));
-  }
-  if (reply.raw.destroyed || request.raw.socket.destroyed) {
-    // The caller left while the key was being begun: nothing runs for it.
-    pending.delete(request);
-    await releaseForGoneCaller(client, begun);
-    return send(reply, problemAnswer('internal', 'the caller left before the handler ran'));
-  }
-  const answer = deferred<{ status: number; body: Buffer }>();
-  p.answer = answer;
-  reply.raw.on('close', () => {
-    if (!answer.settled) abandonAfterLease(settings.leaseMs, answer.promise, answer.reject);
-  });
-  p.run = runUnderLease(client, begun, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (signal) => {
-    const context: IdempotencyContext = { key: p.key, attempt: begun.attempt, signal };
+  const { answer, stored } = storeAnswer(client, settings, lease, reply.raw, (name) => reply.getHeader(name), (context) => {
     request.idempotency = context;
-    const { status, body } = await answer.promise;
-    const response = storedResponse(status, (name) => reply.getHeader(name), body, settings);
-    if (retryAgain(status)) throw new NotStored(status);
-    return response;
-  }).catch(() => undefined); // the handler ran: its caller gets its answer, stored or not
+  });
+  p.answer = answer;
+  p.run = stored;
 }
 
 /** The payload as bytes, up to limit; undefined past it. */
@@ -202,22 +167,4 @@ async function bytesOf(payload: unknown): Promise<Buffer> {
 function send(reply: FastifyReply, answer: Answer): FastifyReply {
   const body = typeof answer.body === 'string' ? Buffer.from(answer.body) : answer.body;
   return reply.code(answer.status).headers(answer.headers).send(body);
-}
-
-interface Deferred<T> {
-  promise: Promise<T>;
-  resolve: (value: T) => void;
-  reject: (err: Error) => void;
-  /** Whether resolve or reject was called. */
-  settled: boolean;
-}
-
-function deferred<T>(): Deferred<T> {
-  const d = { settled: false } as Deferred<T>;
-  d.promise = new Promise<T>((res, rej) => {
-    d.resolve = (value) => ((d.settled = true), res(value));
-    d.reject = (err) => ((d.settled = true), rej(err));
-  });
-  d.promise.catch(() => undefined); // a broken connection is handled by the run
-  return d;
 }

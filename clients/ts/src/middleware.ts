@@ -3,8 +3,9 @@
 // header's parsing, the fingerprint, the answers the middleware writes
 // itself, and which of the handler's answers are stored.
 import { createHash } from 'node:crypto';
-import type { BeginResult, BeginReplay, IdemClient } from './client.js';
-import { DEFAULT_LEASE_MS } from './do.js';
+import type { ServerResponse } from 'node:http';
+import type { BeginAcquired, BeginResult, BeginReplay, IdemClient } from './client.js';
+import { BODY_OMITTED_HEADER, DEFAULT_LEASE_MS, runUnderLease } from './do.js';
 import { isIdemError, PROBLEM_KINDS, PROBLEM_TYPE_PREFIX, type ProblemKind } from './errors.js';
 import { decodeResponse, toBuffer, type IdemResponse } from './response.js';
 
@@ -40,7 +41,9 @@ export interface IdempotencyOptions {
 
 /** The header that marks a response replayed from idemsvc. */
 export const REPLAYED_HEADER = 'Idempotent-Replayed';
-export const DEFAULT_MIDDLEWARE_BUDGET_MS = 2_000;
+const DEFAULT_MIDDLEWARE_BUDGET_MS = 2_000;
+/** The most of an answer's body held to be stored: idemsvc's default stored-response limit. */
+export const MAX_HELD_BODY_BYTES = 1 << 20;
 const DEFAULT_STORED_HEADERS = ['Content-Type', 'Content-Language', 'Location', 'ETag', 'Last-Modified'];
 const MAX_KEY_BYTES = 255;
 
@@ -190,8 +193,12 @@ export function retryAgain(status: number): boolean {
   return status >= 500 || status === 408 || status === 429;
 }
 
-/** The response to store: the status, the allow-listed headers, the body. */
-export function storedResponse(status: number, header: (name: string) => unknown, body: Buffer, settings: Settings): IdemResponse {
+/**
+ * The response to store: the status, the allow-listed headers, the body.
+ * Without the body (and with BODY_OMITTED_HEADER) when it was too large to
+ * hold: its replays then say so, rather than failing the attempt.
+ */
+function storedResponse(status: number, header: (name: string) => unknown, body: Buffer, omitBody: boolean, settings: Settings): IdemResponse {
   let headers: Record<string, string> | undefined;
   for (const name of settings.storedHeaders) {
     let value = header(name);
@@ -200,6 +207,7 @@ export function storedResponse(status: number, header: (name: string) => unknown
     headers ??= {};
     headers[name] = String(value);
   }
+  if (omitBody) return { statusCode: status, headers: { ...headers, [BODY_OMITTED_HEADER]: 'true' } };
   // Text is stored as text, anything else in base64 (the API takes only UTF-8 text).
   const text = utf8(body);
   return { statusCode: status, headers, body: text ?? body };
@@ -230,7 +238,7 @@ export function beginErrorAnswer(err: unknown): Answer {
     const retryAfter = Math.max(1, Math.floor((err.retryAfterMs ?? 0) / 1000));
     return problemAnswer(err.kind, 'this service is over its limits at the idempotency service', retryAfter);
   }
-  if (isIdemError(err, 'invalid-request') && err.status !== 0) {
+  if (isIdemError(err, 'invalid-request')) {
     return problemAnswer('invalid-request', `idempotency key: ${err.problem.detail}`);
   }
   if (isIdemError(err, 'unauthorized', 'forbidden')) {
@@ -293,42 +301,108 @@ export function tooLargeAnswer(): Answer {
   return problemAnswer('too-large', 'the request body is too large to be made idempotent');
 }
 
-/** An error that stands for an answer the handler gave but that is not to be stored. */
-export class NotStored extends Error {
-  constructor(status: number) {
-    super(`the handler answered ${status}`);
-    this.name = 'NotStored';
-  }
+/** What the middleware tells the handler of a request it runs under a lease. */
+export interface IdempotencyContext {
+  key: string;
+  /** The attempt, strictly increasing per key: a fencing token for the handler's own storage. */
+  attempt: number;
+  /** Fires when the lease is lost: another request may now run the handler for this key. */
+  signal: AbortSignal;
+}
+
+/** The handler's answer, as the entry point captured it. */
+export interface HandlerAnswer {
+  status: number;
+  /** The body held; empty when streamed. */
+  body: Buffer;
+  /** The body went to the caller as it was written, too large to hold. */
+  streamed: boolean;
 }
 
 /**
- * Releases a key acquired for a caller that left while it was being begun
- * (during a wait, say): the handler is not run for nobody.
+ * Begins the key of a request: the lease to run the handler under, or the
+ * answer to send instead (a replay, or a problem). A key acquired for a
+ * caller that left meanwhile (during a wait, say) is released at once:
+ * the handler is not run for nobody.
  */
-export async function releaseForGoneCaller(client: IdemClient, begun: { key: string; lease_token: string }): Promise<void> {
+export async function acquire(
+  client: IdemClient,
+  settings: Settings,
+  key: string,
+  fp: string,
+  requestId: unknown,
+  res: ServerResponse,
+): Promise<BeginAcquired | Answer> {
+  let begun: BeginResult;
   try {
-    await client.fail({ key: begun.key, lease_token: begun.lease_token, error: 'the caller left before the handler ran' });
-  } catch {
-    // The lease runs out on its own.
+    begun = await beginRequest(client, settings, key, fp, typeof requestId === 'string' ? requestId : undefined);
+  } catch (err) {
+    return beginErrorAnswer(err);
   }
+  if (begun.status !== 'acquired') return replayAnswer(begun);
+  if (res.destroyed || res.socket?.destroyed) {
+    try {
+      await client.fail({ key: begun.key, lease_token: begun.lease_token, error: 'the caller left before the handler ran' });
+    } catch {
+      // The lease runs out on its own.
+    }
+    return problemAnswer('internal', 'the caller left before the handler ran');
+  }
+  return begun;
 }
 
 /**
- * Rejects answered when the caller's connection closed before the handler
- * answered and the handler has still not answered one lease later. Until
- * then the handler may still be running, and its key stays held (the lease
- * is extended as for any handler that runs): releasing it at once would
- * let the caller's retry run the handler alongside. An answer given in
- * that time is stored as usual, for the retry to replay.
+ * Stores the handler's answer under lease, extending it while the handler
+ * runs; the handler finds its IdempotencyContext through setContext. A
+ * 5xx, 408 or 429 is not stored (the key is released for a retry), nor is
+ * an answer that never came. The promise does not reject: the handler ran,
+ * and its caller gets its answer whether or not storing it worked.
+ *
+ * When res closes before the answer, the caller left, and the handler may
+ * still be running: releasing the key at once would let the caller's retry
+ * run it alongside. The key stays held, and an answer given within a lease
+ * is stored for the retry; after that the handler is taken for one that
+ * never answers, its signal fires, and the attempt fails retryably.
  */
-export function abandonAfterLease(leaseMs: number, answered: Promise<unknown>, reject: (err: Error) => void): void {
-  const timer = setTimeout(
-    () => reject(new Error('the caller left, and the handler did not answer within a lease')),
-    leaseMs,
-  );
-  timer.unref();
-  answered.then(
-    () => clearTimeout(timer),
-    () => clearTimeout(timer),
-  );
+export function storeAnswer(
+  client: IdemClient,
+  settings: Settings,
+  lease: BeginAcquired,
+  res: ServerResponse,
+  header: (name: string) => unknown,
+  setContext: (context: IdempotencyContext) => void,
+): { answer: Deferred<HandlerAnswer>; stored: Promise<unknown> } {
+  const answer = deferred<HandlerAnswer>();
+  res.on('close', () => {
+    if (answer.settled) return;
+    const timer = setTimeout(() => answer.reject(new Error('the caller left, and the handler did not answer within a lease')), settings.leaseMs);
+    timer.unref();
+    answer.promise.then(() => clearTimeout(timer), () => clearTimeout(timer));
+  });
+  const stored = runUnderLease(client, lease, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (signal) => {
+    setContext({ key: lease.key, attempt: lease.attempt, signal });
+    const { status, body, streamed } = await answer.promise;
+    if (retryAgain(status)) throw new Error(`the handler answered ${status}`);
+    return storedResponse(status, header, body, streamed || body.length > MAX_HELD_BODY_BYTES, settings);
+  }).catch(() => undefined);
+  return { answer, stored };
+}
+
+/** A promise with its resolve and reject at hand. */
+export interface Deferred<T> {
+  promise: Promise<T>;
+  resolve: (value: T) => void;
+  reject: (err: Error) => void;
+  /** Whether resolve or reject was called. */
+  settled: boolean;
+}
+
+export function deferred<T>(): Deferred<T> {
+  const d = { settled: false } as Deferred<T>;
+  d.promise = new Promise<T>((res, rej) => {
+    d.resolve = (value) => ((d.settled = true), res(value));
+    d.reject = (err) => ((d.settled = true), rej(err));
+  });
+  d.promise.catch(() => undefined); // the run handles a rejection
+  return d;
 }

@@ -9,7 +9,7 @@ import { IdemClient } from '@idemsvc/client';
 import { idempotency, keepRawBody } from '@idemsvc/client/express';
 import { createApp } from '../../../conformance/app.mjs';
 import { conformanceTests } from './conformance.mjs';
-import { startIdemsvc, uniqueKey } from './harness.mjs';
+import { eventually, startIdemsvc, uniqueKey } from './harness.mjs';
 
 let svc;
 before(async () => {
@@ -138,14 +138,14 @@ describe('Express middleware', () => {
       const post = (signal) => fetch(`${server.url}/slow`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'x', signal });
       const left = new AbortController();
       const first = post(left.signal).catch(() => 'left');
-      await eventually(() => runs === 1);
+      await eventually('the handler running', () => runs === 1, 5000);
       left.abort(); // the caller times out and leaves
       assert.equal(await first, 'left');
       await new Promise((resolve) => setTimeout(resolve, 100));
       const retry = await post();
       assert.equal(retry.status, 409, 'the retry must not run the handler while it still runs');
       finish();
-      await eventually(async () => (await client.status(key)).state === 'completed');
+      await eventually('the key completed', async () => (await client.status(key)).state === 'completed', 5000);
       const replay = await post();
       assert.equal(replay.status, 201);
       assert.equal(replay.headers.get('idempotent-replayed'), 'true');
@@ -170,12 +170,12 @@ describe('Express middleware', () => {
       const post = (signal) => fetch(`${server.url}/never`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'x', signal });
       const left = new AbortController();
       const first = post(left.signal).catch(() => 'left');
-      await eventually(() => runs === 1);
+      await eventually('the handler running', () => runs === 1, 5000);
       left.abort();
       await first;
-      await eventually(async () => (await client.status(key)).state === 'failed');
+      await eventually('the key released', async () => (await client.status(key)).state === 'failed', 5000);
       const retry = post(AbortSignal.timeout(200)).catch(() => 'timed out');
-      await eventually(() => runs === 2);
+      await eventually('the handler run again', () => runs === 2, 5000);
       await retry;
     } finally {
       await server.close();
@@ -204,7 +204,7 @@ describe('Express middleware', () => {
         if (size >= 2 << 20) received();
       }
       assert.equal(size, 3 << 20);
-      await eventually(async () => (await client.status(key)).state === 'completed');
+      await eventually('the key completed', async () => (await client.status(key)).state === 'completed', 5000);
       const replay = await fetch(`${server.url}/large`, { method: 'POST', headers: { 'Idempotency-Key': key } });
       assert.equal(replay.status, 201);
       assert.equal(replay.headers.get('idempotent-replayed'), 'true');
@@ -235,12 +235,3 @@ describe('Express middleware', () => {
     }
   });
 });
-
-/** Polls cond every 20 ms for up to 5 s. */
-async function eventually(cond) {
-  const deadline = Date.now() + 5000;
-  while (!(await cond())) {
-    if (Date.now() > deadline) assert.fail(`not within 5 s: ${cond}`);
-    await new Promise((resolve) => setTimeout(resolve, 20));
-  }
-}

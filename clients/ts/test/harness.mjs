@@ -63,6 +63,11 @@ function startProcess(command, args, env) {
   };
   child.stdout.on('data', keep);
   child.stderr.on('data', keep);
+  // A missing binary (redis-server not installed, say) fails the test that
+  // needed it, saying so, instead of crashing the test file.
+  child.on('error', (err) => {
+    output += `${command}: ${err.message}\n`;
+  });
   child.on('exit', () => started.delete(child));
   return {
     child,
@@ -76,12 +81,13 @@ function startProcess(command, args, env) {
   };
 }
 
-async function until(what, check, timeoutMs = 15_000, output = () => '') {
+/** Polls check (sync or async; a throw counts as false) until it holds, for up to timeoutMs. */
+export async function eventually(what, check, timeoutMs = 15_000, output = () => '') {
   const end = Date.now() + timeoutMs;
   for (;;) {
-    if (await check().catch(() => false)) return;
-    if (Date.now() > end) throw new Error(`${what} did not come up within ${timeoutMs} ms:\n${output()}`);
-    await new Promise((r) => setTimeout(r, 25));
+    if (await Promise.resolve().then(check).catch(() => false)) return;
+    if (Date.now() > end) throw new Error(`${what}: not within ${timeoutMs} ms\n${output()}`);
+    await new Promise((r) => setTimeout(r, 20));
   }
 }
 
@@ -108,7 +114,7 @@ export async function startRedis() {
   const proc = startProcess('redis-server', ['--port', String(port), '--bind', '127.0.0.1', '--save', '', '--appendonly', 'no'], {
     PATH: process.env.PATH,
   });
-  await until('redis-server', () => redisPing(port), 10_000, proc.output);
+  await eventually('redis-server', () => redisPing(port), 10_000, proc.output);
   return {
     url: `redis://127.0.0.1:${port}`,
     pause: () => proc.child.kill('SIGSTOP'),
@@ -147,7 +153,7 @@ export async function startIdemsvc({ redisUrl, port } = {}) {
   if (redisUrl) env.IDEMSVC_REDIS_URL = redisUrl;
   const proc = startProcess(idemsvcBinary(), [], env);
   const baseUrl = `http://127.0.0.1:${port}`;
-  await until('idemsvc', async () => (await fetch(`${baseUrl}/healthz`)).ok, 15_000, proc.output);
+  await eventually('idemsvc', async () => (await fetch(`${baseUrl}/healthz`)).ok, 15_000, proc.output);
   return {
     baseUrl,
     apiKey,
