@@ -58,6 +58,9 @@ runs=${1:-3}
 duration=${DURATION:-10}
 open_share=${OPEN_SHARE:-0.8}
 loads=${LOADS:-begin,cycle,replay,pay64,pay1,proxy64,proxy1,open}
+case ",$loads," in
+*,open,*) case ",$loads," in *,begin,*) ;; *) echo "LOADS: open needs begin, whose rate it takes" >&2 && exit 1 ;; esac ;;
+esac
 
 workdirs caller-load
 

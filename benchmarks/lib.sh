@@ -40,7 +40,14 @@ start_redis() {
     --dir "$dir" --logfile "$dir/redis.log" &
   redis_pid=$!
   pids+=("$redis_pid")
-  until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do sleep 0.1; done
+  local tries=0
+  until redis-cli -p "$redis_port" ping >/dev/null 2>&1; do
+    if ! kill -0 "$redis_pid" 2>/dev/null || [ $((tries += 1)) -gt 100 ]; then
+      echo "redis-server did not come up (see $dir/redis.log)" >&2
+      return 1
+    fi
+    sleep 0.1
+  done
   redis_url=redis://127.0.0.1:$redis_port
 }
 

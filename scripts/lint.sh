@@ -35,16 +35,8 @@ fi
 # warnings are the operations endpoints, which have no 4xx to document). It
 # runs on Node: installed from Debian's packages where it is missing.
 if ! command -v npx >/dev/null; then
-  if command -v apt-get >/dev/null; then
-    echo "npx not found: installing Node.js and npm from Debian's packages" >&2
-    sudo=""
-    [ "$(id -u)" -eq 0 ] || sudo=sudo
-    $sudo apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq nodejs npm >/dev/null
-  else
-    echo "npx not found, and no apt-get to install it with: install Node.js 18 or later (https://nodejs.org) to lint api/openapi.yaml" >&2
-    exit 1
-  fi
+  . scripts/apt.sh
+  apt_install nodejs npm
 fi
 npx --yes @redocly/cli@2.77.0 lint --format=summary api/openapi.yaml
 # The TypeScript SDK's types, generated from the same description.

@@ -8,19 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# apt_install PACKAGE installs a Debian package; without apt-get it says
-# what to install and fails.
-apt_install() {
-  if ! command -v apt-get >/dev/null; then
-    echo "$1 not found, and no apt-get to install it with: install $1 from your system's packages (or Docker, for Redis), then run this again" >&2
-    exit 1
-  fi
-  echo "$1 not found: installing it from Debian's packages" >&2
-  local sudo=""
-  [ "$(id -u)" -eq 0 ] || sudo=sudo
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$1" >/dev/null
-}
+. scripts/apt.sh
 
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   if ! command -v apt-get >/dev/null && docker info >/dev/null 2>&1; then

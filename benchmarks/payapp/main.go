@@ -11,7 +11,6 @@
 package main
 
 import (
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -46,11 +45,7 @@ func run(args []string) error {
 	mux := http.NewServeMux()
 	mux.Handle("POST /pay", h)
 	mux.HandleFunc("GET /", func(http.ResponseWriter, *http.Request) {}) // ready
-	err := http.ListenAndServe(*listen, mux)
-	if errors.Is(err, http.ErrServerClosed) {
-		return nil
-	}
-	return err
+	return http.ListenAndServe(*listen, mux)
 }
 
 // pay reads the request and accepts the payment.

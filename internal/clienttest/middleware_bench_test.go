@@ -23,7 +23,7 @@ func BenchmarkMiddleware(b *testing.B) {
 			w.WriteHeader(http.StatusCreated)
 			_, _ = w.Write([]byte(`{"id":"pay_1","status":"ok"}`))
 		}))
-	prefix := "bench-" + strconv.Itoa(int(b.N)) + "-"
+	prefix := "bench-" + strconv.Itoa(b.N) + "-"
 	b.ReportAllocs()
 	b.ResetTimer()
 	for i := range b.N {

@@ -115,7 +115,7 @@ func fromSwagger(path string, write writeFunc) error {
 	}
 	defs := make(map[string]any, len(doc.Definitions))
 	for name, d := range doc.Definitions {
-		defs[name] = convert(d, false)
+		defs[name] = convert(d)
 	}
 	// Quantity: a string ("100m", "1Gi") or a number, as the API server takes it.
 	const quantity = "io.k8s.apimachinery.pkg.api.resource.Quantity"
@@ -201,7 +201,7 @@ func collectRefs(v any, defs map[string]any, closure map[string]any) {
 // int-or-string takes either, and (below the root) null is accepted, as
 // the API server does for an optional field. Descriptions and the
 // x-kubernetes- annotations are dropped.
-func convert(v any, crd bool) any {
+func convert(v any) any {
 	switch v := v.(type) {
 	case map[string]any:
 		out := make(map[string]any, len(v))
@@ -211,12 +211,12 @@ func convert(v any, crd bool) any {
 			case k == "properties" || k == "patternProperties" || k == "definitions":
 				props := make(map[string]any)
 				for name, p := range x.(map[string]any) {
-					props[name] = convert(p, crd)
+					props[name] = convert(p)
 				}
 				out[k] = props
 			case strings.HasPrefix(k, "x-"):
 			default:
-				out[k] = convert(x, crd)
+				out[k] = convert(x)
 			}
 		}
 		intOrString := v["format"] == "int-or-string" || v["x-kubernetes-int-or-string"] == true
@@ -239,7 +239,7 @@ func convert(v any, crd bool) any {
 	case []any:
 		out := make([]any, len(v))
 		for i, x := range v {
-			out[i] = convert(x, crd)
+			out[i] = convert(x)
 		}
 		return out
 	}
@@ -297,7 +297,7 @@ func fromCRD(path string, write writeFunc) error {
 		if !v.Served || v.Schema.OpenAPIV3Schema == nil {
 			continue
 		}
-		root := convert(v.Schema.OpenAPIV3Schema, true).(map[string]any)
+		root := convert(v.Schema.OpenAPIV3Schema).(map[string]any)
 		root["type"] = "object"
 		props, _ := root["properties"].(map[string]any)
 		if props == nil {

@@ -1,0 +1,15 @@
+# Sourced by the scripts that need a program from Debian's packages.
+
+# apt_install PACKAGE... installs Debian packages; without apt-get it says
+# what to install and fails.
+apt_install() {
+  if ! command -v apt-get >/dev/null; then
+    echo "$* not found, and no apt-get to install it with: install $* from your system's packages (or Docker, for Redis), then run this again" >&2
+    exit 1
+  fi
+  echo "$* not found: installing it from Debian's packages" >&2
+  local sudo=""
+  [ "$(id -u)" -eq 0 ] || sudo=sudo
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
