@@ -57,14 +57,17 @@ export function keepRawBody(req: IncomingMessage, _res: unknown, body: Buffer): 
  * method, path, query and body, so reusing a key for another request gets
  * 422; a duplicate of a request still running gets 409 with Retry-After.
  * A 5xx, 408 or 429 and a thrown error fail the attempt retryably, so a
- * retry runs the handler again. When the caller leaves before the handler
+ * retry runs the handler again; an error after part of the answer was
+ * written cuts the connection, as without the middleware (see below). When the caller leaves before the handler
  * answers, the key stays held while the handler may still run: its answer,
  * if it comes within a lease, is stored for the retry; otherwise the
  * attempt fails retryably then. An answer too
  * large to store is stored without its body and replayed with
  * `Idempotent-Body-Omitted: true`. Without idemsvc it fails closed with 503.
  *
- * The handler's answer is held until it is stored, then sent. Mount the
+ * The handler's answer is held until it is stored, then sent; once the
+ * handler has begun it, `res.headersSent` is true and setting a header
+ * throws, as for an answer whose head is out. Mount the
  * middleware before body parsers (it reads the body and puts it back for
  * them), or after one whose `verify` is {@link keepRawBody}. The handler
  * finds `res.locals.idempotency` ({@link IdempotencyContext}).
@@ -113,8 +116,11 @@ async function handle(client: IdemClient, settings: Settings, key: string, req: 
   const { answer, stored } = storeAnswer(client, settings, lease, res, (name) => res.getHeader(name), (context) => {
     if (res.locals) res.locals.idempotency = context;
   });
-  const capture: Capture = new Capture(res, MAX_HELD_BODY_BYTES, (status) =>
-    answer.resolve({ status, body: capture.body(), streamed: capture.streamed }),
+  const capture: Capture = new Capture(
+    res,
+    MAX_HELD_BODY_BYTES,
+    (status) => answer.resolve({ status, body: capture.body(), streamed: capture.streamed }),
+    (reason) => answer.reject(reason),
   );
   // The handler ran: its caller gets its answer, whether or not storing it
   // worked; a duplicate then runs it again or gets 409.
@@ -179,15 +185,27 @@ function readKeeping(req: IncomingMessage, limit: number): Promise<Buffer | 'too
  * Holds the handler's answer: writeHead, write and end are captured until
  * flush sends it. A body over the limit is not held: from the write that
  * crosses it, the answer goes to the caller as it is written (streamed).
- * `ended` is called with the status when the handler ends its answer.
+ * `ended` is called with the status when the handler ends its answer, `cut`
+ * when it ends it as another answer than it began (see below).
+ *
+ * Once the handler has begun its answer (writeHead or a write), the held
+ * response acts as one whose head is out, as it would be without the
+ * middleware: headersSent is true, and setting or removing a header throws
+ * ERR_HTTP_HEADERS_SENT. So an error after a partial write reaches
+ * Express's error handling as it would without the middleware (which cuts
+ * the connection), instead of appending an error page to the part held and
+ * storing both as the answer. An answer ended with another status than it
+ * began with is cut too, and not stored.
  */
 class Capture {
   private readonly chunks: Buffer[] = [];
   private readonly callbacks: Array<() => void> = [];
-  readonly original: Pick<ServerResponse, 'writeHead' | 'write' | 'end'>;
+  readonly original: Pick<ServerResponse, 'writeHead' | 'write' | 'end' | 'setHeader' | 'removeHeader'>;
   private size = 0;
   private ended = false;
   private flushed = false;
+  /** The status the answer began with: set by the handler's writeHead or first write. */
+  private began: number | undefined;
   /** Whether the answer went to the caller as it was written, not held. */
   streamed = false;
 
@@ -195,22 +213,37 @@ class Capture {
     private readonly res: Response,
     private readonly limit: number,
     ended: (status: number) => void,
+    cut: (reason: Error) => void,
   ) {
-    this.original = { writeHead: res.writeHead, write: res.write, end: res.end };
+    this.original = { writeHead: res.writeHead, write: res.write, end: res.end, setHeader: res.setHeader, removeHeader: res.removeHeader };
 
     const capture = this;
     // writeHead(status[, statusMessage][, headers]): the headers join the others.
     res.writeHead = function (this: ServerResponse, status: number, ...rest: unknown[]) {
+      if (capture.began !== undefined) throw headersSentError('write');
       this.statusCode = status;
       if (typeof rest[0] === 'string') this.statusMessage = rest.shift() as string;
       setHeaders(this, rest[0]);
+      capture.began = status;
       return this;
     } as ServerResponse['writeHead'];
-    res.write = function (chunk: unknown, encoding?: unknown, cb?: unknown) {
+    res.write = function (this: ServerResponse, chunk: unknown, encoding?: unknown, cb?: unknown) {
+      capture.began ??= this.statusCode;
       return capture.append(chunk, encoding, cb);
     } as ServerResponse['write'];
     res.end = function (this: ServerResponse, chunk?: unknown, encoding?: unknown, cb?: unknown) {
       if (capture.ended) return this;
+      if (capture.began !== undefined && this.statusCode !== capture.began) {
+        // Another answer after the first had begun: without the middleware
+        // the caller would have the first's head and part of its body, then
+        // a cut connection. Neither answer is stored.
+        capture.ended = true;
+        capture.flushed = true;
+        capture.restore();
+        cut(new Error(`the handler began a ${capture.began} and ended it as a ${this.statusCode}`));
+        this.destroy();
+        return this;
+      }
       if (typeof chunk === 'function') [chunk, cb] = [undefined, chunk];
       capture.append(chunk, encoding, cb);
       capture.ended = true;
@@ -218,6 +251,21 @@ class Capture {
       ended(this.statusCode);
       return this;
     } as ServerResponse['end'];
+    res.setHeader = function (this: ServerResponse, ...args: Parameters<ServerResponse['setHeader']>) {
+      if (capture.began !== undefined) throw headersSentError('set');
+      return capture.original.setHeader.apply(this, args);
+    } as ServerResponse['setHeader'];
+    res.removeHeader = function (this: ServerResponse, name: string) {
+      if (capture.began !== undefined) throw headersSentError('remove');
+      capture.original.removeHeader.call(this, name);
+    };
+    Object.defineProperty(res, 'headersSent', { configurable: true, get: () => capture.began !== undefined });
+  }
+
+  /** Gives res back its own methods and headersSent. */
+  private restore(): void {
+    Object.assign(this.res, this.original);
+    delete (this.res as { headersSent?: boolean }).headersSent;
   }
 
   /** Holds a chunk, or writes it when the answer is streamed; false asks the writer to wait for 'drain'. */
@@ -266,7 +314,7 @@ class Capture {
   flush(): void {
     if (this.flushed || !this.ended) return;
     this.flushed = true;
-    Object.assign(this.res, this.original);
+    this.restore();
     if (this.streamed) return; // sent as it was written
     const callbacks = this.callbacks;
     this.res.end(this.body(), () => callbacks.forEach((cb) => cb()));
@@ -284,6 +332,11 @@ function setHeaders(res: ServerResponse, headers: unknown): void {
       if (value !== undefined) res.setHeader(name, value as string | string[] | number);
     }
   }
+}
+
+/** The error Node throws for a change to a response whose head is out. */
+function headersSentError(action: string): Error {
+  return Object.assign(new Error(`Cannot ${action} headers after they are sent to the client`), { code: 'ERR_HTTP_HEADERS_SENT' });
 }
 
 /** Writes an answer of the middleware's own. */

@@ -121,6 +121,38 @@ describe('Express middleware', () => {
     }
   });
 
+  test('an error after part of the answer cuts the connection, as without the middleware, and stores nothing', async () => {
+    const app = express();
+    app.set('env', 'test'); // Express's own error handler, without its log line
+    const runs = { thrown: 0, changed: 0 };
+    app.use(idempotency(client, { leaseMs: 300 }));
+    app.post('/thrown', (_req, res) => {
+      runs.thrown++;
+      res.status(200).write('{"items":[');
+      throw Object.assign(new Error('a bad item'), { status: 400 }); // Express would answer 400 with an error page
+    });
+    app.post('/changed', (_req, res) => {
+      runs.changed++;
+      res.status(200).write('{"items":[');
+      res.status(400).end('a bad item'); // another answer, after the first began
+    });
+    const server = await serve(app);
+    try {
+      for (const path of ['thrown', 'changed']) {
+        const key = uniqueKey();
+        const post = () => fetch(`${server.url}/${path}`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'x' })
+          .then((res) => res.text())
+          .then((text) => `answered: ${text}`, () => 'cut');
+        assert.equal(await post(), 'cut', path);
+        await eventually(`${path}: the key released`, async () => (await client.status(key)).state === 'failed', 5000);
+        assert.equal(await post(), 'cut', `${path}: a retry runs the handler again`);
+        assert.equal(runs[path], 2, path);
+      }
+    } finally {
+      await server.close();
+    }
+  });
+
   test('a caller that leaves does not release the key while the handler runs: the retry gets 409, then the late answer', async () => {
     const app = express();
     let runs = 0;
