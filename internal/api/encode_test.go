@@ -101,6 +101,32 @@ func TestBeginAcquiredResponseWritesLikeGenerated(t *testing.T) {
 	}
 }
 
+// The hand-written 200 to complete and fail writes what the generated
+// responses write.
+func TestFinishResponseWritesLikeGenerated(t *testing.T) {
+	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 7e6, time.UTC))
+	expires := NewMilliTime(time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC))
+	yes, no := true, false
+	for _, key := range encodeKeys {
+		for _, r := range []FinishResult{
+			{Attempt: 1, Key: key, CompletedAt: &at, ExpiresAt: expires, Status: FinishedStateCompleted},
+			{Attempt: 1 << 40, Key: key, FailedAt: &at, ExpiresAt: expires, Retryable: &no, Status: FinishedStateFailed},
+			{Attempt: 3, Key: key, FailedAt: &at, ExpiresAt: expires, Retryable: &yes, Status: FinishedStateFailed},
+		} {
+			got := visit(t, func(w *httptest.ResponseRecorder) error { return FinishResponse(r).VisitCompleteResponse(w) })
+			want := visit(t, func(w *httptest.ResponseRecorder) error { return Complete200JSONResponse(r).VisitCompleteResponse(w) })
+			if !sameAnswer(t, got, want, r) {
+				t.Errorf("complete, key %q:\n got %+v\nwant %+v", key, got, want)
+			}
+			got = visit(t, func(w *httptest.ResponseRecorder) error { return FinishResponse(r).VisitFailResponse(w) })
+			want = visit(t, func(w *httptest.ResponseRecorder) error { return Fail200JSONResponse(r).VisitFailResponse(w) })
+			if !sameAnswer(t, got, want, r) {
+				t.Errorf("fail, key %q:\n got %+v\nwant %+v", key, got, want)
+			}
+		}
+	}
+}
+
 // appendString escapes every string as encoding/json does without HTML
 // escaping, and JSONStringLen says how long that is.
 func FuzzAppendString(f *testing.F) {

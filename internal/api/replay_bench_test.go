@@ -61,3 +61,20 @@ func BenchmarkAcquiredEncode(b *testing.B) {
 		}
 	})
 }
+
+func BenchmarkFinishEncode(b *testing.B) {
+	at := NewMilliTime(time.Now())
+	r := FinishResult{Attempt: 1, Key: "order-42/charge", CompletedAt: &at, ExpiresAt: at, Status: FinishedStateCompleted}
+	b.Run("hand-written", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = FinishResponse(r).VisitCompleteResponse(httptest.NewRecorder())
+		}
+	})
+	b.Run("encoding-json-v1", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			_ = Complete200JSONResponse(r).VisitCompleteResponse(httptest.NewRecorder())
+		}
+	})
+}

@@ -216,7 +216,7 @@ func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (
 	}
 	s.stored(t, &resp, rec.ExpiresAt)
 	setOutcome(ctx, t, "completed")
-	return api.Complete200JSONResponse(finishResult(&rec)), nil
+	return api.FinishResponse(finishResult(&rec)), nil
 }
 
 // Fail ends the attempt with a failure, terminal or retryable.
@@ -247,7 +247,7 @@ func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.Fail
 		s.stored(t, &resp, rec.ExpiresAt)
 		setOutcome(ctx, t, "failed")
 	}
-	return api.Fail200JSONResponse(finishResult(&rec)), nil
+	return api.FinishResponse(finishResult(&rec)), nil
 }
 
 func finishResult(rec *statemachine.Record) api.FinishResult {
