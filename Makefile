@@ -1,4 +1,4 @@
-.PHONY: generate test bench load load-sdk lint robustness
+.PHONY: generate test bench load load-sdk load-instructions lint robustness
 
 # Regenerate code from its sources (api/openapi.yaml).
 generate:
@@ -23,6 +23,11 @@ load:
 # loop, interleaved.
 load-sdk:
 	benchmarks/caller-load.sh
+
+# Instructions per request of idemsvc and the bare handler, counted by
+# callgrind: exact where the loads above are noisy.
+load-instructions:
+	benchmarks/http-instructions.sh
 
 lint:
 	scripts/lint.sh

@@ -58,6 +58,19 @@ func (i *requestInfo) Unwrap() http.ResponseWriter { return i.ResponseWriter }
 
 type infoKey struct{}
 
+// noStore is the Cache-Control of every answer under /v1/.
+var noStore = []string{"no-store"}
+
+// headerValue is h.Get(name) for a name already in canonical form, as
+// net/http keeps the request's: without canonicalizing it again on every
+// request, as Get would (so are the headers written here).
+func headerValue(h http.Header, name string) string {
+	if v := h[name]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
 func infoFrom(ctx context.Context) *requestInfo {
 	info, _ := ctx.Value(infoKey{}).(*requestInfo)
 	return info
@@ -77,8 +90,8 @@ func setOutcome(ctx context.Context, tenant, outcome string) {
 func (s *Service) observe(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		info := &requestInfo{ResponseWriter: w, id: requestID(r.Header.Get("X-Request-Id"))}
-		w.Header().Set("X-Request-Id", info.id)
+		info := &requestInfo{ResponseWriter: w, id: requestID(headerValue(r.Header, "X-Request-Id"))}
+		w.Header()["X-Request-Id"] = []string{info.id}
 		if len(r.TransferEncoding) > 0 {
 			// net/http drops a Content-Length sent with Transfer-Encoding,
 			// which RFC 9112 (section 6.3) requires the server to close
@@ -200,11 +213,11 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 			return
 		}
 		// Answers carry lease tokens and stored responses: no cache keeps them.
-		w.Header().Set("Cache-Control", "no-store")
+		w.Header()["Cache-Control"] = noStore
 		// Two of a header that must be one would leave it to chance which
 		// one counts.
 		for _, name := range []string{"Authorization", "Content-Type"} {
-			if len(r.Header.Values(name)) > 1 {
+			if len(r.Header[name]) > 1 {
 				writeProblem(w, r, badField("", "carries %s twice; send it once", name))
 				return
 			}
@@ -215,7 +228,7 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		key, ok := bearer(r.Header.Get("Authorization"))
+		key, ok := bearer(headerValue(r.Header, "Authorization"))
 		if ok {
 			info.principal, ok = s.keyring.Lookup(key)
 			info.tenants = s.keyring
@@ -293,7 +306,7 @@ func (s *Service) readBody(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		if !isJSON(r.Header.Get("Content-Type")) {
+		if !isJSON(headerValue(r.Header, "Content-Type")) {
 			writeProblem(w, r, errMediaType)
 			return
 		}
