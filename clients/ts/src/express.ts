@@ -120,7 +120,6 @@ async function handle(client: IdemClient, settings: Settings, key: string, req: 
     res,
     MAX_HELD_BODY_BYTES,
     (status) => answer.resolve({ status, body: capture.body(), streamed: capture.streamed }),
-    (reason) => answer.reject(reason),
   );
   // The handler ran: its caller gets its answer, whether or not storing it
   // worked; a duplicate then runs it again or gets 409.
@@ -185,22 +184,22 @@ function readKeeping(req: IncomingMessage, limit: number): Promise<Buffer | 'too
  * Holds the handler's answer: writeHead, write and end are captured until
  * flush sends it. A body over the limit is not held: from the write that
  * crosses it, the answer goes to the caller as it is written (streamed).
- * `ended` is called with the status when the handler ends its answer, `cut`
- * when it ends it as another answer than it began (see below).
+ * `ended` is called with the status when the handler ends its answer.
  *
  * Once the handler has begun its answer (writeHead or a write), the held
- * response acts as one whose head is out, as it would be without the
- * middleware: headersSent is true, and setting or removing a header throws
- * ERR_HTTP_HEADERS_SENT. So an error after a partial write reaches
- * Express's error handling as it would without the middleware (which cuts
- * the connection), instead of appending an error page to the part held and
- * storing both as the answer. An answer ended with another status than it
- * began with is cut too, and not stored.
+ * response acts as one whose head is out, as it would without the
+ * middleware: headersSent is true, a header change throws
+ * ERR_HTTP_HEADERS_SENT, and a status set later is ignored. So an error
+ * after part of the answer reaches Express's error handling as it would
+ * without the middleware, which cuts the connection, instead of adding an
+ * error page to the part held and storing both as the answer.
  */
 class Capture {
   private readonly chunks: Buffer[] = [];
   private readonly callbacks: Array<() => void> = [];
-  readonly original: Pick<ServerResponse, 'writeHead' | 'write' | 'end' | 'setHeader' | 'removeHeader'>;
+  /** res's own methods that the capture replaces: those of the head, and write and end. */
+  private readonly originalHead: Partial<HeadMethods>;
+  readonly original: Pick<ServerResponse, 'write' | 'end'>;
   private size = 0;
   private ended = false;
   private flushed = false;
@@ -213,58 +212,59 @@ class Capture {
     private readonly res: Response,
     private readonly limit: number,
     ended: (status: number) => void,
-    cut: (reason: Error) => void,
   ) {
-    this.original = { writeHead: res.writeHead, write: res.write, end: res.end, setHeader: res.setHeader, removeHeader: res.removeHeader };
+    const head = res as unknown as HeadMethods;
+    this.originalHead = Object.fromEntries(HEAD_METHODS.filter((name) => typeof head[name] === 'function').map((name) => [name, head[name]]));
+    this.original = { write: res.write, end: res.end };
 
     const capture = this;
-    // writeHead(status[, statusMessage][, headers]): the headers join the others.
-    res.writeHead = function (this: ServerResponse, status: number, ...rest: unknown[]) {
-      if (capture.began !== undefined) throw headersSentError('write');
-      this.statusCode = status;
-      if (typeof rest[0] === 'string') this.statusMessage = rest.shift() as string;
-      setHeaders(this, rest[0]);
-      capture.began = status;
-      return this;
-    } as ServerResponse['writeHead'];
-    res.write = function (this: ServerResponse, chunk: unknown, encoding?: unknown, cb?: unknown) {
-      capture.began ??= this.statusCode;
-      return capture.append(chunk, encoding, cb);
-    } as ServerResponse['write'];
-    res.end = function (this: ServerResponse, chunk?: unknown, encoding?: unknown, cb?: unknown) {
-      if (capture.ended) return this;
-      if (capture.began !== undefined && this.statusCode !== capture.began) {
-        // Another answer after the first had begun: without the middleware
-        // the caller would have the first's head and part of its body, then
-        // a cut connection. Neither answer is stored.
-        capture.ended = true;
-        capture.flushed = true;
-        capture.restore();
-        cut(new Error(`the handler began a ${capture.began} and ended it as a ${this.statusCode}`));
-        this.destroy();
+    const begun = () => capture.began !== undefined;
+    const guard = <F extends (this: ServerResponse, ...args: never[]) => unknown>(action: string, own: F | undefined) =>
+      own &&
+      function (this: ServerResponse, ...args: Parameters<F>) {
+        if (begun()) throw headersSentError(action);
+        return own.apply(this, args);
+      };
+    Object.assign(res, {
+      // writeHead(status[, statusMessage][, headers]): the headers join the others.
+      writeHead(this: ServerResponse, status: number, ...rest: unknown[]) {
+        if (begun()) throw headersSentError('write');
+        this.statusCode = status;
+        if (typeof rest[0] === 'string') this.statusMessage = rest.shift() as string;
+        setHeaders(this, rest[0]);
+        capture.began = status;
         return this;
-      }
-      if (typeof chunk === 'function') [chunk, cb] = [undefined, chunk];
-      capture.append(chunk, encoding, cb);
-      capture.ended = true;
-      if (capture.streamed) (capture.original.end as () => ServerResponse).call(this);
-      ended(this.statusCode);
-      return this;
-    } as ServerResponse['end'];
-    res.setHeader = function (this: ServerResponse, ...args: Parameters<ServerResponse['setHeader']>) {
-      if (capture.began !== undefined) throw headersSentError('set');
-      return capture.original.setHeader.apply(this, args);
-    } as ServerResponse['setHeader'];
-    res.removeHeader = function (this: ServerResponse, name: string) {
-      if (capture.began !== undefined) throw headersSentError('remove');
-      capture.original.removeHeader.call(this, name);
-    };
-    Object.defineProperty(res, 'headersSent', { configurable: true, get: () => capture.began !== undefined });
+      },
+      // What Node calls when a head is due and none was written; some
+      // middleware call it on every write while the head is not out.
+      _implicitHeader(this: ServerResponse) {
+        if (!begun()) this.writeHead(this.statusCode);
+      },
+      setHeader: guard('set', this.originalHead.setHeader),
+      removeHeader: guard('remove', this.originalHead.removeHeader),
+      ...(this.originalHead.appendHeader && { appendHeader: guard('append', this.originalHead.appendHeader) }),
+      write(this: ServerResponse, chunk: unknown, encoding?: unknown, cb?: unknown) {
+        capture.began ??= this.statusCode;
+        return capture.append(chunk, encoding, cb);
+      },
+      end(this: ServerResponse, chunk?: unknown, encoding?: unknown, cb?: unknown) {
+        if (capture.ended) return this;
+        if (typeof chunk === 'function') [chunk, cb] = [undefined, chunk];
+        capture.append(chunk, encoding, cb);
+        capture.ended = true;
+        // A status set after the answer began does not reach the caller.
+        if (capture.began !== undefined) this.statusCode = capture.began;
+        if (capture.streamed) (capture.original.end as () => ServerResponse).call(this);
+        ended(this.statusCode);
+        return this;
+      },
+    });
+    Object.defineProperty(res, 'headersSent', { configurable: true, get: begun });
   }
 
-  /** Gives res back its own methods and headersSent. */
-  private restore(): void {
-    Object.assign(this.res, this.original);
+  /** Gives res back its own head methods and headersSent, once Node's own say what is sent. */
+  private restoreHead(): void {
+    Object.assign(this.res, this.originalHead);
     delete (this.res as { headersSent?: boolean }).headersSent;
   }
 
@@ -292,8 +292,9 @@ class Capture {
   /** Sends the head and the body held so far, and lets what follows through. */
   private stream(): void {
     this.streamed = true;
-    // The head goes out with the first write, through writeHead.
-    this.res.writeHead = this.original.writeHead;
+    // The head goes out with the first write, through res's own writeHead
+    // (and the hooks of middleware before this one).
+    this.restoreHead();
     for (const chunk of this.chunks) this.writeThrough(chunk);
     this.chunks.length = 0;
     for (const cb of this.callbacks.splice(0)) process.nextTick(cb);
@@ -314,7 +315,8 @@ class Capture {
   flush(): void {
     if (this.flushed || !this.ended) return;
     this.flushed = true;
-    this.restore();
+    this.restoreHead();
+    Object.assign(this.res, this.original);
     if (this.streamed) return; // sent as it was written
     const callbacks = this.callbacks;
     this.res.end(this.body(), () => callbacks.forEach((cb) => cb()));
@@ -333,6 +335,10 @@ function setHeaders(res: ServerResponse, headers: unknown): void {
     }
   }
 }
+
+/** The methods of a response's head that the capture replaces while it holds the answer. */
+const HEAD_METHODS = ['writeHead', '_implicitHeader', 'setHeader', 'removeHeader', 'appendHeader'] as const;
+type HeadMethods = Pick<ServerResponse, 'writeHead' | 'setHeader' | 'removeHeader' | 'appendHeader'> & { _implicitHeader(): void };
 
 /** The error Node throws for a change to a response whose head is out. */
 function headersSentError(action: string): Error {

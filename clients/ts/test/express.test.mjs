@@ -121,33 +121,95 @@ describe('Express middleware', () => {
     }
   });
 
-  test('an error after part of the answer cuts the connection, as without the middleware, and stores nothing', async () => {
+  test('once the handler has begun its answer, the response acts as one whose head is out, as without the middleware', async () => {
     const app = express();
     app.set('env', 'test'); // Express's own error handler, without its log line
-    const runs = { thrown: 0, changed: 0 };
+    const runs = { thrown: 0, restatus: 0, header: 0 };
     app.use(idempotency(client, { leaseMs: 300 }));
     app.post('/thrown', (_req, res) => {
       runs.thrown++;
       res.status(200).write('{"items":[');
-      throw Object.assign(new Error('a bad item'), { status: 400 }); // Express would answer 400 with an error page
+      throw Object.assign(new Error('a bad item'), { status: 400 }); // before its head, Express would answer 400 with an error page
     });
-    app.post('/changed', (_req, res) => {
-      runs.changed++;
+    app.post('/restatus', (_req, res) => {
+      runs.restatus++;
       res.status(200).write('{"items":[');
-      res.status(400).end('a bad item'); // another answer, after the first began
+      res.status(400).end('a bad item'); // too late: the head said 200
+    });
+    app.post('/header', (_req, res) => {
+      runs.header++;
+      res.writeHead(201);
+      let thrown;
+      try {
+        res.setHeader('X-Late', 'yes');
+      } catch (err) {
+        thrown = err.code;
+      }
+      res.end(`${res.headersSent} ${thrown}`);
     });
     const server = await serve(app);
+    const post = (path, key) => fetch(`${server.url}/${path}`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'x' })
+      .then(async (res) => ({ status: res.status, body: await res.text(), replayed: res.headers.get('idempotent-replayed'), late: res.headers.get('x-late') }), () => 'cut');
     try {
-      for (const path of ['thrown', 'changed']) {
-        const key = uniqueKey();
-        const post = () => fetch(`${server.url}/${path}`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'x' })
-          .then((res) => res.text())
-          .then((text) => `answered: ${text}`, () => 'cut');
-        assert.equal(await post(), 'cut', path);
-        await eventually(`${path}: the key released`, async () => (await client.status(key)).state === 'failed', 5000);
-        assert.equal(await post(), 'cut', `${path}: a retry runs the handler again`);
-        assert.equal(runs[path], 2, path);
-      }
+      // An error after part of the answer: Express cuts the connection,
+      // and nothing is stored; the key is released a lease later.
+      const key = uniqueKey();
+      assert.equal(await post('thrown', key), 'cut');
+      await eventually('the key released', async () => (await client.status(key)).state === 'failed', 5000);
+      assert.equal(await post('thrown', key), 'cut', 'a retry runs the handler again');
+      assert.equal(runs.thrown, 2);
+
+      const restatus = uniqueKey();
+      assert.deepEqual(await post('restatus', restatus), { status: 200, body: '{"items":[a bad item', replayed: null, late: null });
+      assert.deepEqual(await post('restatus', restatus), { status: 200, body: '{"items":[a bad item', replayed: 'true', late: null });
+      assert.equal(runs.restatus, 1);
+
+      assert.deepEqual(await post('header', uniqueKey()), { status: 201, body: 'true ERR_HTTP_HEADERS_SENT', replayed: null, late: null });
+    } finally {
+      await server.close();
+    }
+  });
+
+  test('middleware that hook the head, before or after this one, work as they would without it', { timeout: 10_000 }, async () => {
+    const app = express();
+    // As on-headers (compression, response-time) does: a header set as the head goes out.
+    app.use((_req, res, next) => {
+      const writeHead = res.writeHead;
+      res.writeHead = function (...args) {
+        this.setHeader('X-Head-Hook', 'ran');
+        return writeHead.apply(this, args);
+      };
+      next();
+    });
+    app.use(idempotency(client));
+    // As compression before 1.8 does: the head asked for on every write while it is not out.
+    app.use((_req, res, next) => {
+      const write = res.write;
+      res.write = function (...args) {
+        if (!this._header) this._implicitHeader();
+        return write.apply(this, args);
+      };
+      next();
+    });
+    app.post('/small', (_req, res) => {
+      res.status(201);
+      res.write('a');
+      res.write('b');
+      res.end('c');
+    });
+    app.post('/large', (_req, res) => {
+      res.status(201);
+      res.write(Buffer.alloc(2 << 20, 'a')); // over the 1 MiB held: streamed from here
+      res.end('b');
+    });
+    const server = await serve(app);
+    const post = (path, key) => fetch(`${server.url}/${path}`, { method: 'POST', headers: { 'Idempotency-Key': key } })
+      .then(async (res) => ({ status: res.status, size: (await res.arrayBuffer()).byteLength, hook: res.headers.get('x-head-hook'), replayed: res.headers.get('idempotent-replayed') }));
+    try {
+      const small = uniqueKey();
+      assert.deepEqual(await post('small', small), { status: 201, size: 3, hook: 'ran', replayed: null });
+      assert.deepEqual(await post('small', small), { status: 201, size: 3, hook: 'ran', replayed: 'true' }); // the hook is in front of the replay too
+      assert.deepEqual(await post('large', uniqueKey()), { status: 201, size: (2 << 20) + 1, hook: 'ran', replayed: null });
     } finally {
       await server.close();
     }
