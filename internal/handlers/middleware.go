@@ -11,7 +11,6 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -122,14 +121,15 @@ func (s *Service) observe(next http.Handler) http.Handler {
 		if span != nil {
 			endRequestSpan(span, r.Method, route, status, info, outcome)
 		}
-		s.metrics.requests.WithLabelValues(route, outcome, strconv.Itoa(status)).Inc()
-		if route == beginRoute {
-			s.metrics.beginTime.WithLabelValues(outcome).Observe(elapsed.Seconds())
-			if info.tenant != "" {
-				s.metrics.begins.WithLabelValues(info.tenant, outcome).Inc()
-			}
+		series := s.metrics.series(route, outcome, status, info.tenant)
+		series.requests.Inc()
+		if series.beginTime != nil {
+			series.beginTime.Observe(elapsed.Seconds())
 		}
-		s.metrics.duration.WithLabelValues(route).Observe(elapsed.Seconds())
+		if series.begins != nil {
+			series.begins.Inc()
+		}
+		series.duration.Observe(elapsed.Seconds())
 		level := slog.LevelInfo
 		if status >= 500 {
 			level = slog.LevelError
