@@ -43,17 +43,20 @@ go build -o "$dir/idembench" ./cmd/idembench
 servers=(barechi idemsvc)
 if [ -n "${SVC_BASE:-}" ]; then
   git worktree add -q --detach "$dir/svcbase" "$SVC_BASE"
-  (cd "$dir/svcbase" && go build -o "$dir/idemsvc-base" ./cmd/idemsvc)
+  built=0
+  (cd "$dir/svcbase" && go build -o "$dir/idemsvc-base" ./cmd/idemsvc) || built=$?
   git worktree remove --force "$dir/svcbase"
+  [ "$built" = 0 ] || exit "$built"
   servers+=(idemsvc-base)
 fi
 start_redis
 bench_tenant
 
-# count SERVER MIX: instructions per request (per cycle) of SERVER under a
-# load of MIX.
+# count SERVER MIX: sets counted to the instructions per request (per
+# cycle) of SERVER under a load of MIX. (Not in a subshell: the server's
+# PID must reach pids, and a failure must stop the script.)
 count() {
-  local server=$1 mix=$2 port vg_pid args=()
+  local server=$1 mix=$2 port vg_pid args=() up=0
   port=$(free_port)
   case $server in
   barechi) args=(--redis-url "$redis_url") ;;
@@ -65,26 +68,32 @@ count() {
     "$dir/$server" --listen "127.0.0.1:$port" "${args[@]}" >>"$dir/$server.log" 2>&1 &
   vg_pid=$!
   pids+=("$vg_pid")
-  for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$port/" && break; sleep 0.1; done
+  for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$port/" && up=1 && break; sleep 0.1; done
+  [ "$up" = 1 ] || { echo "$server did not come up under valgrind (see $dir/$server.log)" >&2; return 1; }
   local bench=("$dir/idembench" --url "http://127.0.0.1:$port" --mix "$mix" --concurrency 4 --replay-keys 16)
   "${bench[@]}" --duration 3s >/dev/null # warm-up: pools, caches, valgrind's translations
-  callgrind_control -i on "$vg_pid" >/dev/null 2>&1
+  callgrind_control -i on "$vg_pid" >"$dir/control.log" 2>&1 || { cat "$dir/control.log" >&2; return 1; }
   "${bench[@]}" --duration "${seconds}s" >"$dir/report"
-  callgrind_control -i off "$vg_pid" >/dev/null 2>&1
-  callgrind_control -d "$vg_pid" >/dev/null 2>&1
+  callgrind_control -i off "$vg_pid" >>"$dir/control.log" 2>&1
+  callgrind_control -d "$vg_pid" >>"$dir/control.log" 2>&1
   kill "$vg_pid"
   wait "$vg_pid" 2>/dev/null || true
   local unit=requests total n
   [ "$mix" = cycle ] && unit=cycles
-  n=$(awk -v u="($unit)" '$0 ~ u { gsub(/[()]/, "", $3); print $3; exit }' "$dir/report")
-  grep -q '^errors: [0-9]' "$dir/report" && { echo "$server, $mix: idembench saw errors:" >&2; cat "$dir/report" >&2; return 1; }
+  n=$(awk -v u="$unit/s" '$1 == u { gsub(/[()]/, "", $3); print $3; exit }' "$dir/report")
+  if grep -q -E '^(errors: [0-9]|ERROR)' "$dir/report" || [ -z "$n" ] || [ "$n" = 0 ]; then
+    echo "$server, $mix: idembench failed:" >&2
+    cat "$dir/report" >&2
+    return 1
+  fi
   if [ -n "${KEEP:-}" ]; then
     mkdir -p "$KEEP"
     cp "$dir/$server" "$KEEP/"
     cat "$dir"/cg.out.*.1 >"$KEEP/$server-$mix.callgrind"
   fi
-  total=$(cat "$dir"/cg.out.* | awk '$1 == "totals:" { s += $2 } END { print s }')
-  echo $((total / n))
+  total=$(cat "$dir"/cg.out.* | awk '$1 == "totals:" { s += $2 } END { print s + 0 }')
+  [ "$total" -gt 0 ] || { echo "$server, $mix: callgrind counted nothing:" >&2; cat "$dir/control.log" >&2; return 1; }
+  counted=$((total / n))
 }
 
 printf '%-8s %14s %14s' load "barechi" "idemsvc"
@@ -92,7 +101,10 @@ printf '%-8s %14s %14s' load "barechi" "idemsvc"
 printf '   instructions per request (cycle), and idemsvc over barechi\n'
 for mix in begin cycle replay; do
   declare -A got=()
-  for server in "${servers[@]}"; do got[$server]=$(count "$server" "$mix"); done
+  for server in "${servers[@]}"; do
+    count "$server" "$mix"
+    got[$server]=$counted
+  done
   printf '%-8s %14d %14d' "$mix" "${got[barechi]}" "${got[idemsvc]}"
   [ -n "${SVC_BASE:-}" ] && printf ' %14d' "${got[idemsvc-base]}"
   awk -v b="${got[barechi]}" -v i="${got[idemsvc]}" 'BEGIN { printf "   %.3fx", i / b }'

@@ -79,7 +79,8 @@ func (r BeginReplayResponse) VisitBeginResponse(w http.ResponseWriter) error {
 
 // BeginAcquiredResponse is the 201 answer to a begin that acquired the
 // key: the hottest answer there is, written by hand as the generated
-// Begin201JSONResponse writes it (encode_test.go checks it), without
+// Begin201JSONResponse writes it but for HTML escaping (encode_test.go
+// checks it), without
 // encoding/json's reflection (BenchmarkAcquiredEncode).
 type BeginAcquiredResponse BeginAcquired
 
@@ -103,8 +104,8 @@ func (r BeginAcquiredResponse) VisitBeginResponse(w http.ResponseWriter) error {
 
 // FinishResponse is the 200 answer to complete and to fail, one per
 // cycle: written by hand, as the generated Complete200JSONResponse and
-// Fail200JSONResponse write it (encode_test.go checks it), without
-// encoding/json's reflection (BenchmarkFinishEncode).
+// Fail200JSONResponse write it but for HTML escaping (encode_test.go
+// checks it), without encoding/json's reflection (BenchmarkFinishEncode).
 type FinishResponse FinishResult
 
 // VisitCompleteResponse writes what Complete200JSONResponse writes.
@@ -394,7 +395,8 @@ func appendEscaped(b []byte, s string) []byte {
 	start := 0 // s[start:i] is yet to be copied
 	for i := 0; i < len(s); {
 		// Eight bytes at a time while none of them needs a second look, as
-		// stored bodies are mostly plain text: 4 times fewer instructions.
+		// stored bodies are mostly plain text: 3.3 times fewer instructions
+		// per KiB of it.
 		for i+8 <= len(s) && plainASCII8(le64(s[i:])) {
 			i += 8
 		}

@@ -127,6 +127,21 @@ func TestFinishResponseWritesLikeGenerated(t *testing.T) {
 	}
 }
 
+// plainASCII8 passes eight bytes only when none of them needs escaping:
+// every byte value, at every position, among plain ones.
+func TestPlainASCII8(t *testing.T) {
+	for pos := range 8 {
+		for c := range 256 {
+			word := []byte("abcdefgh")
+			word[pos] = byte(c)
+			want := c >= 0x20 && c < 0x80 && c != '"' && c != '\\'
+			if got := plainASCII8(le64(string(word))); got != want {
+				t.Errorf("byte %#x at %d: plain %v, want %v", c, pos, got, want)
+			}
+		}
+	}
+}
+
 // appendString escapes every string as encoding/json does without HTML
 // escaping, and JSONStringLen says how long that is.
 func FuzzAppendString(f *testing.F) {

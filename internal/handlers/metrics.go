@@ -3,6 +3,7 @@ package handlers
 import (
 	"strconv"
 	"sync"
+	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -18,14 +19,20 @@ type metrics struct {
 	waitPolls   prometheus.Counter
 	begins      *prometheus.CounterVec
 
-	seriesOf sync.Map // seriesKey → *requestSeries
+	seriesOf   sync.Map // seriesKey → *requestSeries
+	seriesKept atomic.Int32
 }
+
+// maxSeriesKept bounds the series kept by series: without a tenants file,
+// an admin may name any tenant, and each name adds to the begins' series.
+const maxSeriesKept = 4096
 
 // requestSeries are the series that requests of one route, outcome, status
 // and tenant count in. They are looked up once and kept: WithLabelValues
 // hashes and checks its label values on every call, about 3,600
-// instructions per begin. Every label is bounded (routes, outcomes and
-// statuses by the code, tenants by the tenants file), and so is the map.
+// instructions per begin. Routes, outcomes and statuses are bounded by the
+// code, tenants by the tenants file; past maxSeriesKept, series are looked
+// up on every request again.
 type requestSeries struct {
 	requests  prometheus.Counter
 	duration  prometheus.Observer
@@ -57,7 +64,13 @@ func (m *metrics) series(route, outcome string, status int, tenant string) *requ
 			s.begins = m.begins.WithLabelValues(tenant, outcome)
 		}
 	}
-	got, _ := m.seriesOf.LoadOrStore(key, s)
+	if m.seriesKept.Load() >= maxSeriesKept {
+		return s
+	}
+	got, loaded := m.seriesOf.LoadOrStore(key, s)
+	if !loaded {
+		m.seriesKept.Add(1)
+	}
 	return got.(*requestSeries)
 }
 

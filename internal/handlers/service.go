@@ -33,11 +33,15 @@ func tenant(ctx context.Context, named *string) (string, error) {
 		}
 		return "", errForbidden
 	}
-	// A malformed name is refused as invalid with the rest of the request.
-	if info.tenants != nil && auth.ValidTenantName(*named) && !info.tenants.Has(*named) {
+	// A malformed name is refused as invalid with the rest of the request,
+	// and is not logged or counted as a tenant.
+	valid := auth.ValidTenantName(*named)
+	if info.tenants != nil && valid && !info.tenants.Has(*named) {
 		return "", &noTenantError{*named}
 	}
-	info.tenant = *named
+	if valid {
+		info.tenant = *named
+	}
 	return *named, nil
 }
 
