@@ -80,8 +80,7 @@ func (r BeginReplayResponse) VisitBeginResponse(w http.ResponseWriter) error {
 // BeginAcquiredResponse is the 201 answer to a begin that acquired the
 // key: the hottest answer there is, written by hand as the generated
 // Begin201JSONResponse writes it but for HTML escaping (encode_test.go
-// checks it), without
-// encoding/json's reflection (BenchmarkAcquiredEncode).
+// checks it), without encoding/json's reflection (BenchmarkAcquiredEncode).
 type BeginAcquiredResponse BeginAcquired
 
 // VisitBeginResponse writes what Begin201JSONResponse writes.

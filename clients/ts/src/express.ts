@@ -58,11 +58,11 @@ export function keepRawBody(req: IncomingMessage, _res: unknown, body: Buffer): 
  * 422; a duplicate of a request still running gets 409 with Retry-After.
  * A 5xx, 408 or 429 and a thrown error fail the attempt retryably, so a
  * retry runs the handler again; an error after part of the answer was
- * written cuts the connection, as without the middleware (see below). When the caller leaves before the handler
- * answers, the key stays held while the handler may still run: its answer,
- * if it comes within a lease, is stored for the retry; otherwise the
- * attempt fails retryably then. An answer too
- * large to store is stored without its body and replayed with
+ * written cuts the connection, as without the middleware (see below). When
+ * the caller leaves before the handler answers, the key stays held while
+ * the handler may still run: its answer, if it comes within a lease, is
+ * stored for the retry; otherwise the attempt fails retryably then. An
+ * answer too large to store is stored without its body and replayed with
  * `Idempotent-Body-Omitted: true`. Without idemsvc it fails closed with 503.
  *
  * The handler's answer is held until it is stored, then sent; once the
@@ -199,7 +199,7 @@ class Capture {
   private readonly callbacks: Array<() => void> = [];
   /** res's own methods that the capture replaces: those of the head, and write and end. */
   private readonly originalHead: Partial<HeadMethods>;
-  readonly original: Pick<ServerResponse, 'write' | 'end'>;
+  private readonly original: Pick<ServerResponse, 'write' | 'end'>;
   private size = 0;
   private ended = false;
   private flushed = false;
