@@ -19,12 +19,12 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/idemsvc/idemsvc/internal/httpserve"
 )
 
 func main() {
@@ -44,12 +44,13 @@ func main() {
 	}
 }
 
-// Server timeouts. The upstream may take its time, so writes have no bound
-// of their own; a request's lease is kept alive while it runs.
+// Server timeouts. A keyed request may wait upstream-timeout-ms for the
+// upstream, so writes get that and writeMargin on top; reads, idle
+// connections and request heads are bounded as idemsvc bounds them
+// (internal/httpserve).
 const (
-	readHeaderTimeout = 5 * time.Second
-	idleTimeout       = 2 * time.Minute
-	shutdownTimeout   = 30 * time.Second
+	writeMargin     = 15 * time.Second
+	shutdownTimeout = 30 * time.Second
 )
 
 // run serves until ctx ends, then lets requests in flight finish. Logs are
@@ -64,20 +65,33 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	servers := []*http.Server{{Addr: cfg.listen, Handler: proxy.handler()}}
-	if cfg.adminListen != "" {
-		servers = append(servers, &http.Server{Addr: cfg.adminListen, Handler: proxy.admin()})
+	edge := httpserve.Config{
+		Addr:           cfg.listen,
+		MaxConnections: cfg.maxConnections,
+		ReadTimeout:    cfg.readTimeout,
+		WriteTimeout:   cfg.upstreamTimeout + writeMargin,
+		Log:            log,
+		Registry:       proxy.registry,
+		MetricPrefix:   "idemproxy",
 	}
-	errs := make(chan error, len(servers))
-	for _, srv := range servers {
-		srv.ReadHeaderTimeout, srv.IdleTimeout = readHeaderTimeout, idleTimeout
-		srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-		l, err := net.Listen("tcp", srv.Addr)
+	public, err := httpserve.Listen(edge, proxy.handler())
+	if err != nil {
+		return err
+	}
+	servers := []*httpserve.Server{public}
+	if cfg.adminListen != "" {
+		admin := edge
+		admin.Addr, admin.Registry = cfg.adminListen, nil
+		srv, err := httpserve.Listen(admin, proxy.admin())
 		if err != nil {
 			return err
 		}
-		log.Info("idemproxy serving", "addr", l.Addr().String(), "upstream", cfg.upstream.String(), "idemsvc", cfg.idemsvcURL)
-		go func() { errs <- srv.Serve(l) }()
+		servers = append(servers, srv)
+	}
+	errs := make(chan error, len(servers))
+	for _, srv := range servers {
+		log.Info("idemproxy serving", "addr", srv.Addr().String(), "upstream", cfg.upstream.String(), "idemsvc", cfg.idemsvcURL)
+		go func() { errs <- srv.Serve() }()
 	}
 	select {
 	case err := <-errs:
