@@ -65,28 +65,9 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	edge := httpserve.Config{
-		Addr:           cfg.listen,
-		MaxConnections: cfg.maxConnections,
-		ReadTimeout:    cfg.readTimeout,
-		WriteTimeout:   cfg.upstreamTimeout + writeMargin,
-		Log:            log,
-		Registry:       proxy.registry,
-		MetricPrefix:   "idemproxy",
-	}
-	public, err := httpserve.Listen(edge, proxy.handler())
+	servers, err := listen(cfg, proxy, log)
 	if err != nil {
 		return err
-	}
-	servers := []*httpserve.Server{public}
-	if cfg.adminListen != "" {
-		admin := edge
-		admin.Addr, admin.Registry = cfg.adminListen, nil
-		srv, err := httpserve.Listen(admin, proxy.admin())
-		if err != nil {
-			return err
-		}
-		servers = append(servers, srv)
 	}
 	errs := make(chan error, len(servers))
 	for _, srv := range servers {
@@ -107,4 +88,34 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// listen opens idemproxy's listener, and the admin one if configured, with
+// the edge idemsvc has (internal/httpserve).
+func listen(cfg config, proxy *proxy, log *slog.Logger) ([]*httpserve.Server, error) {
+	edge := httpserve.Config{
+		Addr:           cfg.listen,
+		MaxConnections: cfg.maxConnections,
+		ReadTimeout:    cfg.readTimeout,
+		WriteTimeout:   cfg.upstreamTimeout + writeMargin,
+		Log:            log,
+		Registry:       proxy.registry,
+		MetricPrefix:   "idemproxy",
+	}
+	public, err := httpserve.Listen(edge, proxy.handler())
+	if err != nil {
+		return nil, err
+	}
+	servers := []*httpserve.Server{public}
+	if cfg.adminListen != "" {
+		admin := edge
+		admin.Addr, admin.Registry = cfg.adminListen, nil
+		srv, err := httpserve.Listen(admin, proxy.admin())
+		if err != nil {
+			_ = public.Shutdown(context.Background())
+			return nil, err
+		}
+		servers = append(servers, srv)
+	}
+	return servers, nil
 }

@@ -75,7 +75,7 @@ func (a *nodeApp) runs(t *testing.T) int {
 // until the test ends.
 func serveProxy(t *testing.T, idemsvcURL, upstream string, flags ...string) string {
 	t.Helper()
-	cfg, err := parseConfig(append([]string{"--upstream", upstream, "--idemsvc-url", idemsvcURL}, flags...), nil)
+	cfg, err := parseConfig(append([]string{"--listen", "127.0.0.1:0", "--upstream", upstream, "--idemsvc-url", idemsvcURL}, flags...), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,9 +83,19 @@ func serveProxy(t *testing.T, idemsvcURL, upstream string, flags ...string) stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(p.handler())
-	t.Cleanup(srv.Close)
-	return srv.URL
+	servers, err := listen(cfg, p, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, srv := range servers {
+		go func() { _ = srv.Serve() }()
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+		})
+	}
+	return "http://" + servers[0].Addr().String()
 }
 
 // closedURL is a loopback URL where nothing listens.
