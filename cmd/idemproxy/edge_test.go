@@ -242,7 +242,7 @@ func TestStalledBodiesBounded(t *testing.T) {
 
 	// Every connection is closed within the read timeout (and a margin
 	// for the machine), having been answered or not.
-	time.Sleep(time.Until(sent.Add(testReadTimeout + 2*time.Second)))
+	time.Sleep(time.Until(sent.Add(testReadTimeout + 4*time.Second)))
 	open := 0
 	for _, c := range conns {
 		_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
@@ -282,4 +282,3 @@ func memory(t *testing.T, pid int) (rss, peak float64) {
 	}
 	return rss, peak
 }
-

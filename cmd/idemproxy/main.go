@@ -27,6 +27,10 @@ import (
 	"github.com/idemsvc/idemsvc/internal/httpserve"
 )
 
+// limitMemory bounds the runtime's heap by the budget of bodies in flight
+// (tests that run several servers in one process turn it off).
+var limitMemory = httpserve.LimitMemory
+
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
 		os.Exit(healthcheck(os.Args[2:], os.Environ(), os.Stderr))
@@ -60,6 +64,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	limitMemory(cfg.maxBodyBytesInFlight, env)
 	log := slog.New(slog.NewJSONHandler(logOut, nil))
 	proxy, err := newProxy(cfg, log)
 	if err != nil {

@@ -23,7 +23,10 @@ import (
 	"github.com/idemsvc/idemsvc/internal/redistest"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) {
+	limitMemory = func(int64, []string) int64 { return 0 }
+	redistest.Main(m)
+}
 
 // nodeApp is conformance/app.mjs run by Node: an upstream in another
 // language than idemproxy, which counts the requests that reach it.

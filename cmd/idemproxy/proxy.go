@@ -67,7 +67,7 @@ func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
 		Name: "idemproxy_upstream_errors_total",
 		Help: "Requests the upstream did not answer (refused, reset, timed out): 502 to the caller, and the key released.",
 	})
-	p.bodies = httpserve.NewBudget(cfg.maxBodyBytesInFlight, p.registry, "idemproxy")
+	p.bodies = httpserve.NewBudget(cfg.maxBodyBytesInFlight, 2, p.registry, "idemproxy") // idemproxy's copy and the middleware's
 	p.registry.MustRegister(p.requests, p.upstream, p.upErrors,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 
@@ -131,14 +131,7 @@ func (p *proxy) budgeted(next http.Handler) http.Handler {
 			return
 		}
 		body, taken, err := p.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), r.ContentLength)
-		defer func() { p.bodies.Give(taken) }()
-		if err == nil {
-			var copied int64
-			if err = p.bodies.Take(r.Context(), taken); err == nil {
-				copied = taken
-			}
-			taken += copied
-		}
+		defer p.bodies.Give(taken)
 		var tooLarge *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooLarge):

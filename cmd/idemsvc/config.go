@@ -256,9 +256,10 @@ func (c *config) check() []error {
 		problems = append(problems, errors.New("max-wait-ms must be positive"))
 	case c.maxConnections < 1:
 		problems = append(problems, errors.New("max-connections must be positive"))
-	case c.maxBodyBytesInFlight < 2*c.maxRequestBytes:
-		// A body's buffer doubles as it grows: room for the old and the new.
-		problems = append(problems, errors.New("max-body-bytes-in-flight must be at least twice max-request-bytes"))
+	case c.maxBodyBytesInFlight < 4*c.maxRequestBytes:
+		// A body counts twice (read, and decoded), and its buffer doubles
+		// as it grows: room for the old and the new.
+		problems = append(problems, errors.New("max-body-bytes-in-flight must be at least 4 times max-request-bytes"))
 	}
 	return problems
 }

@@ -28,6 +28,10 @@ import (
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
+// limitMemory bounds the runtime's heap by the budget of bodies in flight
+// (tests that run several servers in one process turn it off).
+var limitMemory = httpserve.LimitMemory
+
 func main() {
 	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version") {
 		fmt.Println(versionLine())
@@ -69,6 +73,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	limitMemory(cfg.maxBodyBytesInFlight, env)
 	logs := newLogWriter(logOut, logFlushInterval)
 	defer logs.Close()
 	log := slog.New(flushingHandler{slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}), logs})

@@ -72,6 +72,10 @@ const (
 	DefaultWaitFallbackInterval = 5 * time.Second
 )
 
+// bodyCopies is how many copies of its body a request holds: the bytes
+// read, and the strings they are decoded into.
+const bodyCopies = 2
+
 // Service implements the API over a Store. It is an http.Handler.
 type Service struct {
 	store        statemachine.Store
@@ -133,7 +137,7 @@ func New(cfg Config) *Service {
 		registry:          cfg.Registry,
 		metrics:           newMetrics(cfg.Registry),
 		maxBodyBytes:      cfg.MaxBodyBytes,
-		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, cfg.Registry, "idemsvc"),
+		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, bodyCopies, cfg.Registry, "idemsvc"),
 		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"io"
+	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -22,9 +24,11 @@ const BudgetWait = 250 * time.Millisecond
 
 // Budget bounds the bytes of request bodies held in memory at once. The
 // bytes are taken as the buffer that holds a body grows, so a body
-// declared large but sent slowly holds only what it sent.
+// declared large but sent slowly holds only what it sent; each is taken
+// as many times as its request holds copies of the body.
 type Budget struct {
 	limit   int64
+	copies  int64
 	held    atomic.Int64
 	waiting atomic.Int32
 	mu      sync.Mutex
@@ -32,10 +36,12 @@ type Budget struct {
 	refused prometheus.Counter
 }
 
-// NewBudget is a budget of limit bytes. Its metrics, named with prefix,
-// go to reg unless it is nil.
-func NewBudget(limit int64, reg prometheus.Registerer, prefix string) *Budget {
-	b := &Budget{limit: limit, freed: make(chan struct{}),
+// NewBudget is a budget of limit bytes, for requests that each hold
+// copies copies of their body at most (the bytes read, and what they are
+// decoded or copied into). Its metrics, named with prefix, go to reg
+// unless it is nil.
+func NewBudget(limit int64, copies int, reg prometheus.Registerer, prefix string) *Budget {
+	b := &Budget{limit: limit, copies: int64(max(copies, 1)), freed: make(chan struct{}),
 		refused: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: prefix + "_body_budget_refused_total",
 			Help: "Request bodies refused (503) because the bodies held at once were at the budget.",
@@ -52,10 +58,11 @@ func NewBudget(limit int64, reg prometheus.Registerer, prefix string) *Budget {
 // Limit is the budget in bytes.
 func (b *Budget) Limit() int64 { return b.limit }
 
-// Held is the bytes taken now.
+// Held is the bytes taken now, each body's as many times as its copies.
 func (b *Budget) Held() int64 { return b.held.Load() }
 
 func (b *Budget) tryTake(n int64) bool {
+	n *= b.copies
 	for {
 		held := b.held.Load()
 		if held+n > b.limit {
@@ -67,7 +74,7 @@ func (b *Budget) tryTake(n int64) bool {
 	}
 }
 
-// Take takes n bytes: at once when there is room, else as soon as there
+// Take takes n bytes of a body (n times the copies): at once when there is room, else as soon as there
 // is, within BudgetWait or until ctx ends; then ErrOverBudget.
 func (b *Budget) Take(ctx context.Context, n int64) error {
 	if b.tryTake(n) {
@@ -95,12 +102,12 @@ func (b *Budget) Take(ctx context.Context, n int64) error {
 	}
 }
 
-// Give gives n bytes back.
+// Give gives back n bytes taken.
 func (b *Budget) Give(n int64) {
 	if n == 0 {
 		return
 	}
-	b.held.Add(-n)
+	b.held.Add(-n * b.copies)
 	if b.waiting.Load() > 0 {
 		b.mu.Lock()
 		close(b.freed)
@@ -156,4 +163,25 @@ func (b *Budget) ReadBody(ctx context.Context, r io.Reader, length int64) (body 
 		}
 	}
 	return buf, taken, nil
+}
+
+// memoryHeadroom is what a process needs beyond its bodies in flight: its
+// code, stacks, connections' buffers and the records it encodes.
+const memoryHeadroom = 64 << 20
+
+// LimitMemory sets the Go runtime's soft memory limit to the budget plus
+// memoryHeadroom, unless GOMEMLIMIT (in env, KEY=value entries) sets one.
+// Without it the runtime lets the heap grow to twice what was live at the
+// last collection, and the bodies refused or served since are garbage
+// counted in the resident set: up to twice the budget. It returns the
+// limit in force.
+func LimitMemory(budget int64, env []string) int64 {
+	for _, kv := range env {
+		if strings.HasPrefix(kv, "GOMEMLIMIT=") {
+			return debug.SetMemoryLimit(-1)
+		}
+	}
+	limit := budget + memoryHeadroom
+	debug.SetMemoryLimit(limit)
+	return limit
 }
