@@ -164,9 +164,11 @@ const storeRetryAfter = "1"
 // writeProblem answers err as an RFC 9457 problem detail.
 func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	kind, detail := problemOf(err)
-	if kind.status >= 500 && r.Context().Err() != nil {
+	if (kind.status >= 500 || kind == kindInProgress) && r.Context().Err() != nil {
 		// The caller left (a waiting begin, say, whose client gave up):
-		// nobody reads an answer, and nothing is wrong with idemsvc.
+		// nobody reads an answer, and what the call came to (a 503 for a
+		// store call cut short, a 409 for a wait cut short) is no fault.
+		// A request refused for itself keeps its answer and outcome.
 		if info := infoFrom(r.Context()); info != nil && info.status == 0 {
 			info.status, info.outcome, info.err = statusClientGone, outcomeClientGone, err
 		}
