@@ -17,6 +17,9 @@ import (
 // Config.MaxConnections). It accepts every connection the kernel has, so
 // that none waits unanswered in the backlog: past the cap it makes room
 // by closing the connection idle longest, or else refuses the new one.
+// (x/net's netutil.LimitListener, used before, holds Accept back instead,
+// which leaves new callers hanging while idle connections hold the cap;
+// it knows nothing of idleness, which only net/http's ConnState tells.)
 type capListener struct {
 	net.Listener
 	max     int64
