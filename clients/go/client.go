@@ -255,6 +255,7 @@ var kinds = map[string]struct {
 	"quota-exceeded":         {ErrQuotaExceeded, "Quota exceeded"},
 	"method-not-allowed":     {ErrInvalid, "Method not allowed"},
 	"unsupported-media-type": {ErrInvalid, "Unsupported media type"},
+	"internal":               {nil, "Internal error"}, // matches no sentinel error
 }
 
 // Error is a problem idemsvc answered.

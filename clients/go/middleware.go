@@ -22,7 +22,8 @@ type MiddlewareOptions struct {
 	// (default "Idempotency-Key").
 	KeyHeader string
 	// Methods are the methods made idempotent (default POST and PATCH). A
-	// request of any other method runs every time, key or not.
+	// request of any other method runs every time, key or not, except one
+	// that spells a handled method in other case (post), which gets 400.
 	Methods []string
 	// Optional lets requests of those methods without a key through, not
 	// idempotent; by default they get 400.
@@ -105,6 +106,11 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 	return func(next http.Handler) http.Handler {
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			if !slices.Contains(opts.Methods, r.Method) {
+				if m, ok := caseVariant(opts.Methods, r.Method); ok {
+					writeProblem(w, http.StatusBadRequest, "invalid-request",
+						"method names are case-sensitive (RFC 9110): "+strconv.Quote(r.Method)+" is not "+m, 0)
+					return
+				}
 				next.ServeHTTP(w, r) // not made idempotent: runs every time
 				return
 			}
@@ -170,6 +176,19 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 			rec.writeTo(w)
 		})
 	}
+}
+
+// caseVariant finds the handled method that method spells in other case
+// (post for POST). HTTP methods are case-sensitive, so post is not POST;
+// but a server behind may take it as POST, and passed through it would
+// run without its key. It is refused instead.
+func caseVariant(methods []string, method string) (string, bool) {
+	for _, m := range methods {
+		if strings.EqualFold(m, method) {
+			return m, true
+		}
+	}
+	return "", false
 }
 
 // retryAgain reports whether an answer is not to be stored, so that a

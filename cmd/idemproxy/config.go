@@ -12,6 +12,7 @@ import (
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/cli"
+	"github.com/idemsvc/idemsvc/internal/httpserve"
 )
 
 // config is idemproxy's configuration: each setting is a flag and an
@@ -29,26 +30,35 @@ type config struct {
 	// answer: past it, 504, and the key is released.
 	upstreamTimeout time.Duration
 	middleware      idem.MiddlewareOptions
+	// The edge, as idemsvc's: the connections served at once, the bytes
+	// of keyed request bodies held at once, and how long a request may
+	// take to arrive, body included.
+	maxConnections       int
+	maxBodyBytesInFlight int64
+	readTimeout          time.Duration
 }
 
 // vars maps each flag to its environment variable. idemsvc's address and
 // credentials are named as every client of idemsvc names them.
 var vars = map[string]string{
-	"listen":              "IDEMPROXY_LISTEN",
-	"admin-listen":        "IDEMPROXY_ADMIN_LISTEN",
-	"upstream":            "IDEMPROXY_UPSTREAM",
-	"methods":             "IDEMPROXY_METHODS",
-	"key-header":          "IDEMPROXY_KEY_HEADER",
-	"key-optional":        "IDEMPROXY_KEY_OPTIONAL",
-	"wait-ms":             "IDEMPROXY_WAIT_MS",
-	"store-headers":       "IDEMPROXY_STORE_HEADERS",
-	"max-body-bytes":      "IDEMPROXY_MAX_BODY_BYTES",
-	"upstream-timeout-ms": "IDEMPROXY_UPSTREAM_TIMEOUT_MS",
-	"idemsvc-url":         "IDEMSVC_URL",
-	"idemsvc-api-key":     "IDEMSVC_API_KEY",
-	"ca-file":             "IDEMSVC_CA_FILE",
-	"client-cert-file":    "IDEMSVC_CLIENT_CERT_FILE",
-	"client-key-file":     "IDEMSVC_CLIENT_KEY_FILE",
+	"listen":                   "IDEMPROXY_LISTEN",
+	"admin-listen":             "IDEMPROXY_ADMIN_LISTEN",
+	"upstream":                 "IDEMPROXY_UPSTREAM",
+	"methods":                  "IDEMPROXY_METHODS",
+	"key-header":               "IDEMPROXY_KEY_HEADER",
+	"key-optional":             "IDEMPROXY_KEY_OPTIONAL",
+	"wait-ms":                  "IDEMPROXY_WAIT_MS",
+	"store-headers":            "IDEMPROXY_STORE_HEADERS",
+	"max-body-bytes":           "IDEMPROXY_MAX_BODY_BYTES",
+	"upstream-timeout-ms":      "IDEMPROXY_UPSTREAM_TIMEOUT_MS",
+	"max-connections":          "IDEMPROXY_MAX_CONNECTIONS",
+	"max-body-bytes-in-flight": "IDEMPROXY_MAX_BODY_BYTES_IN_FLIGHT",
+	"read-timeout-ms":          "IDEMPROXY_READ_TIMEOUT_MS",
+	"idemsvc-url":              "IDEMSVC_URL",
+	"idemsvc-api-key":          "IDEMSVC_API_KEY",
+	"ca-file":                  "IDEMSVC_CA_FILE",
+	"client-cert-file":         "IDEMSVC_CLIENT_CERT_FILE",
+	"client-key-file":          "IDEMSVC_CLIENT_KEY_FILE",
 }
 
 // parseConfig reads args and then, for every flag args did not set, env
@@ -66,6 +76,9 @@ func parseConfig(args, env []string) (config, error) {
 	storeHeaders := fs.String("store-headers", "Content-Type,Content-Language,Location,ETag,Last-Modified", "comma-separated response headers stored and replayed")
 	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest request body of a request with a key; larger ones get 413")
 	upstreamTimeout := fs.Int("upstream-timeout-ms", 60000, "how long a request with a key may wait for the upstream's answer; then 504, and the key is released")
+	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "connections served at once; past it the one idle longest is closed, or else a new one gets 503")
+	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", defaultMaxBodyBytesInFlight, "bytes of keyed request bodies held at once (each counted twice: read, and copied by the middleware); past it a body waits briefly, then 503")
+	readTimeoutMS := fs.Int("read-timeout-ms", int(httpserve.DefaultReadTimeout.Milliseconds()), "how long a request may take to arrive, body included; then the connection is closed")
 	idemsvcURL := fs.String("idemsvc-url", "http://localhost:8080", "idemsvc's base URL")
 	apiKey := fs.String("idemsvc-api-key", "", "the API key of this service's tenant at idemsvc")
 	caFile := fs.String("ca-file", "", "PEM CA that signs idemsvc's certificate (default: the system's)")
@@ -95,7 +108,8 @@ func parseConfig(args, env []string) (config, error) {
 	}
 
 	cfg := config{listen: *listen, adminListen: *admin, idemsvcURL: *idemsvcURL, apiKey: *apiKey,
-		caFile: *caFile, certFile: *certFile, keyFile: *keyFile}
+		caFile: *caFile, certFile: *certFile, keyFile: *keyFile, maxConnections: *maxConns,
+		maxBodyBytesInFlight: *bodiesInFlight, readTimeout: time.Duration(*readTimeoutMS) * time.Millisecond}
 	if *upstream == "" {
 		return config{}, fmt.Errorf("IDEMPROXY_UPSTREAM is required: the URL of the service to make idempotent\n%s", cli.Usage(fs, "usage: idemproxy [flags]; each flag is also the environment variable named"))
 	}
@@ -108,6 +122,13 @@ func parseConfig(args, env []string) (config, error) {
 		return config{}, fmt.Errorf("IDEMPROXY_WAIT_MS must be 0 or more, and IDEMPROXY_MAX_BODY_BYTES and IDEMPROXY_UPSTREAM_TIMEOUT_MS more than 0")
 	}
 	cfg.upstreamTimeout = time.Duration(*upstreamTimeout) * time.Millisecond
+	if *maxConns < 1 || *readTimeoutMS < 1 {
+		return config{}, fmt.Errorf("IDEMPROXY_MAX_CONNECTIONS and IDEMPROXY_READ_TIMEOUT_MS must be more than 0")
+	}
+	// A keyed body counts twice, and its buffer doubles as it grows.
+	if *bodiesInFlight < 4**maxBody {
+		return config{}, fmt.Errorf("IDEMPROXY_MAX_BODY_BYTES_IN_FLIGHT must be at least 4 times IDEMPROXY_MAX_BODY_BYTES")
+	}
 	cfg.middleware = idem.MiddlewareOptions{
 		KeyHeader:    *keyHeader,
 		Methods:      cli.List(strings.ToUpper(*methods)),
@@ -129,6 +150,10 @@ func parseConfig(args, env []string) (config, error) {
 	}
 	return cfg, nil
 }
+
+// defaultMaxBodyBytesInFlight is IDEMPROXY_MAX_BODY_BYTES_IN_FLIGHT's
+// default (see the README's "Bounded memory").
+const defaultMaxBodyBytesInFlight = 64 << 20
 
 // unstorable are the answer headers that describe one connection or one
 // caller, never to be replayed.

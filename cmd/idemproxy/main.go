@@ -19,13 +19,17 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/idemsvc/idemsvc/internal/httpserve"
 )
+
+// limitMemory bounds the runtime's heap by the budget of bodies in flight
+// (tests that run several servers in one process turn it off).
+var limitMemory = httpserve.LimitMemory
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
@@ -44,12 +48,13 @@ func main() {
 	}
 }
 
-// Server timeouts. The upstream may take its time, so writes have no bound
-// of their own; a request's lease is kept alive while it runs.
+// Server timeouts. A keyed request may wait upstream-timeout-ms for the
+// upstream, so writes get that and writeMargin on top; reads, idle
+// connections and request heads are bounded as idemsvc bounds them
+// (internal/httpserve).
 const (
-	readHeaderTimeout = 5 * time.Second
-	idleTimeout       = 2 * time.Minute
-	shutdownTimeout   = 30 * time.Second
+	writeMargin     = 15 * time.Second
+	shutdownTimeout = 30 * time.Second
 )
 
 // run serves until ctx ends, then lets requests in flight finish. Logs are
@@ -59,25 +64,20 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	limitMemory(cfg.maxBodyBytesInFlight, env)
 	log := slog.New(slog.NewJSONHandler(logOut, nil))
 	proxy, err := newProxy(cfg, log)
 	if err != nil {
 		return err
 	}
-	servers := []*http.Server{{Addr: cfg.listen, Handler: proxy.handler()}}
-	if cfg.adminListen != "" {
-		servers = append(servers, &http.Server{Addr: cfg.adminListen, Handler: proxy.admin()})
+	servers, err := listen(cfg, proxy, log)
+	if err != nil {
+		return err
 	}
 	errs := make(chan error, len(servers))
 	for _, srv := range servers {
-		srv.ReadHeaderTimeout, srv.IdleTimeout = readHeaderTimeout, idleTimeout
-		srv.ErrorLog = slog.NewLogLogger(log.Handler(), slog.LevelWarn)
-		l, err := net.Listen("tcp", srv.Addr)
-		if err != nil {
-			return err
-		}
-		log.Info("idemproxy serving", "addr", l.Addr().String(), "upstream", cfg.upstream.String(), "idemsvc", cfg.idemsvcURL)
-		go func() { errs <- srv.Serve(l) }()
+		log.Info("idemproxy serving", "addr", srv.Addr().String(), "upstream", cfg.upstream.String(), "idemsvc", cfg.idemsvcURL)
+		go func() { errs <- srv.Serve() }()
 	}
 	select {
 	case err := <-errs:
@@ -93,4 +93,34 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		}
 	}
 	return nil
+}
+
+// listen opens idemproxy's listener, and the admin one if configured, with
+// the edge idemsvc has (internal/httpserve).
+func listen(cfg config, proxy *proxy, log *slog.Logger) ([]*httpserve.Server, error) {
+	edge := httpserve.Config{
+		Addr:           cfg.listen,
+		MaxConnections: cfg.maxConnections,
+		ReadTimeout:    cfg.readTimeout,
+		WriteTimeout:   cfg.upstreamTimeout + writeMargin,
+		Log:            log,
+		Registry:       proxy.registry,
+		MetricPrefix:   "idemproxy",
+	}
+	public, err := httpserve.Listen(edge, proxy.handler())
+	if err != nil {
+		return nil, err
+	}
+	servers := []*httpserve.Server{public}
+	if cfg.adminListen != "" {
+		admin := edge
+		admin.Addr, admin.Registry = cfg.adminListen, nil
+		srv, err := httpserve.Listen(admin, proxy.admin())
+		if err != nil {
+			_ = public.Shutdown(context.Background())
+			return nil, err
+		}
+		servers = append(servers, srv)
+	}
+	return servers, nil
 }

@@ -23,7 +23,10 @@ import (
 	"github.com/idemsvc/idemsvc/internal/redistest"
 )
 
-func TestMain(m *testing.M) { redistest.Main(m) }
+func TestMain(m *testing.M) {
+	limitMemory = func(int64, []string) int64 { return 0 }
+	redistest.Main(m)
+}
 
 // nodeApp is conformance/app.mjs run by Node: an upstream in another
 // language than idemproxy, which counts the requests that reach it.
@@ -75,7 +78,7 @@ func (a *nodeApp) runs(t *testing.T) int {
 // until the test ends.
 func serveProxy(t *testing.T, idemsvcURL, upstream string, flags ...string) string {
 	t.Helper()
-	cfg, err := parseConfig(append([]string{"--upstream", upstream, "--idemsvc-url", idemsvcURL}, flags...), nil)
+	cfg, err := parseConfig(append([]string{"--listen", "127.0.0.1:0", "--upstream", upstream, "--idemsvc-url", idemsvcURL}, flags...), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,9 +86,19 @@ func serveProxy(t *testing.T, idemsvcURL, upstream string, flags ...string) stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(p.handler())
-	t.Cleanup(srv.Close)
-	return srv.URL
+	servers, err := listen(cfg, p, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, srv := range servers {
+		go func() { _ = srv.Serve() }()
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(ctx)
+		})
+	}
+	return "http://" + servers[0].Addr().String()
 }
 
 // closedURL is a loopback URL where nothing listens.

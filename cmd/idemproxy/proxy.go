@@ -1,10 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -18,6 +20,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/httpserve"
 )
 
 // proxy is idemproxy's request path: idem.Middleware in front of a
@@ -30,6 +33,7 @@ type proxy struct {
 	requests *prometheus.CounterVec
 	upstream prometheus.Histogram
 	upErrors prometheus.Counter
+	bodies   *httpserve.Budget // keyed request bodies held at once
 }
 
 // Outcomes of a request, as idemproxy_requests_total labels them.
@@ -63,6 +67,7 @@ func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
 		Name: "idemproxy_upstream_errors_total",
 		Help: "Requests the upstream did not answer (refused, reset, timed out): 502 to the caller, and the key released.",
 	})
+	p.bodies = httpserve.NewBudget(cfg.maxBodyBytesInFlight, 2, p.registry, "idemproxy") // idemproxy's copy and the middleware's
 	p.registry.MustRegister(p.requests, p.upstream, p.upErrors,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 
@@ -79,7 +84,7 @@ func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
 		Transport:    transport,
 		ErrorHandler: p.upstreamError,
 	}
-	p.forward = idem.Middleware(client, cfg.middleware)(p.timed(rp))
+	p.forward = p.budgeted(idem.Middleware(client, cfg.middleware)(p.timed(rp)))
 	return p, nil
 }
 
@@ -92,12 +97,82 @@ func (p *proxy) handler() http.Handler {
 	}
 	admin := p.admin()
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if (r.URL.Path == "/healthz" || r.URL.Path == "/metrics") && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
+		if ownPath(r) && (r.Method == http.MethodGet || r.Method == http.MethodHead) {
 			admin.ServeHTTP(w, r)
 			return
 		}
 		counted.ServeHTTP(w, r)
 	})
+}
+
+// ownPath reports whether a request is for idemproxy's own /healthz or
+// /metrics, spelt exactly so: any other spelling of those paths
+// (/%6detrics, say) is the upstream's and goes to it untouched, so that
+// idemproxy answers nothing the upstream could be asked for.
+func ownPath(r *http.Request) bool {
+	return r.URL.RawPath == "" && (r.URL.Path == "/healthz" || r.URL.Path == "/metrics")
+}
+
+// budgeted reads the body of a keyed request (of a handled method, with
+// the key header) under the budget of bodies in flight, before the
+// middleware copies it for the fingerprint: the body counts twice, for
+// the two copies. Past the budget the request waits briefly, then gets
+// 503 with Retry-After, and the upstream does not see it. Other requests
+// stream their bodies to the upstream and hold none.
+func (p *proxy) budgeted(next http.Handler) http.Handler {
+	opts := p.cfg.middleware
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !slices.Contains(opts.Methods, r.Method) || len(r.Header.Values(opts.KeyHeader)) == 0 || r.ContentLength == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		if r.ContentLength > opts.MaxBodyBytes {
+			writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
+			return
+		}
+		body, taken, err := p.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), r.ContentLength)
+		defer p.bodies.Give(taken)
+		var tooLarge *http.MaxBytesError
+		switch {
+		case errors.As(err, &tooLarge):
+			writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
+			return
+		case errors.Is(err, httpserve.ErrOverBudget):
+			writeProblem(w, http.StatusServiceUnavailable, "store-unavailable", "idemproxy holds as many request bodies as its memory budget allows; the request did not reach the upstream", 1)
+			return
+		case err != nil:
+			writeProblem(w, http.StatusBadRequest, "invalid-request", "the request body could not be read", 0)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+// problemTitles title the problems idemproxy answers itself, as idemsvc
+// and the middleware title them.
+var problemTitles = map[string]string{
+	"invalid-request":   "Invalid request",
+	"too-large":         "Too large",
+	"store-unavailable": "Store unavailable",
+}
+
+// writeProblem answers with an RFC 9457 problem detail of kind.
+func writeProblem(w http.ResponseWriter, status int, kind, detail string, retryAfter int) {
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
+	}
+	typ := "about:blank"
+	if kind != "" {
+		typ = "https://idemsvc.dev/problems/" + kind
+	}
+	title := problemTitles[kind]
+	if title == "" {
+		title = http.StatusText(status)
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(idem.Problem{Type: typ, Title: title, Status: status, Detail: detail})
 }
 
 // admin serves /healthz (200 while idemproxy serves; it does not ask
@@ -235,11 +310,7 @@ func (p *proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	}
 	p.upErrors.Inc()
 	p.log.Warn("upstream error", "method", r.Method, "path", r.URL.Path, "err", err)
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(map[string]any{
-		"type": "about:blank", "title": http.StatusText(status), "status": status, "detail": detail,
-	})
+	writeProblem(w, status, "", detail, 0)
 }
 
 // statusWriter notes the status of an answer.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/cli"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/httpserve"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -45,8 +46,10 @@ type config struct {
 	logLevel            slog.Level
 	limits              statemachine.Limits
 	maxRequestBytes     int64
-	maxWait             time.Duration
-	maxConnections      int
+	// maxBodyBytesInFlight bounds the request bodies held at once.
+	maxBodyBytesInFlight int64
+	maxWait              time.Duration
+	maxConnections       int
 	// unknownVars are IDEMSVC_* variables that name no setting: typos,
 	// most likely, reported at start.
 	unknownVars []string
@@ -99,7 +102,8 @@ func parseConfig(args, env []string) (config, error) {
 	maxRetention := fs.Int64("max-retention-s", int64(d.MaxRetention/time.Second), "longest retention")
 	defaultRetention := fs.Int64("default-retention-s", int64(d.DefaultRetention/time.Second), "retention of a record when no call gave retention_s")
 	maxWait := fs.Int64("max-wait-ms", handlers.DefaultMaxWait.Milliseconds(), "longest wait_ms")
-	maxConns := fs.Int("max-connections", 10000, "concurrent connections served; more wait to be accepted")
+	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "concurrent connections served; past it the one idle longest is closed, or else a new one gets 503")
+	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", handlers.DefaultMaxBodyBytesInFlight, "bytes of request bodies held at once; past it a body waits briefly, then 503")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + envName(f.Name) + ")" })
 
 	if err := fs.Parse(args); err != nil {
@@ -133,31 +137,32 @@ func parseConfig(args, env []string) (config, error) {
 	sort.Strings(unknown)
 
 	c := config{
-		listen:              *listen,
-		redisURL:            *redisURL,
-		redisClusterAddrs:   cli.List(*cluster),
-		redisSentinelAddrs:  cli.List(*sentinels),
-		redisSentinelMaster: *master,
-		redisUsername:       *username,
-		redisPassword:       *password,
-		redisTLS:            *redisTLS,
-		redisTLSCAFile:      *redisCA,
-		redisTLSCertFile:    *redisCert,
-		redisTLSKeyFile:     *redisKey,
-		tlsCertFile:         *tlsCert,
-		tlsKeyFile:          *tlsKey,
-		tlsClientCAFile:     *tlsClientCA,
-		redisWaitReplicas:   *waitReplicas,
-		redisAllowEviction:  *allowEviction,
-		redisWaitTimeout:    time.Duration(*waitTimeout) * time.Millisecond,
-		redisTimeout:        time.Duration(*timeout) * time.Millisecond,
-		redisMaxInFlight:    *maxInFlight,
-		tenantsFile:         *tenants,
-		insecureNoAuth:      *insecure,
-		maxRequestBytes:     *maxRequest,
-		maxWait:             time.Duration(*maxWait) * time.Millisecond,
-		maxConnections:      *maxConns,
-		unknownVars:         unknown,
+		listen:               *listen,
+		redisURL:             *redisURL,
+		redisClusterAddrs:    cli.List(*cluster),
+		redisSentinelAddrs:   cli.List(*sentinels),
+		redisSentinelMaster:  *master,
+		redisUsername:        *username,
+		redisPassword:        *password,
+		redisTLS:             *redisTLS,
+		redisTLSCAFile:       *redisCA,
+		redisTLSCertFile:     *redisCert,
+		redisTLSKeyFile:      *redisKey,
+		tlsCertFile:          *tlsCert,
+		tlsKeyFile:           *tlsKey,
+		tlsClientCAFile:      *tlsClientCA,
+		redisWaitReplicas:    *waitReplicas,
+		redisAllowEviction:   *allowEviction,
+		redisWaitTimeout:     time.Duration(*waitTimeout) * time.Millisecond,
+		redisTimeout:         time.Duration(*timeout) * time.Millisecond,
+		redisMaxInFlight:     *maxInFlight,
+		tenantsFile:          *tenants,
+		insecureNoAuth:       *insecure,
+		maxRequestBytes:      *maxRequest,
+		maxBodyBytesInFlight: *bodiesInFlight,
+		maxWait:              time.Duration(*maxWait) * time.Millisecond,
+		maxConnections:       *maxConns,
+		unknownVars:          unknown,
 	}
 	// Development mode (no Redis, no tenants: every call accepted) listens
 	// on loopback only, unless told where to listen.
@@ -251,6 +256,10 @@ func (c *config) check() []error {
 		problems = append(problems, errors.New("max-wait-ms must be positive"))
 	case c.maxConnections < 1:
 		problems = append(problems, errors.New("max-connections must be positive"))
+	case c.maxBodyBytesInFlight < 4*c.maxRequestBytes:
+		// A body counts twice (read, and decoded), and its buffer doubles
+		// as it grows: room for the old and the new.
+		problems = append(problems, errors.New("max-body-bytes-in-flight must be at least 4 times max-request-bytes"))
 	}
 	return problems
 }

@@ -12,8 +12,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
-	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -22,13 +20,17 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"golang.org/x/net/netutil"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/httpserve"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
+
+// limitMemory bounds the runtime's heap by the budget of bodies in flight
+// (tests that run several servers in one process turn it off).
+var limitMemory = httpserve.LimitMemory
 
 func main() {
 	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version") {
@@ -51,14 +53,13 @@ func main() {
 	}
 }
 
-// Server timeouts. A begin may wait up to max-wait-ms, so writes get that
-// and writeMargin on top.
+// Server timeouts (the others are httpserve's defaults). A begin may wait
+// up to max-wait-ms, so writes get that and writeMargin on top.
 const (
-	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 30 * time.Second
-	writeMargin       = 15 * time.Second
-	idleTimeout       = 2 * time.Minute
-	shutdownTimeout   = 30 * time.Second
+	readTimeout     = 30 * time.Second
+	writeMargin     = 15 * time.Second
+	idleTimeout     = 2 * time.Minute
+	shutdownTimeout = 30 * time.Second
 	// logFlushInterval is how long an info line may wait in the buffer
 	// (warnings and errors are written at once).
 	logFlushInterval = 20 * time.Millisecond
@@ -72,6 +73,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
+	limitMemory(cfg.maxBodyBytesInFlight, env)
 	logs := newLogWriter(logOut, logFlushInterval)
 	defer logs.Close()
 	log := slog.New(flushingHandler{slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}), logs})
@@ -118,28 +120,28 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		_ = stopTracing(flushCtx)
 	}()
 	hc := handlers.Config{Store: store, Keyring: keyring, Logger: log, Registry: registry,
-		MaxBodyBytes: cfg.maxRequestBytes, MaxWait: cfg.maxWait, Limiter: limiter, TrustedProxies: cfg.trustedProxies}
+		MaxBodyBytes: cfg.maxRequestBytes, MaxBodyBytesInFlight: cfg.maxBodyBytesInFlight, MaxWait: cfg.maxWait, Limiter: limiter, TrustedProxies: cfg.trustedProxies}
 	if provider != nil {
 		hc.Tracer = provider
 		log.Info("tracing: spans exported over OTLP")
 	}
 	svc := handlers.New(hc)
-	ln, err := net.Listen("tcp", cfg.listen)
-	if err != nil {
-		return fmt.Errorf("listen: %w", err)
+	edge := httpserve.Config{
+		Addr:           cfg.listen,
+		MaxConnections: cfg.maxConnections,
+		ReadTimeout:    readTimeout,
+		WriteTimeout:   cfg.maxWait + writeMargin,
+		Log:            log,
+		Registry:       registry,
+		MetricPrefix:   "idemsvc",
 	}
-	// x/net's LimitListener, kept with Go itself, caps connections by
-	// holding back Accept, so that the ones over the cap wait in the
-	// kernel's backlog instead of costing memory here.
-	ln = netutil.LimitListener(ln, cfg.maxConnections)
 	scheme := "http"
 	if cfg.tlsCertFile != "" {
 		certs, err := newServingTLS(cfg.tlsCertFile, cfg.tlsKeyFile, cfg.tlsClientCAFile, log)
 		if err != nil {
-			_ = ln.Close()
 			return err
 		}
-		ln = tls.NewListener(ln, certs.Config())
+		edge.TLS = certs.Config()
 		scheme = "https"
 		if cfg.tlsClientCAFile != "" {
 			log.Info("TLS: client certificates required")
@@ -147,19 +149,13 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	} else {
 		log.Warn("TLS is off: API keys and stored responses cross the network in clear; set IDEMSVC_TLS_CERT_FILE and IDEMSVC_TLS_KEY_FILE to serve HTTPS")
 	}
-	ln = problemListener{ln, log}
-	srv := &http.Server{
-		Handler:           svc,
-		ReadHeaderTimeout: readHeaderTimeout,
-		ReadTimeout:       readTimeout,
-		WriteTimeout:      cfg.maxWait + writeMargin,
-		IdleTimeout:       idleTimeout,
-		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	srv, err := httpserve.Listen(edge, svc)
+	if err != nil {
+		return err
 	}
 	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	log.Info("listening", "addr", ln.Addr().String(), "scheme", scheme)
+	go func() { served <- srv.Serve() }()
+	log.Info("listening", "addr", srv.Addr().String(), "scheme", scheme)
 
 	select {
 	case err := <-served:

@@ -28,6 +28,7 @@ func TestMain(m *testing.M) {
 		main() // the test binary stands in for idemsvc: see TestSIGTERM
 		return
 	}
+	limitMemory = func(int64, []string) int64 { return 0 }
 	redistest.Main(m)
 }
 

@@ -89,6 +89,68 @@ func TestBoundedMemory(t *testing.T) {
 		}
 	})
 
+	// Whole bodies, sent as fast as the connections take them, and bodies
+	// sent but for their last 64 bytes, then stalled: the bodies held at
+	// once stay within the budget (64 MiB here, to keep the test cheap),
+	// the others wait briefly and get 503, and the resident set stays
+	// under the budget plus 100 MB.
+	for _, stall := range []bool{false, true} {
+		name := "whole bodies"
+		if stall {
+			name = "bodies stalled before their end"
+		}
+		t.Run(name, func(t *testing.T) {
+			const budget = 64 << 20
+			p := startBinary(t, bin, append([]string{"IDEMSVC_MAX_BODY_BYTES_IN_FLIGHT=" + strconv.Itoa(budget)}, memory...))
+			pad := strings.Repeat("x", slowBodyBytes-64)
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			statuses := map[string]int{}
+			for i := range slowBodies {
+				c, err := net.Dial("tcp", p.addr)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer c.Close()
+				wg.Go(func() {
+					body := fmt.Sprintf(`{"key":"whole-%04d","owner":"%s"}`, i, pad)
+					head := "POST /v1/begin HTTP/1.1\r\nHost: idemsvc\r\nAuthorization: Bearer " + apiKey +
+						"\r\nContent-Type: application/json\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n"
+					if stall {
+						body = body[:len(body)-64]
+					}
+					_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+					_, _ = io.WriteString(c, head+body)
+					if stall {
+						_ = c.SetReadDeadline(time.Now().Add(3 * time.Second))
+					}
+					status := make([]byte, len("HTTP/1.1 200"))
+					_, err := io.ReadFull(c, status)
+					mu.Lock()
+					defer mu.Unlock()
+					switch {
+					case err == nil:
+						statuses[string(status[9:])]++
+					case errors.Is(err, os.ErrDeadlineExceeded):
+						statuses["stalled"]++
+					default:
+						statuses["no answer"]++
+					}
+				})
+			}
+			wg.Wait()
+			rss, peak := p.memory(t)
+			t.Logf("%d connections each sending a body of %d bytes (stalled before the last 64: %v), budget %d MiB: answers %v; VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)",
+				slowBodies, slowBodyBytes-64+len(`{"key":"whole-0000","owner":""}`), stall, budget>>20, statuses, rss/1e6, peak/1e6, p.startRSS/1e6)
+			if limit := float64(budget) + 100e6; peak > limit {
+				t.Errorf("VmHWM = %.0f MB, want under the budget plus 100 MB, %.0f MB", peak/1e6, limit/1e6)
+			}
+			if statuses["503"] == 0 || (!stall && statuses["400"] == 0) {
+				t.Errorf("answers %v: want some bodies refused over the budget (503), and unless stalled some read (400: the owner is too long)", statuses)
+			}
+		})
+	}
+
 	// A stored body of 1 MiB of '<' replays as 1 MiB of JSON (it would be
 	// 6 MiB with <, > and & escaped for HTML), which the socket buffers take
 	// whole where they may grow to 4 MB, as Linux's do by default

@@ -577,7 +577,7 @@ type Problem struct {
 	// | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
 	// | `rate-limited` | 429 | begin only: the tenant is over its begin rate or its concurrent waiters (with `Retry-After`) |
 	// | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
-	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time |
+	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound (with `Retry-After`) |
 	// | `internal` | 500 | an unexpected error |
 	//
 	// Each problem response of an operation narrows `type` to the kinds

@@ -594,3 +594,30 @@ func TestMiddlewareLargeAnswerIsStreamed(t *testing.T) {
 		t.Errorf("replayed Link: %q, want both values in one field", got)
 	}
 }
+
+// A handled method spelt in other case (post for POST) is refused with
+// 400, not passed through unkeyed: HTTP methods are case-sensitive, but
+// a handler may take post as POST.
+func TestMiddlewareRefusesMethodInOtherCase(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	var runs atomic.Int32
+	url := serveIdempotent(t, newClient(t, svc.URL), idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {
+		runs.Add(1)
+		_, _ = w.Write([]byte("ok"))
+	})
+	for _, method := range []string{"post", "Patch"} {
+		a := send(t, method, url+"/orders", "case-"+method, []byte(`{}`))
+		var p idem.Problem
+		if a.status != http.StatusBadRequest || json.Unmarshal(a.body, &p) != nil || p.Title == "" ||
+			!strings.HasSuffix(p.Type, "/invalid-request") {
+			t.Errorf("%s: %d %s, want a 400 problem", method, a.status, a.body)
+		}
+	}
+	if a := send(t, "get", url+"/orders", "case-get", nil); a.status != http.StatusOK {
+		t.Errorf("get (not handled in any case): %d, want it passed through", a.status)
+	}
+	if n := runs.Load(); n != 1 {
+		t.Errorf("the handler ran %d times, want once (for get)", n)
+	}
+}

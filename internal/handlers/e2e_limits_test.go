@@ -3,6 +3,7 @@ package handlers_test
 import (
 	"bufio"
 	"bytes"
+	"encoding/json"
 	"fmt"
 	"io"
 	"net"
@@ -416,7 +417,9 @@ func TestE2EStrictEdges(t *testing.T) {
 		}
 		raw, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusBadRequest || !strings.Contains(string(raw), header+" twice") {
+		var p struct{ Detail string }
+		if resp.StatusCode != http.StatusBadRequest || json.Unmarshal(raw, &p) != nil ||
+			p.Detail != "the "+header+" header is given more than once; send it once" {
 			t.Errorf("two %s headers: %d %s", header, resp.StatusCode, raw)
 		}
 	}

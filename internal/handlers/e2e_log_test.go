@@ -2,6 +2,7 @@ package handlers_test
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"log/slog"
 	"net/http"
@@ -9,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
@@ -135,5 +137,38 @@ func TestE2EBeginDurationByOutcome(t *testing.T) {
 	// The waited begin took its 50 ms: it is not in the acquisitions' fast buckets.
 	if got := e.labelled(t, "idemsvc_begin_duration_seconds_bucket", `outcome="in-progress",le="0.025"`); got != 0 {
 		t.Errorf("a begin that waited 50 ms counted under 25 ms: %v", got)
+	}
+}
+
+// A waiting begin whose client left is logged at info as client-gone, not
+// as the error its end in the store came to.
+func TestE2EClientGoneIsLoggedAtInfo(t *testing.T) {
+	t.Parallel()
+	logs := &logLines{}
+	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()),
+		Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	if resp, _ := e.raw(t, http.MethodPost, "/v1/begin", "application/json", strings.NewReader(`{"key":"gone"}`)); resp.StatusCode != http.StatusCreated {
+		t.Fatalf("begin: %d", resp.StatusCode)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+"/v1/begin", strings.NewReader(`{"key":"gone","wait_ms":5000}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Request-Id", "client-gone")
+	if resp, err := http.DefaultClient.Do(req); err == nil {
+		resp.Body.Close()
+		t.Fatalf("the waiting begin answered %d, want its client to have left", resp.StatusCode)
+	}
+	var line map[string]any
+	for deadline := time.Now().Add(5 * time.Second); line == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		logs.mu.Lock()
+		logged := strings.Contains(logs.buf.String(), `"request_id":"client-gone"`)
+		logs.mu.Unlock()
+		if logged {
+			line = logs.find(t, "client-gone")
+		}
+	}
+	if line == nil || line["level"] != "INFO" || line["outcome"] != "client-gone" || line["status"] != float64(499) || line["error"] != nil {
+		t.Errorf("log line %v, want INFO, outcome client-gone, status 499, no error", line)
 	}
 }

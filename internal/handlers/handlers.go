@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/httpserve"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -33,6 +34,9 @@ type Config struct {
 	Registry *prometheus.Registry
 	// MaxBodyBytes bounds a request body (default 2 MiB).
 	MaxBodyBytes int64
+	// MaxBodyBytesInFlight bounds the bytes of request bodies held at
+	// once (default 256 MiB); past it a body waits briefly, then 503.
+	MaxBodyBytesInFlight int64
 	// MaxWait bounds wait_ms (default 30 s).
 	MaxWait time.Duration
 	// Limiter enforces the tenants' limits (from Keyring) at begin; nil
@@ -62,10 +66,15 @@ type Config struct {
 // Defaults of Config.
 const (
 	DefaultMaxBodyBytes         = 2 << 20
+	DefaultMaxBodyBytesInFlight = 256 << 20
 	DefaultMaxWait              = 30 * time.Second
 	DefaultWaitPollInterval     = 25 * time.Millisecond
 	DefaultWaitFallbackInterval = 5 * time.Second
 )
+
+// bodyCopies is how many copies of its body a request holds: the bytes
+// read, and the strings they are decoded into.
+const bodyCopies = 2
 
 // Service implements the API over a Store. It is an http.Handler.
 type Service struct {
@@ -78,6 +87,7 @@ type Service struct {
 	waiters      *waiters
 	limiter      quota.Limiter
 	maxBodyBytes int64
+	bodies       *httpserve.Budget
 	// limits are the store's, with MaxWait from Config: every value a
 	// request carries is checked against them.
 	limits statemachine.Limits
@@ -102,6 +112,9 @@ func New(cfg Config) *Service {
 	if cfg.MaxBodyBytes <= 0 {
 		cfg.MaxBodyBytes = DefaultMaxBodyBytes
 	}
+	if cfg.MaxBodyBytesInFlight <= 0 {
+		cfg.MaxBodyBytesInFlight = DefaultMaxBodyBytesInFlight
+	}
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
@@ -124,6 +137,7 @@ func New(cfg Config) *Service {
 		registry:          cfg.Registry,
 		metrics:           newMetrics(cfg.Registry),
 		maxBodyBytes:      cfg.MaxBodyBytes,
+		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, bodyCopies, cfg.Registry, "idemsvc"),
 		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,

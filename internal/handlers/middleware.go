@@ -5,7 +5,6 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
-	"io"
 	"log/slog"
 	"mime"
 	"net"
@@ -20,6 +19,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/httpserve"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -91,13 +91,6 @@ func (s *Service) observe(next http.Handler) http.Handler {
 		start := time.Now()
 		info := &requestInfo{ResponseWriter: w, id: requestID(headerValue(r.Header, "X-Request-Id"))}
 		w.Header()["X-Request-Id"] = []string{info.id}
-		if len(r.TransferEncoding) > 0 {
-			// net/http drops a Content-Length sent with Transfer-Encoding,
-			// which RFC 9112 (section 6.3) requires the server to close
-			// the connection after; it cannot be told apart here, so every
-			// chunked request's connection is closed after its answer.
-			w.Header().Set("Connection", "close")
-		}
 		r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
 		var span trace.Span
 		if s.tracer != nil {
@@ -223,7 +216,7 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 		// one counts.
 		for _, name := range []string{"Authorization", "Content-Type"} {
 			if len(r.Header[name]) > 1 {
-				writeProblem(w, r, badField("", "carries %s twice; send it once", name))
+				writeProblem(w, r, &duplicateHeaderError{name})
 				return
 			}
 		}
@@ -319,12 +312,16 @@ func (s *Service) readBody(next http.Handler) http.Handler {
 			writeProblem(w, r, bodyTooLarge(s.maxBodyBytes))
 			return
 		}
-		body, err := readAll(http.MaxBytesReader(w, r.Body, s.maxBodyBytes), r.ContentLength)
+		body, taken, err := s.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, s.maxBodyBytes), r.ContentLength)
+		defer s.bodies.Give(taken) // once the handler is done with the body
 		if err != nil {
 			var tooLarge *http.MaxBytesError
-			if errors.As(err, &tooLarge) {
+			switch {
+			case errors.As(err, &tooLarge):
 				writeProblem(w, r, bodyTooLarge(s.maxBodyBytes))
-			} else {
+			case errors.Is(err, httpserve.ErrOverBudget):
+				writeProblem(w, r, err)
+			default:
 				// Not err's text: it names socket addresses.
 				writeProblem(w, r, badField("", "could not be read in full (the connection stalled or broke)"))
 			}
@@ -342,41 +339,6 @@ func isJSON(ct string) bool {
 	}
 	mt, _, err := mime.ParseMediaType(ct)
 	return err == nil && mt == "application/json"
-}
-
-// firstRead is how much of a body is allocated before its bytes arrive:
-// a body that declares no more is read in one allocation; a longer one
-// grows as its bytes come, so a client that declares a large body and
-// sends little holds little memory.
-const firstRead = 16 << 10
-
-// readAll reads a body as it arrives: its declared length (-1 when
-// unknown) is allocated at once only up to firstRead, and beyond that the
-// buffer doubles as bytes fill it.
-func readAll(r io.Reader, length int64) ([]byte, error) {
-	size := length
-	if size < 0 || size > firstRead {
-		size = firstRead
-	}
-	b := make([]byte, 0, size)
-	for int64(len(b)) != length {
-		if len(b) == cap(b) {
-			grown := int64(2 * cap(b))
-			if length > 0 {
-				grown = min(grown, length)
-			}
-			b = append(make([]byte, 0, grown), b...)
-		}
-		n, err := r.Read(b[len(b):cap(b)])
-		b = b[:len(b)+n]
-		if err == io.EOF {
-			break
-		}
-		if err != nil {
-			return nil, err
-		}
-	}
-	return b, nil
 }
 
 // requestError answers a request the generated code could not decode: a

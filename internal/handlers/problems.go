@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
+	"github.com/idemsvc/idemsvc/internal/httpserve"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -68,6 +69,7 @@ var errorKinds = []struct {
 	{quota.ErrRateLimited, kindRateLimited, "over the tenant's begin rate"},
 	{quota.ErrQuotaExceeded, kindQuotaExceeded, "over the tenant's quota"},
 	{statemachine.ErrOverloaded, kindStoreUnavailable, "idemsvc has as many calls to its store in flight as it allows; this call did not take effect: retry after Retry-After"},
+	{httpserve.ErrOverBudget, kindStoreUnavailable, "idemsvc holds as many request bodies as its memory budget allows; this call did not take effect: retry after Retry-After"},
 	{statemachine.ErrStoreUnavailable, kindStoreUnavailable, "the store cannot be reached or did not answer in time; the call may or may not have taken effect, and a retry with the same owner or lease token is safe"},
 }
 
@@ -105,6 +107,16 @@ func (e *noTenantError) Detail() string {
 }
 func (e *noTenantError) Is(target error) bool { return target == errNoTenant }
 
+// duplicateHeaderError is a request with two of a header that must be
+// one, which would leave it to chance which one counts.
+type duplicateHeaderError struct{ name string }
+
+func (e *duplicateHeaderError) Error() string { return "the " + e.name + " header is given twice" }
+func (e *duplicateHeaderError) Detail() string {
+	return "the " + e.name + " header is given more than once; send it once"
+}
+func (e *duplicateHeaderError) Is(target error) bool { return target == statemachine.ErrInvalid }
+
 // badField is a bad request naming the request field at fault.
 func badField(field, format string, args ...any) error {
 	return &statemachine.InvalidError{Field: field, Reason: fmt.Sprintf(format, args...)}
@@ -137,6 +149,14 @@ func problemOf(err error) (problemKind, string) {
 	return kindInternal, internalDetail
 }
 
+// A request whose caller left before its answer is logged at info with
+// this status (nginx's "client closed request") and outcome, not as the
+// error its end in the store may have come to.
+const (
+	statusClientGone  = 499
+	outcomeClientGone = "client-gone"
+)
+
 // storeRetryAfter is the Retry-After of a 503: the store is usually back,
 // or a replica promoted, within a second or two.
 const storeRetryAfter = "1"
@@ -144,6 +164,16 @@ const storeRetryAfter = "1"
 // writeProblem answers err as an RFC 9457 problem detail.
 func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	kind, detail := problemOf(err)
+	if (kind.status >= 500 || kind == kindInProgress) && r.Context().Err() != nil {
+		// The caller left (a waiting begin, say, whose client gave up):
+		// nobody reads an answer, and what the call came to (a 503 for a
+		// store call cut short, a 409 for a wait cut short) is no fault.
+		// A request refused for itself keeps its answer and outcome.
+		if info := infoFrom(r.Context()); info != nil && info.status == 0 {
+			info.status, info.outcome, info.err = statusClientGone, outcomeClientGone, err
+		}
+		return
+	}
 	p := api.Problem{
 		Type:   ProblemBaseURI + kind.name,
 		Title:  kind.title,
@@ -187,23 +217,4 @@ func wholeSeconds(d time.Duration) string {
 		s = 1
 	}
 	return strconv.FormatInt(int64(s), 10)
-}
-
-// ConnectionProblem is the complete HTTP/1.1 answer, a problem detail, to
-// a request that net/http refused before any handler could see it: a
-// malformed request or an unknown transfer coding (400; net/http's 501 for
-// the latter becomes 400, as bad input gets a 4xx), headers over the limit
-// (431). detail is net/http's own fixed text. The connection is closed
-// after it.
-func ConnectionProblem(status int, detail string) []byte {
-	kind := kindInvalid
-	switch {
-	case status == http.StatusRequestHeaderFieldsTooLarge:
-		kind = kindTooLarge
-	case status >= 500: // net/http's 501 for an unknown transfer coding: bad input, so a 4xx
-		status = http.StatusBadRequest
-	}
-	body, _ := json.Marshal(api.Problem{Type: ProblemBaseURI + kind.name, Title: kind.title, Status: status, Detail: detail})
-	return fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nCache-Control: no-store\r\nConnection: close\r\n"+
-		"Content-Length: %d\r\nContent-Type: application/problem+json\r\n\r\n%s", status, http.StatusText(status), len(body), body)
 }

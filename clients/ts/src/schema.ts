@@ -524,7 +524,7 @@ export interface components {
              *     | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
              *     | `rate-limited` | 429 | begin only: the tenant is over its begin rate or its concurrent waiters (with `Retry-After`) |
              *     | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
-             *     | `store-unavailable` | 503 | the store cannot be reached or did not answer in time |
+             *     | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound (with `Retry-After`) |
              *     | `internal` | 500 | an unexpected error |
              *
              *     Each problem response of an operation narrows `type` to the kinds
@@ -801,7 +801,10 @@ export interface components {
          * @description The store could not be reached or did not answer in time (problem
          *     `store-unavailable`). The call may or may not have taken effect; it is
          *     safe to retry after `Retry-After` seconds with the same `owner`
-         *     (begin) or `lease_token` (complete, fail).
+         *     (begin) or `lease_token` (complete, fail). The same problem, for a
+         *     call that did not take effect, answers a request body refused
+         *     because the bodies idemsvc holds at once are at their budget
+         *     (`IDEMSVC_MAX_BODY_BYTES_IN_FLIGHT`), after a brief wait for room.
          */
         StoreUnavailable: {
             headers: {

@@ -1,0 +1,284 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/idemtest"
+)
+
+// pathsUpstream is an upstream that answers 201 and notes every request
+// target it is asked for.
+type pathsUpstream struct {
+	URL   string
+	mu    sync.Mutex
+	paths []string
+}
+
+func startPathsUpstream(t *testing.T) *pathsUpstream {
+	t.Helper()
+	u := &pathsUpstream{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		u.mu.Lock()
+		u.paths = append(u.paths, r.Method+" "+r.RequestURI)
+		u.mu.Unlock()
+		w.WriteHeader(http.StatusCreated)
+		_, _ = io.WriteString(w, "upstream")
+	}))
+	t.Cleanup(srv.Close)
+	u.URL = srv.URL
+	return u
+}
+
+func (u *pathsUpstream) seen() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.paths...)
+}
+
+// exchange writes raw to a new connection and reads one answer, and
+// whether the connection was closed after it.
+func exchange(t *testing.T, addr, raw string) (*http.Response, []byte, bool) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.WriteString(conn, raw); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("read the answer to %.40q: %v", raw, err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err = br.ReadByte()
+	var timeout net.Error
+	return resp, body, err != nil && !(errors.As(err, &timeout) && timeout.Timeout())
+}
+
+type problem struct {
+	Type   string
+	Title  string
+	Status int
+	Detail string
+}
+
+// A request with both Content-Length and Transfer-Encoding is answered
+// and its connection closed, so that a request smuggled in its body never
+// reaches the upstream, keyed or not; framing errors are problems; a
+// handled method spelt in other case is refused, not passed through
+// unkeyed; /%6detrics is the upstream's, not idemproxy's /metrics.
+func TestStrictEdges(t *testing.T) {
+	up := startPathsUpstream(t)
+	svc := idemtest.Serve(t, handlers.Config{})
+	addr := strings.TrimPrefix(serveProxy(t, svc.URL, up.URL), "http://")
+
+	for _, key := range []string{"Idempotency-Key: \"smuggle-1\"\r\n", ""} {
+		smuggled := "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+		raw := "POST /pay HTTP/1.1\r\nHost: x\r\n" + key + "Content-Length: " + strconv.Itoa(5+len(smuggled)) +
+			"\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled
+		resp, body, closed := exchange(t, addr, raw)
+		if !closed || !resp.Close {
+			t.Errorf("Content-Length with Transfer-Encoding (%q): %d %s, Connection: close %v, closed %v; want the connection closed",
+				key, resp.StatusCode, body, resp.Close, closed)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	for _, p := range up.seen() {
+		if strings.Contains(p, "smuggled") {
+			t.Errorf("the upstream was asked for %q", p)
+		}
+	}
+
+	resp, body, closed := exchange(t, addr, "POST /pay HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n")
+	var p problem
+	if resp.StatusCode != 400 || resp.Header.Get("Content-Type") != "application/problem+json" || json.Unmarshal(body, &p) != nil ||
+		p.Type != "https://idemsvc.dev/problems/invalid-request" || p.Title == "" || !closed {
+		t.Errorf("unknown transfer coding: %d %s %s, closed %v; want a 400 problem and the connection closed", resp.StatusCode, resp.Header.Get("Content-Type"), body, closed)
+	}
+
+	before := len(up.seen())
+	resp, body, _ = exchange(t, addr, "post /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"lower\"\r\nContent-Length: 1\r\n\r\nx")
+	if resp.StatusCode != 400 || json.Unmarshal(body, &p) != nil || p.Type != "https://idemsvc.dev/problems/invalid-request" {
+		t.Errorf("post (lower case) with a key: %d %s, want a 400 problem", resp.StatusCode, body)
+	}
+	if n := len(up.seen()) - before; n != 0 {
+		t.Errorf("post (lower case) reached the upstream %d times, want 0", n)
+	}
+
+	resp, body, _ = exchange(t, addr, "GET /%6detrics HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp.StatusCode != http.StatusCreated || string(body) != "upstream" {
+		t.Errorf("GET /%%6detrics: %d %.60s, want the upstream's answer", resp.StatusCode, body)
+	}
+	if seen := up.seen(); seen[len(seen)-1] != "GET /%6detrics" {
+		t.Errorf("the upstream was asked for %q, want GET /%%6detrics", seen[len(seen)-1])
+	}
+	resp, body, _ = exchange(t, addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+	if resp.StatusCode != 200 || !strings.Contains(string(body), "idemproxy_requests_total") {
+		t.Errorf("GET /metrics: %d, want idemproxy's metrics", resp.StatusCode)
+	}
+}
+
+// An idemsvc that refuses idemproxy's credentials makes a keyed request
+// 500 internal, a problem with its title.
+func TestInternalProblemHasTitle(t *testing.T) {
+	up := startPathsUpstream(t)
+	svc := idemtest.Serve(t, handlers.Config{Keyring: idemtest.Keyring(t, idemtest.Tenant{Name: "t", Key: "right"})})
+	url := serveProxy(t, svc.URL, up.URL, "--idemsvc-api-key", "wrong")
+	req, _ := http.NewRequest(http.MethodPost, url+"/pay", strings.NewReader("x"))
+	req.Header.Set("Idempotency-Key", `"k"`)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var p problem
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil || resp.StatusCode != 500 || p.Title != "Internal error" ||
+		p.Type != "https://idemsvc.dev/problems/internal" {
+		t.Errorf("%d %+v %v, want 500 internal titled \"Internal error\"", resp.StatusCode, p, err)
+	}
+}
+
+// stalledBodies connections each send a keyed POST of stalledBodyBytes
+// less 64 B, and stall.
+const (
+	stalledBodies    = 1000
+	stalledBodyBytes = 1 << 20
+	stalledRSSBound  = 300e6
+	testReadTimeout  = 3 * time.Second
+)
+
+// TestStalledBodiesBounded runs the idemproxy binary, so that its memory
+// is its own, and holds its peak resident set under 300 MB while 1,000
+// connections each send a keyed POST of about 1 MiB and stall; each is
+// cut off within the read timeout. With IDEMPROXY_TEST_BINARY set it runs
+// that binary instead of building one, to measure another build the same
+// way.
+func TestStalledBodiesBounded(t *testing.T) {
+	bin := os.Getenv("IDEMPROXY_TEST_BINARY")
+	if bin == "" {
+		bin = filepath.Join(t.TempDir(), "idemproxy")
+		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
+			t.Fatalf("go build: %v\n%s", err, out)
+		}
+	}
+	up := startPathsUpstream(t)
+	svc := idemtest.Serve(t, handlers.Config{})
+	cmd := exec.Command(bin)
+	cmd.Env = []string{"IDEMPROXY_LISTEN=127.0.0.1:0", "IDEMPROXY_UPSTREAM=" + up.URL, "IDEMSVC_URL=" + svc.URL,
+		"IDEMPROXY_READ_TIMEOUT_MS=" + strconv.Itoa(int(testReadTimeout.Milliseconds()))}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	var line struct{ Addr string }
+	if err := json.NewDecoder(stderr).Decode(&line); err != nil || line.Addr == "" {
+		t.Fatalf("no address logged: %v", err)
+	}
+	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	startRSS, _ := memory(t, cmd.Process.Pid)
+
+	body := bytes.Repeat([]byte("x"), stalledBodyBytes-64)
+	conns := make([]net.Conn, stalledBodies)
+	defer func() {
+		for _, c := range conns {
+			if c != nil {
+				_ = c.Close()
+			}
+		}
+	}()
+	var wg sync.WaitGroup
+	for i := range conns {
+		c, err := net.Dial("tcp", line.Addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		conns[i] = c
+		wg.Go(func() {
+			_ = c.SetWriteDeadline(time.Now().Add(testReadTimeout + 5*time.Second))
+			head := fmt.Sprintf("POST /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"stall-%d\"\r\nContent-Length: %d\r\n\r\n", i, stalledBodyBytes)
+			_, _ = io.WriteString(c, head)
+			_, _ = c.Write(body) // cut short when idemproxy refuses or closes
+		})
+	}
+	sent := time.Now()
+	time.Sleep(2 * time.Second)
+	rss, peak := memory(t, cmd.Process.Pid)
+	t.Logf("%d connections each sending %d of a keyed body of %d bytes, then stalling: VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)",
+		stalledBodies, len(body), stalledBodyBytes, rss/1e6, peak/1e6, startRSS/1e6)
+	if peak > stalledRSSBound {
+		t.Errorf("VmHWM = %.0f MB, want under %.0f MB", peak/1e6, stalledRSSBound/1e6)
+	}
+
+	// Every connection is closed within the read timeout (and a margin
+	// for the machine), having been answered or not.
+	time.Sleep(time.Until(sent.Add(testReadTimeout + 4*time.Second)))
+	open := 0
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		_, err := io.Copy(io.Discard, c)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			open++
+		}
+	}
+	wg.Wait()
+	if open > 0 {
+		t.Errorf("%d of %d connections still open %v after they stalled, want none past the read timeout of %v", open, stalledBodies, time.Since(sent).Round(time.Second), testReadTimeout)
+	}
+	for _, p := range up.seen() {
+		t.Errorf("the upstream was asked for %q by a request whose body never came whole", p)
+		break
+	}
+}
+
+// memory is a process's resident set now and its peak, in bytes.
+func memory(t *testing.T, pid int) (rss, peak float64) {
+	t.Helper()
+	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := bufio.NewScanner(bytes.NewReader(status))
+	for sc.Scan() {
+		name, value, _ := strings.Cut(sc.Text(), ":")
+		kB, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 64)
+		switch {
+		case err != nil:
+		case name == "VmRSS":
+			rss = kB * 1024
+		case name == "VmHWM":
+			peak = kB * 1024
+		}
+	}
+	return rss, peak
+}
