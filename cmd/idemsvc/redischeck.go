@@ -131,7 +131,7 @@ func (c *redisChecker) watch(ctx context.Context, allRead bool) {
 func watchRoom(ctx context.Context, store *statemachine.RedisStore, interval time.Duration, log *slog.Logger) {
 	shut := map[string]bool{}
 	for {
-		refreshCtx, cancel := context.WithTimeout(ctx, min(interval, time.Second))
+		refreshCtx, cancel := context.WithTimeout(ctx, roomReadTimeout)
 		rooms := store.RefreshRoom(refreshCtx)
 		cancel()
 		for _, r := range rooms {
@@ -151,6 +151,9 @@ func watchRoom(ctx context.Context, store *statemachine.RedisStore, interval tim
 		}
 	}
 }
+
+// roomReadTimeout bounds one reading of every master's memory.
+const roomReadTimeout = time.Second
 
 // headroomCollector exports each master's free memory under maxmemory as
 // the last RefreshRoom read it: idemsvc_redis_headroom_bytes{node}, +Inf
