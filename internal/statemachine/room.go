@@ -34,10 +34,11 @@ import (
 // acquire nothing, as NoAcquire does: it still replays a finished record,
 // in the one round trip of every begin.
 
-// DefaultReserveBytes is RedisOptions.ReserveBytes's default: the room for
-// 32 outcomes of the largest response idemsvc stores (1 MiB), each needing
-// about twice its size free while it is stored (measured: see the README,
-// "Room for outcomes").
+// DefaultReserveBytes is RedisOptions.ReserveBytes's default: room for the
+// outcomes of about 50 attempts in flight on one master that each store
+// the largest response (1 MiB), or some 3,000 of 16 KiB. A complete of n
+// bytes needs 1.0–1.3 × n free under maxmemory, as TestOutcomeHeadroom
+// measures: its arguments count while they arrive, then the record stays.
 const DefaultReserveBytes = 64 << 20
 
 // Room is one master's memory as RefreshRoom read it.

@@ -208,3 +208,65 @@ func TestEvictingPolicyRefusesBegins(t *testing.T) {
 		}
 	})
 }
+
+// TestOutcomeHeadroom measures the free memory under maxmemory that a
+// complete of a response of n bytes needs on a noeviction Redis (its
+// arguments count against maxmemory while they arrive, then the record
+// stays): the least, to 2%, as a multiple of n, found by setting maxmemory
+// just above what the node counts. The reserve's default rests on it
+// staying under 1.5 (README, "Room for outcomes"); and a complete with
+// less free than its own size is refused, which is why the reserve exists.
+func TestOutcomeHeadroom(t *testing.T) {
+	t.Parallel()
+	srv := redistest.NewPrivateServer(t) // its configuration changes
+	admin := srv.Client(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = client.Close() })
+	store := sm.NewRedisStore(client, sm.RedisOptions{ReserveBytes: -1})
+	counted := func() int64 {
+		m, err := admin.Info(ctx, "memory").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		used, _ := strconv.ParseInt(infoField(m, "used_memory"), 10, 64)
+		notCounted, _ := strconv.ParseInt(infoField(m, "mem_not_counted_for_evict"), 10, 64)
+		return used - notCounted
+	}
+	for _, n := range []int{16 << 10, 256 << 10, 1<<20 - 100} {
+		s := newSubject(t, store)
+		body := strings.Repeat("a", n)
+		// fits begins the key (with no maxmemory) and completes it with
+		// factor × n bytes free; it reports whether the complete was stored.
+		fits := func(factor float64) bool {
+			mustConfigSet(t, admin, "maxmemory", "0")
+			if st := s.status(); st == nil || st.State != sm.StateInProgress {
+				if err := s.store.Delete(ctx, s.tenant, s.key); err != nil {
+					t.Fatal(err)
+				}
+				s.mustBegin(sm.BeginRequest{})
+			}
+			mustConfigSet(t, admin, "maxmemory", strconv.FormatInt(counted()+int64(factor*float64(n)), 10))
+			_, err := s.complete(body)
+			mustConfigSet(t, admin, "maxmemory", "0")
+			if err != nil && !errors.Is(err, sm.ErrStoreUnavailable) {
+				t.Fatalf("complete: %v", err)
+			}
+			return err == nil
+		}
+		low, high := 0.5, 2.0
+		if fits(low) || !fits(high) {
+			t.Fatalf("%d bytes: a complete fits with %.1f× free, or not with %.1f×", n, low, high)
+		}
+		for high-low > 0.02 {
+			if mid := (low + high) / 2; fits(mid) {
+				high = mid
+			} else {
+				low = mid
+			}
+		}
+		t.Logf("headroom: a complete of %d bytes needs %.2f× its size free under maxmemory", n, high)
+		if high > 1.5 || high < 0.9 {
+			t.Errorf("a complete of %d bytes needs %.2f× its size free, want 0.9× to 1.5×", n, high)
+		}
+	}
+}
