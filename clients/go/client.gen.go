@@ -99,20 +99,29 @@ func (e ReadinessStatus) Valid() bool {
 
 // Defines values for ReadinessFailureCheck.
 const (
+	ReadinessFailureCheckAuth           ReadinessFailureCheck = "auth"
 	ReadinessFailureCheckEvictionPolicy ReadinessFailureCheck = "eviction_policy"
+	ReadinessFailureCheckPermissions    ReadinessFailureCheck = "permissions"
 	ReadinessFailureCheckReachable      ReadinessFailureCheck = "reachable"
 	ReadinessFailureCheckReplicas       ReadinessFailureCheck = "replicas"
+	ReadinessFailureCheckReserve        ReadinessFailureCheck = "reserve"
 	ReadinessFailureCheckWritable       ReadinessFailureCheck = "writable"
 )
 
 // Valid indicates whether the value is a known member of the ReadinessFailureCheck enum.
 func (e ReadinessFailureCheck) Valid() bool {
 	switch e {
+	case ReadinessFailureCheckAuth:
+		return true
 	case ReadinessFailureCheckEvictionPolicy:
+		return true
+	case ReadinessFailureCheckPermissions:
 		return true
 	case ReadinessFailureCheckReachable:
 		return true
 	case ReadinessFailureCheckReplicas:
+		return true
+	case ReadinessFailureCheckReserve:
 		return true
 	case ReadinessFailureCheckWritable:
 		return true
@@ -577,7 +586,7 @@ type Problem struct {
 	// | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
 	// | `rate-limited` | 429 | begin only: the tenant is over its begin rate or its concurrent waiters (with `Retry-After`) |
 	// | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
-	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound (with `Retry-After`) |
+	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
 	// | `internal` | 500 | an unexpected error |
 	//
 	// Each problem response of an operation narrows `type` to the kinds
@@ -599,8 +608,14 @@ type ReadinessStatus string
 
 // ReadinessFailure One failed check of one Redis node.
 type ReadinessFailure struct {
-	// Check `reachable`: the node did not answer in time; `writable`: it
-	// refuses writes for want of memory; `eviction_policy`: its
+	// Check `reachable`: the node did not answer in time; `auth`: it
+	// refuses idemsvc's credentials (`WRONGPASS`, `NOAUTH`);
+	// `permissions`: its ACL user may not send what idemsvc sends
+	// (`NOPERM` for `EVALSHA`, for a write, or for publishing on the
+	// records' channels); `writable`: it refuses writes for want of
+	// memory; `reserve`: it has less free memory under `maxmemory`
+	// than `IDEMSVC_REDIS_RESERVE_BYTES`, so begins that would start
+	// an operation on it are refused; `eviction_policy`: its
 	// `maxmemory-policy` may drop records; `replicas`: fewer replicas
 	// are connected than `IDEMSVC_REDIS_WAIT_REPLICAS`.
 	Check ReadinessFailureCheck `json:"check"`
@@ -612,8 +627,14 @@ type ReadinessFailure struct {
 	Node string `json:"node"`
 }
 
-// ReadinessFailureCheck `reachable`: the node did not answer in time; `writable`: it
-// refuses writes for want of memory; `eviction_policy`: its
+// ReadinessFailureCheck `reachable`: the node did not answer in time; `auth`: it
+// refuses idemsvc's credentials (`WRONGPASS`, `NOAUTH`);
+// `permissions`: its ACL user may not send what idemsvc sends
+// (`NOPERM` for `EVALSHA`, for a write, or for publishing on the
+// records' channels); `writable`: it refuses writes for want of
+// memory; `reserve`: it has less free memory under `maxmemory`
+// than `IDEMSVC_REDIS_RESERVE_BYTES`, so begins that would start
+// an operation on it are refused; `eviction_policy`: its
 // `maxmemory-policy` may drop records; `replicas`: fewer replicas
 // are connected than `IDEMSVC_REDIS_WAIT_REPLICAS`.
 type ReadinessFailureCheck string
@@ -943,12 +964,24 @@ type ClientInterface interface {
 	// Readyz Readiness
 	//
 	// Answers 200 only when every Redis master that holds records answers,
-	// accepts writes (is not out of memory), has the `noeviction` policy
-	// (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set) and, with
-	// `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N replicas
-	// connected; otherwise 503 naming each failed check and node. It
-	// answers within 500 ms, also while Redis hangs. The in-memory store
+	// accepts idemsvc's credentials, lets idemsvc's ACL user send what it
+	// sends (scripts, writes and publishing on `idem:*` keys and
+	// channels), accepts writes (is not out of memory), keeps at least
+	// `IDEMSVC_REDIS_RESERVE_BYTES` free under `maxmemory`, has the
+	// `noeviction` policy (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set)
+	// and, with `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N
+	// replicas connected; otherwise 503 naming each failed check and
+	// node. It reads every master at the time of the request, within
+	// 500 ms, also while Redis hangs. A master that hides `CONFIG` and
+	// `INFO` (a managed Redis) is not failed for it. The in-memory store
 	// is always ready.
+	//
+	// A master that fails `reserve` or `eviction_policy` also refuses
+	// the begins that would start an operation on it, with 503
+	// `store-unavailable` and `Retry-After`, while replays, complete,
+	// fail and extend go on; idemsvc reads each master's memory and
+	// policy every second for this, so the refusal starts and ends
+	// within about a second of the change.
 	//
 	// Corresponds with GET /readyz (the `Readyz` operationId).
 	Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1151,12 +1184,24 @@ func (c *APIClient) Metrics(ctx context.Context, reqEditors ...RequestEditorFn) 
 // Readyz Readiness
 //
 // Answers 200 only when every Redis master that holds records answers,
-// accepts writes (is not out of memory), has the `noeviction` policy
-// (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set) and, with
-// `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N replicas
-// connected; otherwise 503 naming each failed check and node. It
-// answers within 500 ms, also while Redis hangs. The in-memory store
+// accepts idemsvc's credentials, lets idemsvc's ACL user send what it
+// sends (scripts, writes and publishing on `idem:*` keys and
+// channels), accepts writes (is not out of memory), keeps at least
+// `IDEMSVC_REDIS_RESERVE_BYTES` free under `maxmemory`, has the
+// `noeviction` policy (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set)
+// and, with `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N
+// replicas connected; otherwise 503 naming each failed check and
+// node. It reads every master at the time of the request, within
+// 500 ms, also while Redis hangs. A master that hides `CONFIG` and
+// `INFO` (a managed Redis) is not failed for it. The in-memory store
 // is always ready.
+//
+// A master that fails `reserve` or `eviction_policy` also refuses
+// the begins that would start an operation on it, with 503
+// `store-unavailable` and `Retry-After`, while replays, complete,
+// fail and extend go on; idemsvc reads each master's memory and
+// policy every second for this, so the refusal starts and ends
+// within about a second of the change.
 //
 // Corresponds with GET /readyz (the `Readyz` operationId).
 func (c *APIClient) Readyz(ctx context.Context, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -1981,12 +2026,24 @@ type ClientWithResponsesInterface interface {
 	// ReadyzWithResponse Readiness
 	//
 	// Answers 200 only when every Redis master that holds records answers,
-	// accepts writes (is not out of memory), has the `noeviction` policy
-	// (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set) and, with
-	// `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N replicas
-	// connected; otherwise 503 naming each failed check and node. It
-	// answers within 500 ms, also while Redis hangs. The in-memory store
+	// accepts idemsvc's credentials, lets idemsvc's ACL user send what it
+	// sends (scripts, writes and publishing on `idem:*` keys and
+	// channels), accepts writes (is not out of memory), keeps at least
+	// `IDEMSVC_REDIS_RESERVE_BYTES` free under `maxmemory`, has the
+	// `noeviction` policy (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set)
+	// and, with `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N
+	// replicas connected; otherwise 503 naming each failed check and
+	// node. It reads every master at the time of the request, within
+	// 500 ms, also while Redis hangs. A master that hides `CONFIG` and
+	// `INFO` (a managed Redis) is not failed for it. The in-memory store
 	// is always ready.
+	//
+	// A master that fails `reserve` or `eviction_policy` also refuses
+	// the begins that would start an operation on it, with 503
+	// `store-unavailable` and `Retry-After`, while replays, complete,
+	// fail and extend go on; idemsvc reads each master's memory and
+	// policy every second for this, so the refusal starts and ends
+	// within about a second of the change.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -3121,12 +3178,24 @@ func (c *ClientWithResponses) MetricsWithResponse(ctx context.Context, reqEditor
 // ReadyzWithResponse Readiness
 //
 // Answers 200 only when every Redis master that holds records answers,
-// accepts writes (is not out of memory), has the `noeviction` policy
-// (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set) and, with
-// `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N replicas
-// connected; otherwise 503 naming each failed check and node. It
-// answers within 500 ms, also while Redis hangs. The in-memory store
+// accepts idemsvc's credentials, lets idemsvc's ACL user send what it
+// sends (scripts, writes and publishing on `idem:*` keys and
+// channels), accepts writes (is not out of memory), keeps at least
+// `IDEMSVC_REDIS_RESERVE_BYTES` free under `maxmemory`, has the
+// `noeviction` policy (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set)
+// and, with `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N
+// replicas connected; otherwise 503 naming each failed check and
+// node. It reads every master at the time of the request, within
+// 500 ms, also while Redis hangs. A master that hides `CONFIG` and
+// `INFO` (a managed Redis) is not failed for it. The in-memory store
 // is always ready.
+//
+// A master that fails `reserve` or `eviction_policy` also refuses
+// the begins that would start an operation on it, with 503
+// `store-unavailable` and `Retry-After`, while replays, complete,
+// fail and extend go on; idemsvc reads each master's memory and
+// policy every second for this, so the refusal starts and ends
+// within about a second of the change.
 //
 // Returns a wrapper object for the known response body format(s).
 //

@@ -38,6 +38,7 @@ type config struct {
 	trustedProxies      []netip.Prefix
 	redisWaitReplicas   int
 	redisAllowEviction  bool
+	redisReserveBytes   int64
 	redisWaitTimeout    time.Duration
 	redisMaxInFlight    int
 	redisTimeout        time.Duration
@@ -87,6 +88,8 @@ func parseConfig(args, env []string) (config, error) {
 	proxies := fs.String("trusted-proxies", "", "comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client in the log")
 	waitReplicas := fs.Int("redis-wait-replicas", 0, "replicas that must confirm each transition")
 	allowEviction := fs.Bool("redis-allow-eviction", false, "serve on a Redis whose maxmemory-policy may drop records")
+	reserve := fs.Int64("redis-reserve-bytes", statemachine.DefaultReserveBytes,
+		"free memory under maxmemory each Redis master keeps for the outcomes of operations in flight; below it, begins that would start one there get 503 (0: none)")
 	waitTimeout := fs.Int("redis-wait-timeout-ms", 1000, "how long to wait for them before answering 503")
 	timeout := fs.Int("redis-timeout-ms", 1000, "how long one store operation may take before answering 503")
 	maxInFlight := fs.Int("redis-max-in-flight", statemachine.DefaultMaxInFlight,
@@ -153,6 +156,7 @@ func parseConfig(args, env []string) (config, error) {
 		tlsClientCAFile:      *tlsClientCA,
 		redisWaitReplicas:    *waitReplicas,
 		redisAllowEviction:   *allowEviction,
+		redisReserveBytes:    *reserve,
 		redisWaitTimeout:     time.Duration(*waitTimeout) * time.Millisecond,
 		redisTimeout:         time.Duration(*timeout) * time.Millisecond,
 		redisMaxInFlight:     *maxInFlight,
@@ -238,6 +242,9 @@ func (c *config) check() []error {
 	}
 	if c.redisWaitTimeout <= 0 || c.redisTimeout <= 0 {
 		problems = append(problems, errors.New("redis-wait-timeout-ms and redis-timeout-ms must be positive"))
+	}
+	if c.redisReserveBytes < 0 {
+		problems = append(problems, errors.New("redis-reserve-bytes must be 0 or more"))
 	}
 	if c.redisMaxInFlight < 1 || c.redisMaxInFlight > 100_000 {
 		problems = append(problems, errors.New("redis-max-in-flight must be 1 to 100000"))

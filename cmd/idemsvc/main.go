@@ -105,6 +105,9 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		evictionAllowed.Set(1)
 	}
 	registry.MustRegister(evictionAllowed)
+	if rs, ok := store.(*statemachine.RedisStore); ok {
+		registry.MustRegister(headroomCollector{rs})
+	}
 	registerBuildInfo(registry)
 	if keyring != nil {
 		stopWatching := watchTenants(ctx, cfg.tenantsFile, keyring, tenantsData, registry, log)
@@ -195,6 +198,10 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 		return nil, nil, nil, err
 	}
 	redis.SetLogger(redisLogger{log})
+	reserve := cfg.redisReserveBytes
+	if reserve == 0 {
+		reserve = -1 // none; RedisOptions' zero is the default
+	}
 	store := statemachine.NewRedisStore(client, statemachine.RedisOptions{
 		Limits:        limits,
 		Timeout:       cfg.redisTimeout,
@@ -202,21 +209,25 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 		WaitTimeout:   cfg.redisWaitTimeout,
 		AllowEviction: cfg.redisAllowEviction,
 		MaxInFlight:   cfg.redisMaxInFlight,
+		ReserveBytes:  reserve,
 	})
 	log.Info("store: Redis", "mode", desc, "wait_replicas", cfg.redisWaitReplicas)
 	if cfg.redisWaitReplicas == 0 {
 		log.Warn("IDEMSVC_REDIS_WAIT_REPLICAS is 0: transitions are acknowledged before any replica has them, so a Redis failover can lose acknowledged transitions")
 	}
 	checker := &redisChecker{store: store, allowEviction: cfg.redisAllowEviction, log: log, warned: map[string]bool{},
-		every: redisCheckInterval, retry: redisRetryInterval}
+		refused: map[string]bool{}, every: redisCheckInterval, retry: redisRetryInterval}
 	allRead := false
-	if err := store.Ping(ctx); err != nil {
+	// A Redis that refuses the credentials answers the ping: the check
+	// names the refusal.
+	if err := store.Ping(ctx); err != nil && !redis.IsAuthError(err) {
 		log.Warn("Redis is not reachable yet; answering 503 until it is", "error", err.Error())
 	} else if allRead, err = checker.check(ctx, true); err != nil {
 		_ = client.Close()
 		return nil, nil, nil, err
 	}
 	go checker.watch(ctx, allRead)
+	go watchRoom(ctx, store, roomCheckInterval, log)
 	limiter := quota.NewRedis(client, quota.Options{Logger: log, Timeout: cfg.redisTimeout})
 	return store, limiter, func() { _ = client.Close() }, nil
 }

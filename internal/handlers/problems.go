@@ -68,6 +68,8 @@ var errorKinds = []struct {
 	{statemachine.ErrFingerprintMismatch, kindFingerprint, "the key was used with a different fingerprint"},
 	{quota.ErrRateLimited, kindRateLimited, "over the tenant's begin rate"},
 	{quota.ErrQuotaExceeded, kindQuotaExceeded, "over the tenant's quota"},
+	{statemachine.ErrNoRoom, kindStoreUnavailable, "the store keeps its remaining memory for the outcomes of operations already running, so no new operation starts now; this call changed nothing: retry after Retry-After"},
+	{statemachine.ErrEvicting, kindStoreUnavailable, "the store may drop records under memory pressure, so no new operation starts now; this call changed nothing: retry after Retry-After"},
 	{statemachine.ErrOverloaded, kindStoreUnavailable, "idemsvc has as many calls to its store in flight as it allows; this call did not take effect: retry after Retry-After"},
 	{httpserve.ErrOverBudget, kindStoreUnavailable, "idemsvc holds as many request bodies as its memory budget allows; this call did not take effect: retry after Retry-After"},
 	{statemachine.ErrStoreUnavailable, kindStoreUnavailable, "the store cannot be reached or did not answer in time; the call may or may not have taken effect, and a retry with the same owner or lease token is safe"},

@@ -7,7 +7,8 @@
 -- ARGV[4]  lease in ms
 -- ARGV[5]  retention in s
 -- ARGV[6]  the client's key, kept in the record
--- ARGV[7]  '1': acquire nothing (the tenant is over its stored-bytes budget);
+-- ARGV[7]  '1': acquire nothing (the tenant is over its stored-bytes budget,
+--          or the master keeps its memory for the outcomes in flight);
 --          '' or absent: acquire when the key is free
 --
 -- Taking over an expired lease publishes the ended attempt on

@@ -25,6 +25,15 @@ var (
 	// reached Redis, because as many calls as the store allows were in
 	// flight: it did not take effect.
 	ErrOverloaded = fmt.Errorf("%w: too many calls to Redis in flight", ErrStoreUnavailable)
+	// ErrNoRoom is ErrStoreUnavailable for a begin that would have started
+	// an attempt on a Redis master whose free memory under maxmemory is
+	// under the reserve kept for the outcomes of the attempts in flight
+	// (RedisOptions.ReserveBytes). It changed nothing.
+	ErrNoRoom = fmt.Errorf("%w: no room for the outcomes of new attempts", ErrStoreUnavailable)
+	// ErrEvicting is ErrStoreUnavailable for a begin that would have
+	// started an attempt on a Redis master whose eviction policy may drop
+	// records, eviction not being allowed. It changed nothing.
+	ErrEvicting = fmt.Errorf("%w: the eviction policy may drop records", ErrStoreUnavailable)
 )
 
 // InProgressError is ErrInProgress with the attempt that holds the key.

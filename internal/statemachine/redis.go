@@ -32,7 +32,8 @@ type RedisOptions struct {
 	// operation tried again within Timeout (see redisfailover.go).
 	AttemptTimeout time.Duration
 	// AllowEviction keeps an evicting maxmemory-policy from failing
-	// Readiness: the operator accepted that records may be dropped.
+	// Readiness and from refusing begins: the operator accepted that
+	// records may be dropped.
 	AllowEviction bool
 	// MaxInFlight bounds the scripts the store runs at a time (default
 	// DefaultMaxInFlight). A call beyond it waits for a slot: a begin,
@@ -47,6 +48,11 @@ type RedisOptions struct {
 	// ShedWait is how long a begin, status or delete waits for a slot
 	// (default 20ms).
 	ShedWait time.Duration
+	// ReserveBytes is the free memory under maxmemory that a master keeps
+	// for the outcomes of the attempts in flight: below it, begins that
+	// would acquire on that master fail with ErrNoRoom (see room.go).
+	// Zero is DefaultReserveBytes; negative keeps none.
+	ReserveBytes int64
 }
 
 // DefaultMaxInFlight is RedisOptions.MaxInFlight's default. Measured on 2
@@ -80,6 +86,11 @@ type RedisStore struct {
 	slots         chan struct{} // one per script in flight (MaxInFlight)
 	shedWait      time.Duration
 	shed          atomic.Uint64 // calls refused for want of a slot
+	reserve       int64         // RedisOptions.ReserveBytes
+	// gates are the masters that refuse new attempts (room.go): nil while
+	// none does, which is all a begin reads then.
+	gates atomic.Pointer[gates]
+	room  roomState
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -98,6 +109,13 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 		scripts:        lua.Plain,
 		allowEviction:  opts.AllowEviction,
 		shedWait:       opts.ShedWait,
+		reserve:        opts.ReserveBytes,
+	}
+	switch {
+	case s.reserve == 0:
+		s.reserve = DefaultReserveBytes
+	case s.reserve < 0:
+		s.reserve = 0
 	}
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = DefaultMaxInFlight
@@ -145,10 +163,12 @@ type reply struct {
 	rec  stored // when the script sent one
 }
 
-// Begin implements Store; see internal/lua/begin.lua.
 // Limits implements Store.
 func (s *RedisStore) Limits() Limits { return s.limits }
 
+// Begin implements Store; see internal/lua/begin.lua. On a master that
+// keeps no room for new attempts (room.go) it acquires nothing, and fails
+// with ErrNoRoom or ErrEvicting where it would have acquired.
 func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest) (BeginResult, error) {
 	lease, retention, err := s.limits.checkBegin(tenant, &req)
 	if err != nil {
@@ -156,14 +176,19 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	}
 	var tok token
 	rand.Read(tok[:])
+	key := RedisKey(tenant, req.Key)
 	noAcquire := ""
-	if req.NoAcquire {
+	refusal := s.refusal(ctx, key) // the key's master keeps no room, or may evict
+	if req.NoAcquire || refusal != nil {
 		noAcquire = "1"
 	}
-	r, err := s.run(ctx, "begin", !req.Waited, s.scripts.Begin, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "begin", !req.Waited, s.scripts.Begin, key,
 		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire)
 	if err != nil {
 		return BeginResult{}, err
+	}
+	if r.code == codeRefused && refusal != nil {
+		return BeginResult{}, refusal
 	}
 	switch r.code {
 	case codeOK:

@@ -179,3 +179,78 @@ func TestReadinessSentinel(t *testing.T) {
 	fillToOOM(t, admin, admin)
 	wantFailures(t, store, "writable "+master.Addr())
 }
+
+// TestReadinessRefusals: a node that refuses idemsvc's credentials fails
+// auth, and one whose ACL lacks what idemsvc sends fails permissions,
+// where they used to pass as a Redis that hides CONFIG and INFO. A user
+// denied INFO and CONFIG alone, as a managed Redis does, stays ready.
+func TestReadinessRefusals(t *testing.T) {
+	t.Parallel()
+	srv := redistest.NewPrivateServer(t) // its users change
+	admin := srv.Client(t)
+	users := map[string][]any{
+		"right":    {"~*", "&*", "+@all"},
+		"noscript": {"~*", "&*", "+@all", "-@scripting"},
+		"readonly": {"~*", "&*", "+@all", "-@write"},
+		"read":     {"~*", "&*", "+@read", "+@connection"}, // no EVALSHA either
+		"nochan":   {"~*", "resetchannels", "+@all"},
+		"otherkey": {"~other:*", "&*", "+@all"},
+		"managed":  {"~*", "&*", "+@all", "-info", "-config"},
+	}
+	for name, rules := range users {
+		if err := admin.Do(ctx, append([]any{"ACL", "SETUSER", name, "reset", "on", ">pw"}, rules...)...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	node := srv.Addr()
+	storeAs := func(user, password string) *sm.RedisStore {
+		client := redis.NewClient(&redis.Options{Addr: node, Username: user, Password: password, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = client.Close() })
+		return sm.NewRedisStore(client, sm.RedisOptions{})
+	}
+	for _, c := range []struct {
+		user, password, check, denied string
+	}{
+		{"right", "pw", "", ""},
+		{"right", "wrong", "auth", ""},
+		{"nobody", "pw", "auth", ""},
+		{"noscript", "pw", "permissions", "EVALSHA"},
+		{"readonly", "pw", "permissions", "SET"},
+		{"read", "pw", "permissions", "EVALSHA"},
+		{"nochan", "pw", "permissions", "PUBLISH"},
+		{"otherkey", "pw", "permissions", "EVALSHA"},
+		{"managed", "pw", "", ""},
+	} {
+		t.Run(c.user+"/"+c.password, func(t *testing.T) {
+			store := storeAs(c.user, c.password)
+			var f []sm.Failure
+			if c.check == "" {
+				f = wantFailures(t, store)
+			} else {
+				f = wantFailures(t, store, c.check+" "+node)
+			}
+			if c.denied != "" && len(f) == 1 && !strings.Contains(f[0].Detail, c.denied) {
+				t.Errorf("detail %q does not name %s", f[0].Detail, c.denied)
+			}
+			if strings.Contains(fmt.Sprint(f), c.password) && c.password != "pw" {
+				t.Errorf("failures %+v show the password", f)
+			}
+			// A begin and its complete fail as readiness says, or succeed.
+			key := unique("k")
+			res, err := store.Begin(ctx, "t", sm.BeginRequest{Key: key})
+			if err == nil {
+				_, err = store.Complete(ctx, "t", sm.CompleteRequest{Key: key, Token: res.Lease.Token})
+			}
+			if (err == nil) != (c.check == "") {
+				t.Errorf("begin and complete: %v, with readiness failing %q", err, c.check)
+			}
+		})
+	}
+
+	// NOAUTH: the default user needs a password, and the store gives none.
+	if err := admin.Do(ctx, "ACL", "SETUSER", "default", ">secret").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.Do(ctx, "ACL", "SETUSER", "default", "nopass").Err() })
+	wantFailures(t, storeAs("", ""), "auth "+node)
+}

@@ -197,12 +197,24 @@ export interface paths {
         /**
          * Readiness
          * @description Answers 200 only when every Redis master that holds records answers,
-         *     accepts writes (is not out of memory), has the `noeviction` policy
-         *     (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set) and, with
-         *     `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N replicas
-         *     connected; otherwise 503 naming each failed check and node. It
-         *     answers within 500 ms, also while Redis hangs. The in-memory store
+         *     accepts idemsvc's credentials, lets idemsvc's ACL user send what it
+         *     sends (scripts, writes and publishing on `idem:*` keys and
+         *     channels), accepts writes (is not out of memory), keeps at least
+         *     `IDEMSVC_REDIS_RESERVE_BYTES` free under `maxmemory`, has the
+         *     `noeviction` policy (unless `IDEMSVC_REDIS_ALLOW_EVICTION` is set)
+         *     and, with `IDEMSVC_REDIS_WAIT_REPLICAS` = N, has at least N
+         *     replicas connected; otherwise 503 naming each failed check and
+         *     node. It reads every master at the time of the request, within
+         *     500 ms, also while Redis hangs. A master that hides `CONFIG` and
+         *     `INFO` (a managed Redis) is not failed for it. The in-memory store
          *     is always ready.
+         *
+         *     A master that fails `reserve` or `eviction_policy` also refuses
+         *     the begins that would start an operation on it, with 503
+         *     `store-unavailable` and `Retry-After`, while replays, complete,
+         *     fail and extend go on; idemsvc reads each master's memory and
+         *     policy every second for this, so the refusal starts and ends
+         *     within about a second of the change.
          */
         get: operations["readyz"];
         put?: never;
@@ -487,13 +499,19 @@ export interface components {
         /** @description One failed check of one Redis node. */
         ReadinessFailure: {
             /**
-             * @description `reachable`: the node did not answer in time; `writable`: it
-             *     refuses writes for want of memory; `eviction_policy`: its
+             * @description `reachable`: the node did not answer in time; `auth`: it
+             *     refuses idemsvc's credentials (`WRONGPASS`, `NOAUTH`);
+             *     `permissions`: its ACL user may not send what idemsvc sends
+             *     (`NOPERM` for `EVALSHA`, for a write, or for publishing on the
+             *     records' channels); `writable`: it refuses writes for want of
+             *     memory; `reserve`: it has less free memory under `maxmemory`
+             *     than `IDEMSVC_REDIS_RESERVE_BYTES`, so begins that would start
+             *     an operation on it are refused; `eviction_policy`: its
              *     `maxmemory-policy` may drop records; `replicas`: fewer replicas
              *     are connected than `IDEMSVC_REDIS_WAIT_REPLICAS`.
              * @enum {string}
              */
-            check: "reachable" | "writable" | "eviction_policy" | "replicas";
+            check: "reachable" | "auth" | "permissions" | "writable" | "reserve" | "eviction_policy" | "replicas";
             /** @description The node as `host:port`. */
             node: string;
             /** @description What was found. */
@@ -524,7 +542,7 @@ export interface components {
              *     | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
              *     | `rate-limited` | 429 | begin only: the tenant is over its begin rate or its concurrent waiters (with `Retry-After`) |
              *     | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
-             *     | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound (with `Retry-After`) |
+             *     | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
              *     | `internal` | 500 | an unexpected error |
              *
              *     Each problem response of an operation narrows `type` to the kinds
@@ -805,6 +823,12 @@ export interface components {
          *     call that did not take effect, answers a request body refused
          *     because the bodies idemsvc holds at once are at their budget
          *     (`IDEMSVC_MAX_BODY_BYTES_IN_FLIGHT`), after a brief wait for room.
+         *     A begin that would start an operation also gets it, having changed
+         *     nothing, while the Redis master of its key has less free memory
+         *     under `maxmemory` than `IDEMSVC_REDIS_RESERVE_BYTES` (kept for the
+         *     outcomes of the operations already running) or an evicting policy;
+         *     a begin of a finished key is still replayed then, and complete, fail
+         *     and extend are not refused for it.
          */
         StoreUnavailable: {
             headers: {
