@@ -20,6 +20,9 @@ type Limits struct {
 	DefaultRetention    time.Duration
 	// MaxResponseBytes bounds a stored response: body, header names and values.
 	MaxResponseBytes int
+	// MaxResponseHeaders bounds the header fields of a stored response:
+	// each costs a replay work of its own, whatever its size.
+	MaxResponseHeaders int
 	// MaxErrorBytes bounds the error message of a failure.
 	MaxErrorBytes int
 	// MaxWait bounds how long a begin may wait for an attempt in progress.
@@ -43,6 +46,7 @@ func DefaultLimits() Limits {
 		MaxRetention:        30 * 24 * time.Hour,
 		DefaultRetention:    24 * time.Hour,
 		MaxResponseBytes:    1 << 20,
+		MaxResponseHeaders:  100,
 		MaxErrorBytes:       1024,
 		MaxWait:             30 * time.Second,
 	}
@@ -66,6 +70,7 @@ func (l Limits) withDefaults() Limits {
 	fill(&l.MaxFingerprintBytes, d.MaxFingerprintBytes)
 	fill(&l.MaxOwnerBytes, d.MaxOwnerBytes)
 	fill(&l.MaxResponseBytes, d.MaxResponseBytes)
+	fill(&l.MaxResponseHeaders, d.MaxResponseHeaders)
 	fill(&l.MaxErrorBytes, d.MaxErrorBytes)
 	l.MaxKeyBytes = min(l.MaxKeyBytes, maxPrefixed)
 	l.MaxOwnerBytes = min(l.MaxOwnerBytes, maxPrefixed)
@@ -228,6 +233,9 @@ func (l *Limits) checkFinish(tenant, key, tok string, retention time.Duration, r
 	}
 	if len(errMsg) > l.MaxErrorBytes {
 		return token{}, invalid("error", "must be at most %d bytes", l.MaxErrorBytes)
+	}
+	if len(resp.Headers) > l.MaxResponseHeaders {
+		return token{}, invalid("response.headers", "must hold at most %d header fields", l.MaxResponseHeaders)
 	}
 	size := len(resp.Body)
 	for name, value := range resp.Headers {
