@@ -284,3 +284,15 @@ func isOtherVar(name string) bool {
 func envName(flagName string) string {
 	return "IDEMSVC_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
+
+// storeTimeout is how long one store call may take (WAIT included), or 0
+// on the in-memory store: a begin's limit calls and store call share it.
+func (c *config) storeTimeout() time.Duration {
+	if !c.usesRedis() {
+		return 0
+	}
+	if c.redisWaitReplicas > 0 {
+		return c.redisTimeout + c.redisWaitTimeout
+	}
+	return c.redisTimeout
+}

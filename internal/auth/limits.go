@@ -21,6 +21,9 @@ type Limits struct {
 	// Waiters bounds the tenant's begins waiting (wait_ms) at once on an
 	// attempt in progress.
 	Waiters int64
+	// InProgress bounds the attempts the tenant holds at once: leases not
+	// yet completed, failed or expired.
+	InProgress int64
 }
 
 // limitsFile is `limits` in the tenants file: absent fields are nil. The
@@ -30,6 +33,7 @@ type limitsFile struct {
 	Burst       *float64 `yaml:"burst"`
 	StoredBytes *float64 `yaml:"stored_bytes"`
 	Waiters     *float64 `yaml:"waiters"`
+	InProgress  *float64 `yaml:"in_progress"`
 }
 
 // Bounds of the values, to keep the arithmetic on them far from overflow.
@@ -37,6 +41,7 @@ const (
 	maxRate        = 10_000_000
 	maxStoredBytes = 1 << 50 // 1 PiB
 	maxWaiters     = 10_000_000
+	maxInProgress  = 10_000_000
 )
 
 // IsZero reports whether l limits nothing.
@@ -62,6 +67,7 @@ func (f *limitsFile) limits() (Limits, error) {
 		Burst:       get("burst", f.Burst, maxRate),
 		StoredBytes: get("stored_bytes", f.StoredBytes, maxStoredBytes),
 		Waiters:     get("waiters", f.Waiters, maxWaiters),
+		InProgress:  get("in_progress", f.InProgress, maxInProgress),
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Limits{}, err

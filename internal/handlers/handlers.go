@@ -38,6 +38,11 @@ type Config struct {
 	// Limiter enforces the tenants' limits (from Keyring) at begin; nil
 	// enforces none.
 	Limiter quota.Limiter
+	// StoreTimeout, when set, bounds a begin's limit calls and its first
+	// store call together (the store's own timeout bounds each call): a
+	// begin of a limited tenant then fails within one timeout while the
+	// store is down, not one for the limits and another for the store.
+	StoreTimeout time.Duration
 	// WaitPollInterval is how often the status of a waited key is read
 	// when the store cannot push the end of attempts (default 25 ms).
 	WaitPollInterval time.Duration
@@ -77,6 +82,7 @@ type Service struct {
 	metrics      *metrics
 	waiters      *waiters
 	limiter      quota.Limiter
+	storeTimeout time.Duration
 	maxBodyBytes int64
 	// limits are the store's, with MaxWait from Config: every value a
 	// request carries is checked against them.
@@ -128,6 +134,7 @@ func New(cfg Config) *Service {
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,
 		limiter:           cfg.Limiter,
+		storeTimeout:      cfg.StoreTimeout,
 		trustedProxies:    cfg.TrustedProxies,
 	}
 	s.limits.MaxWait = cfg.MaxWait

@@ -12,7 +12,7 @@ func newMetrics() *metrics {
 	m := &metrics{
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemsvc_limit_rejections_total",
-			Help: "Begins refused with 429, by tenant and by the limit they were over (begins_per_s, stored_bytes, waiters).",
+			Help: "Begins refused with 429, by tenant and by the limit they were over (begins_per_s, stored_bytes, waiters, in_progress).",
 		}, []string{"tenant", "limit"}),
 		storedBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemsvc_stored_bytes",
@@ -24,15 +24,16 @@ func newMetrics() *metrics {
 
 // tenantMetrics are one tenant's collectors, looked up once.
 type tenantMetrics struct {
-	rejectedRate, rejectedBytes, rejectedWaiters prometheus.Counter
-	storedBytes                                  prometheus.Gauge
+	rejectedRate, rejectedBytes, rejectedWaiters, rejectedInProgress prometheus.Counter
+	storedBytes                                                      prometheus.Gauge
 }
 
 func (m *metrics) forTenant(tenant string) tenantMetrics {
 	return tenantMetrics{
-		rejectedRate:    m.rejections.WithLabelValues(tenant, LimitRate),
-		rejectedBytes:   m.rejections.WithLabelValues(tenant, LimitStoredBytes),
-		rejectedWaiters: m.rejections.WithLabelValues(tenant, LimitWaiters),
-		storedBytes:     m.storedBytes.WithLabelValues(tenant),
+		rejectedRate:       m.rejections.WithLabelValues(tenant, LimitRate),
+		rejectedBytes:      m.rejections.WithLabelValues(tenant, LimitStoredBytes),
+		rejectedWaiters:    m.rejections.WithLabelValues(tenant, LimitWaiters),
+		rejectedInProgress: m.rejections.WithLabelValues(tenant, LimitInProgress),
+		storedBytes:        m.storedBytes.WithLabelValues(tenant),
 	}
 }

@@ -1,6 +1,7 @@
 package statemachine
 
 import (
+	"crypto/rand"
 	"encoding/hex"
 	"math"
 	"strings"
@@ -279,6 +280,24 @@ func (l *Limits) checkExtend(tenant string, req *ExtendRequest) (token, time.Dur
 	}
 	lease, err := l.checkLease(req.Lease)
 	return t, lease, err
+}
+
+// NewToken returns a random lease token in Lease.Token's form, for
+// BeginRequest.Token.
+func NewToken() string {
+	var t token
+	rand.Read(t[:])
+	return t.String()
+}
+
+// beginToken is the token a Begin acquires with: req's, or a random one.
+func beginToken(req *BeginRequest) (token, error) {
+	if req.Token == "" {
+		var t token
+		rand.Read(t[:])
+		return t, nil
+	}
+	return parseToken(req.Token)
 }
 
 func parseToken(s string) (token, error) {

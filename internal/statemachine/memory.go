@@ -2,7 +2,6 @@ package statemachine
 
 import (
 	"context"
-	"crypto/rand"
 	"sync"
 	"time"
 )
@@ -62,6 +61,10 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 	if err != nil {
 		return BeginResult{}, err
 	}
+	tok, err := beginToken(&req)
+	if err != nil {
+		return BeginResult{}, err
+	}
 	k := memoryKey{tenant, req.Key}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -99,7 +102,7 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 		key:         req.Key,
 	}
 	s.expires = s.lease + retention.Milliseconds()
-	rand.Read(s.token[:])
+	s.token = tok
 	if old != nil {
 		s.attempt, s.created = old.attempt+1, old.created
 		s.recovered = old.state == StateInProgress

@@ -154,8 +154,10 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	if err != nil {
 		return BeginResult{}, err
 	}
-	var tok token
-	rand.Read(tok[:])
+	tok, err := beginToken(&req)
+	if err != nil {
+		return BeginResult{}, err
+	}
 	noAcquire := ""
 	if req.NoAcquire {
 		noAcquire = "1"
