@@ -6,9 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // in_progress bounds the leases a tenant holds at once: a begin that would
@@ -141,4 +146,35 @@ func (p *inProgress) acquireSoonWithin(key string, leaseMs int64, d time.Duratio
 		return l != nil
 	})
 	return l
+}
+
+// While Redis hangs, a begin of a tenant with limits (rate and in_progress,
+// each a Redis call before the store's) fails with 503 within one store
+// timeout, not one per call (2 to 3 s before they shared it).
+func TestE2ELimitedBeginOneTimeout(t *testing.T) {
+	t.Parallel()
+	const timeout = time.Second
+	srv := redistest.NewServer(t)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
+	t.Cleanup(func() { _ = rdb.Close() })
+	limiter := quota.NewRedis(rdb, quota.Options{FlushInterval: testFlush, Timeout: timeout})
+	t.Cleanup(limiter.Close)
+	store := statemachine.NewRedisStore(rdb, statemachine.RedisOptions{Timeout: timeout})
+	keyring, _, keys := limitedTenants(t, map[string]string{"limited": "{begins_per_s: 1000, in_progress: 10}"})
+	e := start(t, handlers.Config{Store: store, Keyring: keyring, Limiter: limiter, StoreTimeout: timeout})
+	c := e.as(t, keys["limited"])
+	c.acquire(idem.BeginRequest{Key: unique("k")}) // scripts loaded, connections open
+
+	resume := srv.Pause(t)
+	t.Cleanup(resume)
+	for range 2 {
+		start := time.Now()
+		r := c.begin(idem.BeginRequest{Key: unique("k")})
+		took := time.Since(start)
+		requireProblem(t, r.HTTPResponse, r.Body, http.StatusServiceUnavailable, "store-unavailable")
+		t.Logf("503 after %v (store timeout %v)", took.Round(time.Millisecond), timeout)
+		if took > timeout*3/2 {
+			t.Errorf("a limited begin took %v to fail while Redis hangs, want within one store timeout (%v) and a margin", took, timeout)
+		}
+	}
 }
