@@ -1,6 +1,7 @@
 package handlers_test
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -176,5 +177,72 @@ func TestE2ELimitedBeginOneTimeout(t *testing.T) {
 		if took > timeout*3/2 {
 			t.Errorf("a limited begin took %v to fail while Redis hangs, want within one store timeout (%v) and a margin", took, timeout)
 		}
+	}
+}
+
+// However many tenants an admin names (here without a tenants file), the
+// metric series by tenant stay bounded: past quota.MaxTenantLabels tenants
+// they are counted under the tenant label "other". With and without a
+// limiter, in memory and on Redis.
+func TestE2ETenantSeriesBounded(t *testing.T) {
+	t.Parallel()
+	modes := []struct {
+		name string
+		open func(t *testing.T) (statemachine.Store, quota.Limiter)
+	}{
+		{"no limiter", func(*testing.T) (statemachine.Store, quota.Limiter) {
+			return statemachine.NewMemoryStore(statemachine.DefaultLimits()), nil
+		}},
+		{"memory", limitedBackends()[0].open},
+		{"redis", limitedBackends()[1].open},
+	}
+	for _, m := range modes {
+		t.Run(m.name, func(t *testing.T) {
+			t.Parallel()
+			store, limiter := m.open(t)
+			cfg := handlers.Config{Store: store}
+			if limiter != nil {
+				cfg.Limiter = limiter
+			}
+			e := start(t, cfg)
+			c := e.as(t, "")
+			const tenants = quota.MaxTenantLabels + 200
+			prefix := unique("s")
+			for i := range tenants {
+				tenant := fmt.Sprintf("%s-%d", prefix, i)
+				l := c.acquire(idem.BeginRequest{Key: "k", Tenant: &tenant})
+				c.mustComplete(idem.CompleteRequest{Key: "k", LeaseToken: l.LeaseToken, Tenant: &tenant, Response: &idem.StoredResponse{Body: ptr("x")}})
+			}
+			time.Sleep(3 * testFlush) // the stored bytes' gauges
+			labels := map[string]map[string]bool{}
+			resp, body := e.raw(t, http.MethodGet, "/metrics", "", nil)
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("/metrics: %d", resp.StatusCode)
+			}
+			for line := range strings.Lines(string(body)) {
+				_, rest, ok := strings.Cut(line, `tenant="`)
+				if !ok || strings.HasPrefix(line, "#") {
+					continue
+				}
+				name, _, _ := strings.Cut(line, "{")
+				value, _, _ := strings.Cut(rest, `"`)
+				if labels[name] == nil {
+					labels[name] = map[string]bool{}
+				}
+				labels[name][value] = true
+			}
+			if len(labels["idemsvc_begins_total"]) == 0 {
+				t.Fatal("no idemsvc_begins_total series")
+			}
+			for name, values := range labels {
+				t.Logf("%s: %d tenant labels", name, len(values))
+				if len(values) > quota.MaxTenantLabels+1 {
+					t.Errorf("%s has %d tenant labels after %d tenants, want at most %d and %q", name, len(values), tenants, quota.MaxTenantLabels, quota.OtherTenant)
+				}
+				if name != "idemsvc_stored_bytes" && !values[quota.OtherTenant] {
+					t.Errorf("%s has no %q series", name, quota.OtherTenant)
+				}
+			}
+		})
 	}
 }

@@ -128,7 +128,7 @@ func New(cfg Config) *Service {
 		keyring:           cfg.Keyring,
 		log:               cfg.Logger,
 		registry:          cfg.Registry,
-		metrics:           newMetrics(cfg.Registry),
+		metrics:           newMetrics(cfg.Registry, tenantLabeller(cfg.Limiter)),
 		maxBodyBytes:      cfg.MaxBodyBytes,
 		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
@@ -184,6 +184,15 @@ func New(cfg Config) *Service {
 	})
 	s.handler = r
 	return s
+}
+
+// tenantLabeller is the limiter's tenant labels, or labels of its own
+// bounded alike.
+func tenantLabeller(l quota.Limiter) func(string) string {
+	if l != nil {
+		return l.TenantLabel
+	}
+	return new(quota.TenantLabels).Of
 }
 
 // ServeHTTP serves the API.

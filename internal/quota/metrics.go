@@ -6,6 +6,7 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	rejections  *prometheus.CounterVec
 	storedBytes *prometheus.GaugeVec
+	labels      TenantLabels
 }
 
 func newMetrics() *metrics {
@@ -29,11 +30,15 @@ type tenantMetrics struct {
 }
 
 func (m *metrics) forTenant(tenant string) tenantMetrics {
-	return tenantMetrics{
-		rejectedRate:       m.rejections.WithLabelValues(tenant, LimitRate),
-		rejectedBytes:      m.rejections.WithLabelValues(tenant, LimitStoredBytes),
-		rejectedWaiters:    m.rejections.WithLabelValues(tenant, LimitWaiters),
-		rejectedInProgress: m.rejections.WithLabelValues(tenant, LimitInProgress),
-		storedBytes:        m.storedBytes.WithLabelValues(tenant),
+	label := m.labels.Of(tenant)
+	t := tenantMetrics{
+		rejectedRate:       m.rejections.WithLabelValues(label, LimitRate),
+		rejectedBytes:      m.rejections.WithLabelValues(label, LimitStoredBytes),
+		rejectedWaiters:    m.rejections.WithLabelValues(label, LimitWaiters),
+		rejectedInProgress: m.rejections.WithLabelValues(label, LimitInProgress),
 	}
+	if label != OtherTenant { // a gauge of several tenants would be any one's
+		t.storedBytes = m.storedBytes.WithLabelValues(label)
+	}
+	return t
 }

@@ -88,6 +88,10 @@ type Limiter interface {
 	// HoldRefused is the error of a begin refused because it would acquire
 	// while the tenant holds its in_progress limit.
 	HoldRefused(tenant string, l auth.Limits) error
+	// TenantLabel is tenant's label in metrics: its name, or OtherTenant
+	// past MaxTenantLabels tenants. The handlers' series use it too, so
+	// that a tenant has the same label in all of them.
+	TenantLabel(tenant string) string
 	// Close stops the background flushes and flushes what is pending.
 	Close()
 	// Collector exports idemsvc_limit_rejections_total{tenant,limit} and
@@ -542,7 +546,9 @@ func (l *limiter) flush() {
 		}
 		ts.total, ts.firstExpiry = total, first
 		ts.mu.Unlock()
-		ts.labels.storedBytes.Set(float64(total))
+		if ts.labels.storedBytes != nil {
+			ts.labels.storedBytes.Set(float64(total))
+		}
 	}
 }
 
@@ -568,6 +574,9 @@ func (l *limiter) settleLeases(tenant string, ts *tenantState, leases map[string
 		}
 	}
 }
+
+// TenantLabel implements Limiter.
+func (l *limiter) TenantLabel(tenant string) string { return l.metrics.labels.Of(tenant) }
 
 // Close implements Limiter.
 func (l *limiter) Close() {
