@@ -81,9 +81,16 @@ func (s *Service) leaseEnded(tenant, token string, ends time.Time) {
 }
 
 // beginError is the error of a begin: a refused acquisition is
-// quota-exceeded over the stored-bytes budget, rate-limited at in_progress.
+// quota-exceeded over the stored-bytes budget, rate-limited at in_progress;
+// a refused replay is rate-limited over the read budget.
 func (s *Service) beginError(tenant string, lim auth.Limits, a admission, err error) error {
-	if !errors.Is(err, statemachine.ErrAcquireRefused) || s.limiter == nil {
+	if s.limiter == nil {
+		return err
+	}
+	if errors.Is(err, statemachine.ErrReplayRefused) {
+		return s.limiter.ReadRefused(tenant, lim)
+	}
+	if !errors.Is(err, statemachine.ErrAcquireRefused) {
 		return err
 	}
 	if a.overBudget {
@@ -112,11 +119,17 @@ func (s *Service) stored(tenant string, resp *statemachine.Response, expires tim
 	if s.limiter == nil {
 		return
 	}
+	s.limiter.Stored(tenant, responseSize(resp), expires)
+}
+
+// responseSize is a stored response's size as the limits count it: the
+// body after decoding, header names and values.
+func responseSize(resp *statemachine.Response) int64 {
 	n := len(resp.Body)
 	for name, value := range resp.Headers {
 		n += len(name) + len(value)
 	}
-	s.limiter.Stored(tenant, int64(n), expires)
+	return int64(n)
 }
 
 // limitRetryAfter is a refused begin's Retry-After: whole seconds, at least 1.

@@ -145,6 +145,9 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 	if err != nil {
 		return nil, err
 	}
+	if s.limiter != nil && !s.limiter.CanRead(t, lim) {
+		breq.NoReplay = true // over the read budget: acquire or answer, but replay nothing
+	}
 	deadline := time.Now().Add(wait)
 	for call := first; ; call = ctx {
 		res, err := s.store.Begin(call, t, breq)
@@ -171,6 +174,9 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 			return nil, s.beginError(t, lim, a, err)
 		}
 		s.settleHold(t, lim, a.hold, &res)
+		if !res.Acquired && s.limiter != nil {
+			s.limiter.Read(t, lim, responseSize(&res.Record.Response))
+		}
 		return s.beginResult(ctx, t, res), nil
 	}
 }
@@ -321,9 +327,19 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		return nil, err
 	}
 	withResponse := deref(p.IncludeResponse)
+	var lim auth.Limits
+	if withResponse && s.limiter != nil {
+		// A status with the response is a read, counted as a replay is.
+		if lim = s.keyring.Limits(t); !s.limiter.CanRead(t, lim) {
+			return nil, s.limiter.ReadRefused(t, lim)
+		}
+	}
 	rec, err := s.store.Status(ctx, t, p.Key, withResponse)
 	if err != nil {
 		return nil, err
+	}
+	if withResponse && s.limiter != nil && rec.State != statemachine.StateInProgress {
+		s.limiter.Read(t, lim, responseSize(&rec.Response))
 	}
 	setOutcome(ctx, t, "found")
 	out := api.StatusResponse(statusRecord(t, rec))

@@ -39,11 +39,12 @@ const (
 	LimitStoredBytes = "stored_bytes"
 	LimitWaiters     = "waiters"
 	LimitInProgress  = "in_progress"
+	LimitReadBytes   = "read_bytes_per_s"
 )
 
 // Error is a begin refused for a limit.
 type Error struct {
-	Limit      string        // LimitRate, LimitStoredBytes, LimitWaiters or LimitInProgress
+	Limit      string        // LimitRate, LimitStoredBytes, LimitWaiters, LimitInProgress or LimitReadBytes
 	Detail     string        // says which limit, without internals
 	RetryAfter time.Duration // when a retry is worth making; at least 1 s
 }
@@ -88,6 +89,16 @@ type Limiter interface {
 	// HoldRefused is the error of a begin refused because it would acquire
 	// while the tenant holds its in_progress limit.
 	HoldRefused(tenant string, l auth.Limits) error
+	// CanRead reports whether tenant may read a stored response now: not
+	// while its reads took more than its read budget (ReadRefused makes
+	// the error then). A read is admitted before its size is known, and
+	// counted after with Read, so one read may take the budget below
+	// zero: the reads after it wait until it is paid back.
+	CanRead(tenant string, l auth.Limits) bool
+	// Read counts a stored response of n bytes that tenant read.
+	Read(tenant string, l auth.Limits, n int64)
+	// ReadRefused is the error of a read refused for the read budget.
+	ReadRefused(tenant string, l auth.Limits) error
 	// TenantLabel is tenant's label in metrics: its name, or OtherTenant
 	// past MaxTenantLabels tenants. The handlers' series use it too, so
 	// that a tenant has the same label in all of them.
@@ -168,6 +179,12 @@ const (
 	// bucketMs is the width of an expiry bucket of stored bytes: a
 	// record's bytes count until the end of the minute it expires in.
 	bucketMs = 60_000
+	// DefaultReadBytesPerS is the read budget of a tenant without
+	// read_bytes_per_s, on each instance: 64 replays of a 1 MiB response
+	// a second, about a fifth of a core's time to send. A read counts
+	// at least minReadBytes, so that it also bounds many small reads.
+	DefaultReadBytesPerS = 64 << 20
+	minReadBytes         = 1024
 )
 
 // limiter is the Limiter over a backend; the backends differ only in where
@@ -207,6 +224,10 @@ type tenantState struct {
 
 	// leases: token -> Unix ms its lease ends (0: over), not sent yet.
 	leases map[string]int64
+
+	// reads: the read budget left (bytes; below zero, owed), as of readAt.
+	readLeft float64
+	readAt   time.Time
 
 	labels tenantMetrics
 }
@@ -573,6 +594,59 @@ func (l *limiter) settleLeases(tenant string, ts *tenantState, leases map[string
 			ts.leases[token] = ends
 		}
 	}
+}
+
+// readRate is tenant's read budget per second under lim.
+func readRate(lim auth.Limits) float64 {
+	if lim.ReadBytesPerS > 0 {
+		return float64(lim.ReadBytesPerS)
+	}
+	return DefaultReadBytesPerS
+}
+
+// readLeftNow refills ts's read budget for the time since it was last
+// counted, up to a second's worth. The caller holds ts.mu.
+func (ts *tenantState) readLeftNow(rate float64, now time.Time) float64 {
+	if ts.readAt.IsZero() {
+		ts.readLeft = rate
+	} else {
+		ts.readLeft = min(rate, ts.readLeft+now.Sub(ts.readAt).Seconds()*rate)
+	}
+	ts.readAt = now
+	return ts.readLeft
+}
+
+// CanRead implements Limiter. The budget is this instance's: it bounds the
+// work reads cost it (and, with every instance's, Redis), without a Redis
+// call per read. A token bucket that may go below zero, as a read is
+// counted once its size is known: golang.org/x/time/rate cannot take more
+// than its burst at once, nor charge after the fact.
+func (l *limiter) CanRead(tenant string, lim auth.Limits) bool {
+	ts := l.tenant(tenant)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.readLeftNow(readRate(lim), time.Now()) > 0
+}
+
+// Read implements Limiter.
+func (l *limiter) Read(tenant string, lim auth.Limits, n int64) {
+	ts := l.tenant(tenant)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.readLeftNow(readRate(lim), time.Now())
+	ts.readLeft -= float64(max(n, minReadBytes))
+}
+
+// ReadRefused implements Limiter.
+func (l *limiter) ReadRefused(tenant string, lim auth.Limits) error {
+	ts := l.tenant(tenant)
+	ts.labels.rejectedReads.Inc()
+	rate := readRate(lim)
+	ts.mu.Lock()
+	owed := -ts.readLeftNow(rate, time.Now())
+	ts.mu.Unlock()
+	return &Error{Limit: LimitReadBytes, RetryAfter: atLeastASecond(time.Duration(owed / rate * float64(time.Second))),
+		Detail: fmt.Sprintf("the tenant read stored responses over its read budget (read_bytes_per_s %d on this instance): replays and statuses with the response are refused until it is paid back", int64(rate))}
 }
 
 // TenantLabel implements Limiter.

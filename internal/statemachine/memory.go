@@ -83,6 +83,9 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 					Since: msTime(old.updated), Now: msTime(now)}
 			}
 		} else if !old.retryable {
+			if req.NoReplay {
+				return BeginResult{}, ErrReplayRefused
+			}
 			return replay(tenant, old, now)
 		}
 	}

@@ -136,6 +136,7 @@ const (
 	codeLeaseLost
 	codeNotFound
 	codeRefused
+	codeUnread
 )
 
 // reply is a decoded script reply: {code, now_ms, record}.
@@ -158,12 +159,15 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	if err != nil {
 		return BeginResult{}, err
 	}
-	noAcquire := ""
+	noAcquire, noReplay := "", ""
 	if req.NoAcquire {
 		noAcquire = "1"
 	}
+	if req.NoReplay {
+		noReplay = "1"
+	}
 	r, err := s.run(ctx, "begin", !req.Waited, s.scripts.Begin, RedisKey(tenant, req.Key),
-		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire)
+		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire, noReplay)
 	if err != nil {
 		return BeginResult{}, err
 	}
@@ -384,7 +388,7 @@ func decodeReply(v any) (reply, error) {
 		if r.rec, err = decodeStored(raw); err != nil {
 			return r, err
 		}
-	case codeMismatch, codeLeaseLost, codeNotFound, codeRefused:
+	case codeMismatch, codeLeaseLost, codeNotFound, codeRefused, codeUnread:
 	default:
 		return r, fmt.Errorf("unknown reply code %d", r.code)
 	}
@@ -402,6 +406,8 @@ func (r *reply) err(op string) error {
 		return ErrNotFound
 	case codeRefused:
 		return ErrAcquireRefused
+	case codeUnread:
+		return ErrReplayRefused
 	}
 	return fmt.Errorf("statemachine: %s: unexpected reply code %d", op, r.code)
 }
