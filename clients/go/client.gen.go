@@ -234,7 +234,8 @@ type BeginReplay struct {
 	// Response What the operation produced, replayed byte for byte to every
 	// duplicate. Every part is optional: a message consumer may store only
 	// a body. The body after decoding plus every header name and value may
-	// take at most 1 MiB (413 beyond).
+	// take at most 1 MiB (413 beyond), in at most 100 header fields (400
+	// `invalid-request` naming `response.headers` beyond).
 	Response StoredResponse `json:"response"`
 
 	// Status The state of a finished attempt.
@@ -319,7 +320,8 @@ type CompleteRequest struct {
 	// Response What the operation produced, replayed byte for byte to every
 	// duplicate. Every part is optional: a message consumer may store only
 	// a body. The body after decoding plus every header name and value may
-	// take at most 1 MiB (413 beyond).
+	// take at most 1 MiB (413 beyond), in at most 100 header fields (400
+	// `invalid-request` naming `response.headers` beyond).
 	Response *StoredResponse `json:"response,omitempty"`
 
 	// RetentionS How long the record lives after its last transition, in seconds. Default 86400.
@@ -396,7 +398,8 @@ type FailRequest struct {
 	// Response What the operation produced, replayed byte for byte to every
 	// duplicate. Every part is optional: a message consumer may store only
 	// a body. The body after decoding plus every header name and value may
-	// take at most 1 MiB (413 beyond).
+	// take at most 1 MiB (413 beyond), in at most 100 header fields (400
+	// `invalid-request` naming `response.headers` beyond).
 	Response *StoredResponse `json:"response,omitempty"`
 
 	// Retryable `true` releases the key (the next begin acquires it);
@@ -699,7 +702,8 @@ type StatusRecord struct {
 	// Response What the operation produced, replayed byte for byte to every
 	// duplicate. Every part is optional: a message consumer may store only
 	// a body. The body after decoding plus every header name and value may
-	// take at most 1 MiB (413 beyond).
+	// take at most 1 MiB (413 beyond), in at most 100 header fields (400
+	// `invalid-request` naming `response.headers` beyond).
 	Response *StoredResponse `json:"response,omitempty"`
 
 	// Retryable The failure released the key.
@@ -726,7 +730,8 @@ type StatusRecord struct {
 // StoredResponse What the operation produced, replayed byte for byte to every
 // duplicate. Every part is optional: a message consumer may store only
 // a body. The body after decoding plus every header name and value may
-// take at most 1 MiB (413 beyond).
+// take at most 1 MiB (413 beyond), in at most 100 header fields (400
+// `invalid-request` naming `response.headers` beyond).
 type StoredResponse struct {
 	// Body The body, encoded as `body_encoding` says.
 	//

@@ -100,6 +100,7 @@ func parseConfig(args, env []string) (config, error) {
 	maxKey := fs.Int("max-key-bytes", d.MaxKeyBytes, "longest key")
 	maxRequest := fs.Int64("max-request-bytes", handlers.DefaultMaxBodyBytes, "largest request body")
 	maxResponse := fs.Int("max-response-bytes", d.MaxResponseBytes, "largest stored response: body after decoding, plus headers")
+	maxHeaders := fs.Int("max-response-headers", d.MaxResponseHeaders, "most header fields of a stored response")
 	maxLease := fs.Int64("max-lease-ms", d.MaxLease.Milliseconds(), "longest lease")
 	defaultLease := fs.Int64("default-lease-ms", d.DefaultLease.Milliseconds(), "lease of a begin without lease_ms")
 	maxRetention := fs.Int64("max-retention-s", int64(d.MaxRetention/time.Second), "longest retention")
@@ -180,6 +181,7 @@ func parseConfig(args, env []string) (config, error) {
 	c.limits = d
 	c.limits.MaxKeyBytes = *maxKey
 	c.limits.MaxResponseBytes = *maxResponse
+	c.limits.MaxResponseHeaders = *maxHeaders
 	c.limits.MaxLease = time.Duration(*maxLease) * time.Millisecond
 	c.limits.DefaultLease = time.Duration(*defaultLease) * time.Millisecond
 	c.limits.MaxRetention = time.Duration(*maxRetention) * time.Second
@@ -255,6 +257,8 @@ func (c *config) check() []error {
 		problems = append(problems, errors.New("max-key-bytes must be 1 to 65535"))
 	case c.maxRequestBytes < 1024 || l.MaxResponseBytes < 1:
 		problems = append(problems, errors.New("max-request-bytes must be at least 1024 and max-response-bytes positive"))
+	case l.MaxResponseHeaders < 1:
+		problems = append(problems, errors.New("max-response-headers must be positive"))
 	case l.MaxLease < l.MinLease || l.DefaultLease < l.MinLease || l.DefaultLease > l.MaxLease:
 		problems = append(problems, fmt.Errorf("leases: need %d <= default-lease-ms <= max-lease-ms", l.MinLease.Milliseconds()))
 	case l.MaxRetention < l.MinRetention || l.DefaultRetention < l.MinRetention || l.DefaultRetention > l.MaxRetention:
@@ -295,4 +299,16 @@ func isOtherVar(name string) bool {
 // envName is the environment variable of a flag: redis-url is IDEMSVC_REDIS_URL.
 func envName(flagName string) string {
 	return "IDEMSVC_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// storeTimeout is how long one store call may take (WAIT included), or 0
+// on the in-memory store: a begin's limit calls and store call share it.
+func (c *config) storeTimeout() time.Duration {
+	if !c.usesRedis() {
+		return 0
+	}
+	if c.redisWaitReplicas > 0 {
+		return c.redisTimeout + c.redisWaitTimeout
+	}
+	return c.redisTimeout
 }

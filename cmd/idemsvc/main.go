@@ -123,7 +123,8 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		_ = stopTracing(flushCtx)
 	}()
 	hc := handlers.Config{Store: store, Keyring: keyring, Logger: log, Registry: registry,
-		MaxBodyBytes: cfg.maxRequestBytes, MaxBodyBytesInFlight: cfg.maxBodyBytesInFlight, MaxWait: cfg.maxWait, Limiter: limiter, TrustedProxies: cfg.trustedProxies}
+		MaxBodyBytes: cfg.maxRequestBytes, MaxBodyBytesInFlight: cfg.maxBodyBytesInFlight, MaxWait: cfg.maxWait, Limiter: limiter,
+		TrustedProxies: cfg.trustedProxies, StoreTimeout: cfg.storeTimeout()}
 	if provider != nil {
 		hc.Tracer = provider
 		log.Info("tracing: spans exported over OTLP")

@@ -105,6 +105,12 @@ func TestRotateKeyWithoutRestart(t *testing.T) {
 	if code := begin("new-key"); code != http.StatusCreated {
 		t.Errorf("begin with the key in force after an invalid file = %d", code)
 	}
+	// Repaired back to the content in force: nothing to reload, but the
+	// file is valid again.
+	writeFileAtomically(t, path, tenantsFile("new-key"))
+	waitFor(t, "the repaired file clears the invalid metric", func() bool {
+		return strings.Contains(get(t, in.url+"/metrics"), "\nidemsvc_tenants_file_invalid 0\n")
+	})
 	if metrics := get(t, in.url+"/metrics"); !strings.Contains(metrics, `idemsvc_tenants_reloads_total{result="refused"} 1`) ||
 		!strings.Contains(metrics, `idemsvc_tenants_reloads_total{result="reloaded"} 2`) {
 		t.Errorf("reload counts:\n%s", grepLines(metrics, "idemsvc_tenants"))

@@ -21,6 +21,14 @@ type Limits struct {
 	// Waiters bounds the tenant's begins waiting (wait_ms) at once on an
 	// attempt in progress.
 	Waiters int64
+	// InProgress bounds the attempts the tenant holds at once: leases not
+	// yet completed, failed or expired.
+	InProgress int64
+	// ReadBytesPerS is the tenant's read budget on each idemsvc instance:
+	// stored response bytes replayed or read with a status per second.
+	// Unlike the other limits, 0 (absent) is the default budget
+	// (quota.DefaultReadBytesPerS), not none.
+	ReadBytesPerS int64
 }
 
 // limitsFile is `limits` in the tenants file: absent fields are nil. The
@@ -30,6 +38,8 @@ type limitsFile struct {
 	Burst       *float64 `yaml:"burst"`
 	StoredBytes *float64 `yaml:"stored_bytes"`
 	Waiters     *float64 `yaml:"waiters"`
+	InProgress  *float64 `yaml:"in_progress"`
+	ReadBytes   *float64 `yaml:"read_bytes_per_s"`
 }
 
 // Bounds of the values, to keep the arithmetic on them far from overflow.
@@ -37,6 +47,8 @@ const (
 	maxRate        = 10_000_000
 	maxStoredBytes = 1 << 50 // 1 PiB
 	maxWaiters     = 10_000_000
+	maxInProgress  = 10_000_000
+	maxReadBytes   = 1 << 40 // 1 TiB/s
 )
 
 // IsZero reports whether l limits nothing.
@@ -58,10 +70,12 @@ func (f *limitsFile) limits() (Limits, error) {
 		return int64(*v)
 	}
 	l := Limits{
-		BeginsPerS:  get("begins_per_s", f.BeginsPerS, maxRate),
-		Burst:       get("burst", f.Burst, maxRate),
-		StoredBytes: get("stored_bytes", f.StoredBytes, maxStoredBytes),
-		Waiters:     get("waiters", f.Waiters, maxWaiters),
+		BeginsPerS:    get("begins_per_s", f.BeginsPerS, maxRate),
+		Burst:         get("burst", f.Burst, maxRate),
+		StoredBytes:   get("stored_bytes", f.StoredBytes, maxStoredBytes),
+		Waiters:       get("waiters", f.Waiters, maxWaiters),
+		InProgress:    get("in_progress", f.InProgress, maxInProgress),
+		ReadBytesPerS: get("read_bytes_per_s", f.ReadBytes, maxReadBytes),
 	}
 	if err := errors.Join(errs...); err != nil {
 		return Limits{}, err

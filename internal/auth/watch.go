@@ -64,17 +64,21 @@ func Watch(ctx context.Context, path string, k *Keyring, data []byte, reload <-c
 	settled := time.NewTimer(settle)
 	settled.Stop()
 	var refused []byte // the content last refused, not reported again unless asked
+	failing := false   // the last reading reported was refused
 	read := func(quietIfSame bool) {
 		next, err := os.ReadFile(path)
 		if err != nil {
+			failing = true
 			report(Refused, fmt.Errorf("tenants file: %w", err))
 			return
 		}
 		if bytes.Equal(next, data) {
-			refused = nil
-			if !quietIfSame {
+			// A file repaired back to the content in force is reported,
+			// so that what said it was refused is cleared.
+			if !quietIfSame || failing {
 				report(Unchanged, nil)
 			}
+			refused, failing = nil, false
 			return
 		}
 		if quietIfSame && refused != nil && bytes.Equal(next, refused) {
@@ -82,11 +86,11 @@ func Watch(ctx context.Context, path string, k *Keyring, data []byte, reload <-c
 		}
 		nk, err := Parse(next)
 		if err != nil {
-			refused = next
+			refused, failing = next, true
 			report(Refused, fmt.Errorf("tenants file %s: %w", path, err))
 			return
 		}
-		refused = nil
+		refused, failing = nil, false
 		k.Replace(nk)
 		data = next
 		report(Reloaded, nil)

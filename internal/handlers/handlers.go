@@ -42,6 +42,11 @@ type Config struct {
 	// Limiter enforces the tenants' limits (from Keyring) at begin; nil
 	// enforces none.
 	Limiter quota.Limiter
+	// StoreTimeout, when set, bounds a begin's limit calls and its first
+	// store call together (the store's own timeout bounds each call): a
+	// begin of a limited tenant then fails within one timeout while the
+	// store is down, not one for the limits and another for the store.
+	StoreTimeout time.Duration
 	// WaitPollInterval is how often the status of a waited key is read
 	// when the store cannot push the end of attempts (default 25 ms).
 	WaitPollInterval time.Duration
@@ -86,6 +91,7 @@ type Service struct {
 	metrics      *metrics
 	waiters      *waiters
 	limiter      quota.Limiter
+	storeTimeout time.Duration
 	maxBodyBytes int64
 	bodies       *httpserve.Budget
 	// limits are the store's, with MaxWait from Config: every value a
@@ -135,13 +141,14 @@ func New(cfg Config) *Service {
 		keyring:           cfg.Keyring,
 		log:               cfg.Logger,
 		registry:          cfg.Registry,
-		metrics:           newMetrics(cfg.Registry),
+		metrics:           newMetrics(cfg.Registry, tenantLabeller(cfg.Limiter)),
 		maxBodyBytes:      cfg.MaxBodyBytes,
 		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, bodyCopies, cfg.Registry, "idemsvc"),
 		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,
 		limiter:           cfg.Limiter,
+		storeTimeout:      cfg.StoreTimeout,
 		trustedProxies:    cfg.TrustedProxies,
 	}
 	s.limits.MaxWait = cfg.MaxWait
@@ -191,6 +198,15 @@ func New(cfg Config) *Service {
 	})
 	s.handler = r
 	return s
+}
+
+// tenantLabeller is the limiter's tenant labels, or labels of its own
+// bounded alike.
+func tenantLabeller(l quota.Limiter) func(string) string {
+	if l != nil {
+		return l.TenantLabel
+	}
+	return new(quota.TenantLabels).Of
 }
 
 // ServeHTTP serves the API.

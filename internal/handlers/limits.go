@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
@@ -12,27 +13,90 @@ import (
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
-// admitBegin checks tenant's limits before a begin: its rate, and whether it
-// is over its stored-bytes budget, in which case the begin may only replay.
-func (s *Service) admitBegin(ctx context.Context, tenant string) (auth.Limits, bool, error) {
-	lim := s.keyring.Limits(tenant)
-	if s.limiter == nil {
-		return lim, false, nil
-	}
-	overBudget, err := s.limiter.Begin(ctx, tenant, lim)
-	if err != nil {
-		return lim, false, err
-	}
-	return lim, overBudget, nil
+// admission is what a begin's limits decided before it runs.
+type admission struct {
+	overBudget bool   // over stored_bytes: the begin may only replay
+	full       bool   // at in_progress: the begin may only replay
+	hold       string // the lease token counted against in_progress, if any
 }
 
-// beginError is the error of a begin: a refused acquisition (over the
-// stored-bytes budget) is quota-exceeded.
-func (s *Service) beginError(tenant string, lim auth.Limits, err error) error {
-	if errors.Is(err, statemachine.ErrAcquireRefused) && s.limiter != nil {
-		err = s.limiter.Refused(tenant, lim)
+// admitBegin checks tenant's limits lim before a begin: its rate, whether
+// it is over its stored-bytes budget, and whether it holds its in_progress
+// limit. Over either of the last two the begin may only replay (req's
+// NoAcquire); under in_progress the lease it would acquire is counted
+// first, under req's Token.
+func (s *Service) admitBegin(ctx context.Context, tenant string, lim auth.Limits, req *statemachine.BeginRequest, wait time.Duration) (admission, error) {
+	var a admission
+	if s.limiter == nil || lim.IsZero() {
+		return a, nil
 	}
-	return err
+	var err error
+	if a.overBudget, err = s.limiter.Begin(ctx, tenant, lim); err != nil {
+		return a, err
+	}
+	if lim.InProgress > 0 && !a.overBudget {
+		token := statemachine.NewToken()
+		lease := req.Lease
+		if lease == 0 {
+			lease = s.limits.DefaultLease
+		}
+		if s.limiter.Hold(ctx, tenant, lim, token, lease+wait) {
+			a.hold, req.Token = token, token
+		} else {
+			a.full = true
+		}
+	}
+	req.NoAcquire = a.overBudget || a.full
+	return a, nil
+}
+
+// settleHold settles the lease counted for a begin once it answered: the
+// lease it acquired lasts as its store says; a count it did not use (res
+// nil, a replay, the owner's own lease) is over.
+func (s *Service) settleHold(tenant string, lim auth.Limits, token string, res *statemachine.BeginResult) {
+	if token == "" {
+		return
+	}
+	if res != nil && res.Acquired && res.Lease.Token == token {
+		s.limiter.Held(tenant, lim, token, res.Lease.ExpiresAt)
+		return
+	}
+	s.limiter.Held(tenant, lim, token, time.Time{})
+}
+
+// leaseEnded counts tenant's lease of token, against its in_progress
+// limit, as over (ends zero: completed or failed) or as lasting until ends
+// (extended).
+func (s *Service) leaseEnded(tenant, token string, ends time.Time) {
+	if s.limiter == nil {
+		return
+	}
+	lim := s.keyring.Limits(tenant)
+	if lim.InProgress == 0 {
+		return
+	}
+	// Counted under the form the store gives (lower-case hex); the API
+	// takes either case.
+	s.limiter.Held(tenant, lim, strings.ToLower(token), ends)
+}
+
+// beginError is the error of a begin: a refused acquisition is
+// quota-exceeded over the stored-bytes budget, rate-limited at in_progress;
+// a refused replay is rate-limited over the read budget.
+func (s *Service) beginError(tenant string, lim auth.Limits, a admission, err error) error {
+	if s.limiter == nil {
+		return err
+	}
+	if errors.Is(err, statemachine.ErrReplayRefused) {
+		return s.limiter.ReadRefused(tenant, lim)
+	}
+	if !errors.Is(err, statemachine.ErrAcquireRefused) {
+		return err
+	}
+	if a.overBudget {
+		return s.limiter.Refused(tenant, lim)
+	}
+	return s.limiter.HoldRefused(tenant, lim)
 }
 
 // waitLimited waits for attempt of key to be over, as waiters.wait does,
@@ -55,11 +119,17 @@ func (s *Service) stored(tenant string, resp *statemachine.Response, expires tim
 	if s.limiter == nil {
 		return
 	}
+	s.limiter.Stored(tenant, responseSize(resp), expires)
+}
+
+// responseSize is a stored response's size as the limits count it: the
+// body after decoding, header names and values.
+func responseSize(resp *statemachine.Response) int64 {
 	n := len(resp.Body)
 	for name, value := range resp.Headers {
 		n += len(name) + len(value)
 	}
-	s.limiter.Stored(tenant, int64(n), expires)
+	return int64(n)
 }
 
 // limitRetryAfter is a refused begin's Retry-After: whole seconds, at least 1.

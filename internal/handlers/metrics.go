@@ -21,6 +21,9 @@ type metrics struct {
 
 	seriesOf   sync.Map // seriesKey → *requestSeries
 	seriesKept atomic.Int32
+	// tenantLabel is a tenant's label: bounded by quota.MaxTenantLabels,
+	// the limiter's when there is one.
+	tenantLabel func(tenant string) string
 }
 
 // maxSeriesKept bounds the series kept by series: without a tenants file,
@@ -61,7 +64,7 @@ func (m *metrics) series(route, outcome string, status int, tenant string) *requ
 	if route == beginRoute {
 		s.beginTime = m.beginTime.WithLabelValues(outcome)
 		if tenant != "" {
-			s.begins = m.begins.WithLabelValues(tenant, outcome)
+			s.begins = m.begins.WithLabelValues(m.tenantLabel(tenant), outcome)
 		}
 	}
 	if m.seriesKept.Load() >= maxSeriesKept {
@@ -75,9 +78,10 @@ func (m *metrics) series(route, outcome string, status int, tenant string) *requ
 }
 
 // newMetrics registers the collectors, and the Go runtime's and the
-// process's, with reg.
-func newMetrics(reg prometheus.Registerer) *metrics {
+// process's, with reg. tenantLabel gives a tenant's label.
+func newMetrics(reg prometheus.Registerer, tenantLabel func(string) string) *metrics {
 	m := &metrics{
+		tenantLabel: tenantLabel,
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemsvc_http_requests_total",
 			Help: "HTTP requests by route, outcome and status code.",

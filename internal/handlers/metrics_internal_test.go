@@ -5,13 +5,15 @@ import (
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/idemsvc/idemsvc/internal/quota"
 )
 
 // The series kept for requests stay bounded however many tenants are
 // named, and every request is counted past the bound too.
 func TestSeriesKeptAreBounded(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	m := newMetrics(reg)
+	m := newMetrics(reg, new(quota.TenantLabels).Of)
 	for i := range maxSeriesKept + 100 {
 		s := m.series(beginRoute, "acquired", 201, "t"+strconv.Itoa(i))
 		s.begins.Inc()
@@ -28,6 +30,9 @@ func TestSeriesKeptAreBounded(t *testing.T) {
 	for _, f := range families {
 		for _, metric := range f.GetMetric() {
 			sums[f.GetName()] += metric.GetCounter().GetValue()
+		}
+		if f.GetName() == "idemsvc_begins_total" && len(f.GetMetric()) != quota.MaxTenantLabels+1 {
+			t.Errorf("idemsvc_begins_total has %d series, want %d tenants and %q", len(f.GetMetric()), quota.MaxTenantLabels, quota.OtherTenant)
 		}
 	}
 	for _, name := range []string{"idemsvc_begins_total", "idemsvc_http_requests_total"} {

@@ -132,19 +132,31 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		Lease:       lease,
 		Retention:   retention,
 	}
-	lim, overBudget, err := s.admitBegin(ctx, t)
+	lim := s.keyring.Limits(t)
+	// One timeout for the limits' calls and the store's together: while
+	// Redis is down, a begin fails within one store timeout, not two.
+	first := ctx
+	if s.storeTimeout > 0 && !lim.IsZero() && s.limiter != nil {
+		var cancel context.CancelFunc
+		first, cancel = context.WithTimeout(ctx, s.storeTimeout)
+		defer cancel()
+	}
+	a, err := s.admitBegin(first, t, lim, &breq, wait)
 	if err != nil {
 		return nil, err
 	}
-	breq.NoAcquire = overBudget
+	if s.limiter != nil && !s.limiter.CanRead(t, lim) {
+		breq.NoReplay = true // over the read budget: acquire or answer, but replay nothing
+	}
 	deadline := time.Now().Add(wait)
-	for {
-		res, err := s.store.Begin(ctx, t, breq)
+	for call := first; ; call = ctx {
+		res, err := s.store.Begin(call, t, breq)
 		var busy *statemachine.InProgressError
 		if wait > 0 && errors.As(err, &busy) {
 			if left := time.Until(deadline); left > 0 {
 				over, werr := s.waitLimited(ctx, t, lim, b.Key, busy.Attempt, busy.LeaseExpiresAt, left)
 				if werr != nil {
+					s.settleHold(t, lim, a.hold, nil)
 					return nil, werr
 				}
 				if over {
@@ -154,7 +166,16 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 			}
 		}
 		if err != nil {
-			return nil, s.beginError(t, lim, err)
+			if !errors.Is(err, statemachine.ErrStoreUnavailable) {
+				// (Unavailable: the begin may have acquired with the
+				// token; its count lapses by itself.)
+				s.settleHold(t, lim, a.hold, nil)
+			}
+			return nil, s.beginError(t, lim, a, err)
+		}
+		s.settleHold(t, lim, a.hold, &res)
+		if !res.Acquired && s.limiter != nil {
+			s.limiter.Read(t, lim, responseSize(&res.Record.Response))
 		}
 		return s.beginResult(ctx, t, res), nil
 	}
@@ -219,6 +240,7 @@ func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (
 		return nil, err
 	}
 	s.stored(t, &resp, rec.ExpiresAt)
+	s.leaseEnded(t, b.LeaseToken, time.Time{})
 	setOutcome(ctx, t, "completed")
 	return api.FinishResponse(finishResult(&rec)), nil
 }
@@ -245,6 +267,7 @@ func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.Fail
 	if err != nil {
 		return nil, err
 	}
+	s.leaseEnded(t, b.LeaseToken, time.Time{})
 	if retryable {
 		setOutcome(ctx, t, "released")
 	} else {
@@ -286,6 +309,7 @@ func (s *Service) Extend(ctx context.Context, req api.ExtendRequestObject) (api.
 	if err != nil {
 		return nil, err
 	}
+	s.leaseEnded(t, lease.Token, lease.ExpiresAt)
 	setOutcome(ctx, t, "extended")
 	return api.Extend200JSONResponse{
 		Key:            b.Key,
@@ -303,9 +327,19 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		return nil, err
 	}
 	withResponse := deref(p.IncludeResponse)
+	var lim auth.Limits
+	if withResponse && s.limiter != nil {
+		// A status with the response is a read, counted as a replay is.
+		if lim = s.keyring.Limits(t); !s.limiter.CanRead(t, lim) {
+			return nil, s.limiter.ReadRefused(t, lim)
+		}
+	}
 	rec, err := s.store.Status(ctx, t, p.Key, withResponse)
 	if err != nil {
 		return nil, err
+	}
+	if withResponse && s.limiter != nil && rec.State != statemachine.StateInProgress {
+		s.limiter.Read(t, lim, responseSize(&rec.Response))
 	}
 	setOutcome(ctx, t, "found")
 	out := api.StatusResponse(statusRecord(t, rec))

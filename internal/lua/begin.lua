@@ -7,9 +7,11 @@
 -- ARGV[4]  lease in ms
 -- ARGV[5]  retention in s
 -- ARGV[6]  the client's key, kept in the record
--- ARGV[7]  '1': acquire nothing (the tenant is over its stored-bytes budget,
---          or the master keeps its memory for the outcomes in flight);
---          '' or absent: acquire when the key is free
+-- ARGV[7]  '1': acquire nothing (the tenant is over its stored-bytes budget
+--          or holds its in_progress limit, or the master keeps its memory for
+--          the outcomes in flight); '' or absent: acquire when the key is free
+-- ARGV[8]  '1': replay nothing (the tenant is over its read budget);
+--          '' or absent: replay a finished record
 --
 -- Taking over an expired lease publishes the ended attempt on
 -- KEYS[1] .. ':end', so that waiters elsewhere wake and wait for the new one.
@@ -24,7 +26,8 @@
 --   DONE        completed, or failed terminally: replay the record
 --   MISMATCH    the fingerprint differs (no record in the reply)
 --   REFUSED     ARGV[7] is '1' and the begin would acquire (no record)
-local REFUSED = 6
+--   UNREAD      ARGV[8] is '1' and the begin would replay (no record)
+local REFUSED, UNREAD = 6, 7
 local now = now_ms()
 local raw = redis.call('GET', KEYS[1])
 local state, attempt, created, lease, expires, token, owner, fingerprint, retryable, _
@@ -47,6 +50,7 @@ if raw then
       return {BUSY, now, raw}
     end
   elseif retryable == 0 then
+    if ARGV[8] == '1' then return {UNREAD, now} end
     return {DONE, now, raw}
   end
 end

@@ -38,8 +38,11 @@ var del string
 //go:embed stored_bytes.lua
 var storedBytes string
 
-//go:embed waiter.lua
-var waiter string
+//go:embed slot.lua
+var slot string
+
+//go:embed leases.lua
+var leases string
 
 // Scripts is one set of the transitions, ready for EVALSHA. Script.Run
 // falls back to EVAL on NOSCRIPT.
@@ -78,5 +81,6 @@ var (
 // The scripts of tenant limits (internal/quota), which use no record.
 var (
 	StoredBytes = redis.NewScript(storedBytes)
-	Waiter      = redis.NewScript(waiter)
+	Slot        = redis.NewScript(slot)
+	Leases      = redis.NewScript(leases)
 )

@@ -16,9 +16,9 @@ import (
 // in-memory store (one process by definition).
 func NewMemory(opts Options) Limiter {
 	return newLimiter(&memoryBackend{
-		rates:   make(map[string]*rate.Limiter),
-		bytes:   make(map[string]map[int64]int64),
-		waiters: make(map[string]int64),
+		rates: make(map[string]*rate.Limiter),
+		bytes: make(map[string]map[int64]int64),
+		sets:  make(map[string]map[string]time.Time),
 	}, opts)
 }
 
@@ -26,10 +26,10 @@ func NewMemory(opts Options) Limiter {
 // golang.org/x/time/rate, the standard library's companion, which allows
 // what the GCRA in Redis allows: burst at once, then the rate.
 type memoryBackend struct {
-	mu      sync.Mutex
-	rates   map[string]*rate.Limiter
-	bytes   map[string]map[int64]int64 // tenant -> expiry minute -> bytes
-	waiters map[string]int64
+	mu    sync.Mutex
+	rates map[string]*rate.Limiter
+	bytes map[string]map[int64]int64      // tenant -> expiry minute -> bytes
+	sets  map[string]map[string]time.Time // tenant and set -> member -> when it is over
 }
 
 func (m *memoryBackend) take(_ context.Context, tenant string, l auth.Limits, n int) (int, time.Duration, error) {
@@ -85,21 +85,55 @@ func (m *memoryBackend) addBytes(_ context.Context, tenant string, deltas map[in
 	return total, time.UnixMilli(first), nil
 }
 
-func (m *memoryBackend) addWaiter(_ context.Context, tenant, _ string, limit int64, _ time.Duration) (bool, error) {
+// set returns the live members of tenant's set, dropping those that are
+// over. The caller holds m.mu.
+func (m *memoryBackend) set(tenant, name string, now time.Time) map[string]time.Time {
+	k := tenant + "\x00" + name
+	members := m.sets[k]
+	if members == nil {
+		members = make(map[string]time.Time)
+		m.sets[k] = members
+	}
+	for id, over := range members {
+		if !now.Before(over) {
+			delete(members, id)
+		}
+	}
+	return members
+}
+
+func (m *memoryBackend) addSlot(_ context.Context, tenant, set, id string, limit int64, ttl time.Duration) (bool, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.waiters[tenant] >= limit {
+	now := time.Now()
+	members := m.set(tenant, set, now)
+	if int64(len(members)) >= limit {
 		return false, nil
 	}
-	m.waiters[tenant]++
+	members[id] = now.Add(ttl)
 	return true, nil
 }
 
-func (m *memoryBackend) removeWaiter(_ context.Context, tenant, _ string) error {
+func (m *memoryBackend) removeSlot(_ context.Context, tenant, set, id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	if m.waiters[tenant]--; m.waiters[tenant] <= 0 {
-		delete(m.waiters, tenant)
+	delete(m.set(tenant, set, time.Now()), id)
+	return nil
+}
+
+func (m *memoryBackend) settleLeases(_ context.Context, tenant string, ends map[string]int64) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	members := m.set(tenant, setLeases, time.Now())
+	for token, ms := range ends {
+		if _, counted := members[token]; !counted {
+			continue
+		}
+		if ms == 0 {
+			delete(members, token)
+		} else {
+			members[token] = time.UnixMilli(ms)
+		}
 	}
 	return nil
 }

@@ -6,13 +6,14 @@ import "github.com/prometheus/client_golang/prometheus"
 type metrics struct {
 	rejections  *prometheus.CounterVec
 	storedBytes *prometheus.GaugeVec
+	labels      TenantLabels
 }
 
 func newMetrics() *metrics {
 	m := &metrics{
 		rejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "idemsvc_limit_rejections_total",
-			Help: "Begins refused with 429, by tenant and by the limit they were over (begins_per_s, stored_bytes, waiters).",
+			Help: "Begins refused with 429, by tenant and by the limit they were over (begins_per_s, stored_bytes, waiters, in_progress), or reads refused for read_bytes_per_s.",
 		}, []string{"tenant", "limit"}),
 		storedBytes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "idemsvc_stored_bytes",
@@ -24,15 +25,21 @@ func newMetrics() *metrics {
 
 // tenantMetrics are one tenant's collectors, looked up once.
 type tenantMetrics struct {
-	rejectedRate, rejectedBytes, rejectedWaiters prometheus.Counter
-	storedBytes                                  prometheus.Gauge
+	rejectedRate, rejectedBytes, rejectedWaiters, rejectedInProgress, rejectedReads prometheus.Counter
+	storedBytes                                                                     prometheus.Gauge
 }
 
 func (m *metrics) forTenant(tenant string) tenantMetrics {
-	return tenantMetrics{
-		rejectedRate:    m.rejections.WithLabelValues(tenant, LimitRate),
-		rejectedBytes:   m.rejections.WithLabelValues(tenant, LimitStoredBytes),
-		rejectedWaiters: m.rejections.WithLabelValues(tenant, LimitWaiters),
-		storedBytes:     m.storedBytes.WithLabelValues(tenant),
+	label := m.labels.Of(tenant)
+	t := tenantMetrics{
+		rejectedRate:       m.rejections.WithLabelValues(label, LimitRate),
+		rejectedBytes:      m.rejections.WithLabelValues(label, LimitStoredBytes),
+		rejectedWaiters:    m.rejections.WithLabelValues(label, LimitWaiters),
+		rejectedInProgress: m.rejections.WithLabelValues(label, LimitInProgress),
+		rejectedReads:      m.rejections.WithLabelValues(label, LimitReadBytes),
 	}
+	if label != OtherTenant { // a gauge of several tenants would be any one's
+		t.storedBytes = m.storedBytes.WithLabelValues(label)
+	}
+	return t
 }

@@ -1,5 +1,6 @@
 // Package quota enforces the tenants' limits at begin: the begin rate and
-// burst, the stored-bytes budget and the concurrent waiters. Over Redis
+// burst, the stored-bytes budget, the concurrent waiters and the attempts
+// held at once (in_progress). Over Redis
 // (NewRedis) the limits hold across every idemsvc instance sharing it; the
 // in-memory store gets the same behaviour in this process (NewMemory).
 //
@@ -24,7 +25,8 @@ import (
 // The errors of a refused begin, tested with errors.Is; each comes as an
 // *Error with its limit and when to retry.
 var (
-	// ErrRateLimited: over the begin rate, or the concurrent waiters.
+	// ErrRateLimited: over the begin rate, the concurrent waiters or the
+	// attempts in progress.
 	ErrRateLimited = errors.New("quota: rate limited")
 	// ErrQuotaExceeded: over the stored-bytes budget, for a begin that
 	// would acquire.
@@ -36,11 +38,13 @@ const (
 	LimitRate        = "begins_per_s"
 	LimitStoredBytes = "stored_bytes"
 	LimitWaiters     = "waiters"
+	LimitInProgress  = "in_progress"
+	LimitReadBytes   = "read_bytes_per_s"
 )
 
 // Error is a begin refused for a limit.
 type Error struct {
-	Limit      string        // LimitRate, LimitStoredBytes or LimitWaiters
+	Limit      string        // LimitRate, LimitStoredBytes, LimitWaiters, LimitInProgress or LimitReadBytes
 	Detail     string        // says which limit, without internals
 	RetryAfter time.Duration // when a retry is worth making; at least 1 s
 }
@@ -72,6 +76,33 @@ type Limiter interface {
 	// progress, or refuses it with an *Error over the waiters limit. Call
 	// done when the wait is over.
 	Wait(ctx context.Context, tenant string, l auth.Limits, d time.Duration) (done func(), err error)
+	// Hold counts the lease that a begin of tenant is about to acquire
+	// with token, for up to d, if the tenant holds fewer than its
+	// in_progress limit. false: it holds that many already, and the begin
+	// must acquire nothing (HoldRefused makes the error when it would
+	// have). Call Held once the begin answered.
+	Hold(ctx context.Context, tenant string, l auth.Limits, token string, d time.Duration) bool
+	// Held settles the lease of token: acquired or extended, it is counted
+	// until ends; completed, failed or not acquired (ends zero), it is over.
+	// The store hears of it with the next flush.
+	Held(tenant string, l auth.Limits, token string, ends time.Time)
+	// HoldRefused is the error of a begin refused because it would acquire
+	// while the tenant holds its in_progress limit.
+	HoldRefused(tenant string, l auth.Limits) error
+	// CanRead reports whether tenant may read a stored response now: not
+	// while its reads took more than its read budget (ReadRefused makes
+	// the error then). A read is admitted before its size is known, and
+	// counted after with Read, so one read may take the budget below
+	// zero: the reads after it wait until it is paid back.
+	CanRead(tenant string, l auth.Limits) bool
+	// Read counts a stored response of n bytes that tenant read.
+	Read(tenant string, l auth.Limits, n int64)
+	// ReadRefused is the error of a read refused for the read budget.
+	ReadRefused(tenant string, l auth.Limits) error
+	// TenantLabel is tenant's label in metrics: its name, or OtherTenant
+	// past MaxTenantLabels tenants. The handlers' series use it too, so
+	// that a tenant has the same label in all of them.
+	TenantLabel(tenant string) string
 	// Close stops the background flushes and flushes what is pending.
 	Close()
 	// Collector exports idemsvc_limit_rejections_total{tenant,limit} and
@@ -88,11 +119,20 @@ type backend interface {
 	// addBytes adds deltas to tenant's stored bytes and returns the total
 	// still retained and when the earliest of it expires.
 	addBytes(ctx context.Context, tenant string, deltas map[int64]int64) (total int64, firstExpiry time.Time, err error)
-	// addWaiter counts waiter id of tenant for up to ttl if fewer than
-	// limit wait; removeWaiter uncounts it.
-	addWaiter(ctx context.Context, tenant, id string, limit int64, ttl time.Duration) (bool, error)
-	removeWaiter(ctx context.Context, tenant, id string) error
+	// addSlot counts member id in tenant's set (setWaiters, setLeases)
+	// for up to ttl if it has fewer than limit; removeSlot uncounts it.
+	addSlot(ctx context.Context, tenant, set, id string, limit int64, ttl time.Duration) (bool, error)
+	removeSlot(ctx context.Context, tenant, set, id string) error
+	// settleLeases moves each lease of tenant still counted to end at the
+	// given Unix ms, or uncounts it for 0.
+	settleLeases(ctx context.Context, tenant string, ends map[string]int64) error
 }
+
+// The bounded sets of a tenant.
+const (
+	setWaiters = "waiters"
+	setLeases  = "leases"
+)
 
 // Options tune a Limiter. Zero values take the defaults.
 type Options struct {
@@ -128,6 +168,10 @@ const (
 	// waiterMargin keeps a waiter counted a little past its wait, to be
 	// safe, and drops it once that is over if its instance died.
 	waiterMargin = 5 * time.Second
+	// leaseMargin keeps a lease counted past its end as the record's store
+	// gave it: the tenant's set and the record may be on two masters with
+	// clocks apart, and an extend reaches the set at the next flush.
+	leaseMargin = 5 * time.Second
 	// maxQuotaRetryAfter caps the Retry-After of quota-exceeded, which is
 	// when the earliest of the tenant's stored bytes expire: a budget
 	// raised in the tenants file frees the tenant sooner than that.
@@ -135,6 +179,12 @@ const (
 	// bucketMs is the width of an expiry bucket of stored bytes: a
 	// record's bytes count until the end of the minute it expires in.
 	bucketMs = 60_000
+	// DefaultReadBytesPerS is the read budget of a tenant without
+	// read_bytes_per_s, on each instance: 64 replays of a 1 MiB response
+	// a second, about a fifth of a core's time to send. A read counts
+	// at least minReadBytes, so that it also bounds many small reads.
+	DefaultReadBytesPerS = 64 << 20
+	minReadBytes         = 1024
 )
 
 // limiter is the Limiter over a backend; the backends differ only in where
@@ -171,6 +221,13 @@ type tenantState struct {
 	pending     map[int64]int64 // expiry minute -> bytes
 	pendingSum  int64
 	active      bool // begun since the last flush: refresh its total
+
+	// leases: token -> Unix ms its lease ends (0: over), not sent yet.
+	leases map[string]int64
+
+	// reads: the read budget left (bytes; below zero, owed), as of readAt.
+	readLeft float64
+	readAt   time.Time
 
 	labels tenantMetrics
 }
@@ -391,7 +448,7 @@ func (l *limiter) Wait(ctx context.Context, tenant string, lim auth.Limits, d ti
 	}
 	id := newID()
 	cctx, cancel := context.WithTimeout(ctx, l.timeout)
-	ok, err := l.backend.addWaiter(cctx, tenant, id, lim.Waiters, d+waiterMargin)
+	ok, err := l.backend.addSlot(cctx, tenant, setWaiters, id, lim.Waiters, d+waiterMargin)
 	cancel()
 	if err != nil {
 		// As for the rate: the store decides whether the begin can go on.
@@ -406,10 +463,51 @@ func (l *limiter) Wait(ctx context.Context, tenant string, lim auth.Limits, d ti
 	return func() {
 		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), l.timeout)
 		defer cancel()
-		if err := l.backend.removeWaiter(ctx, tenant, id); err != nil {
+		if err := l.backend.removeSlot(ctx, tenant, setWaiters, id); err != nil {
 			l.log.Warn("quota: waiter not uncounted; it lapses by itself", "tenant", tenant, "error", err.Error())
 		}
 	}, nil
+}
+
+// Hold implements Limiter.
+func (l *limiter) Hold(ctx context.Context, tenant string, lim auth.Limits, token string, d time.Duration) bool {
+	if lim.InProgress == 0 {
+		return true
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.timeout)
+	ok, err := l.backend.addSlot(cctx, tenant, setLeases, token, lim.InProgress, d+leaseMargin)
+	cancel()
+	if err != nil {
+		// As for the rate: the store decides whether the begin can go on.
+		l.log.Warn("quota: attempts in progress not checked", "tenant", tenant, "error", err.Error())
+		return true
+	}
+	return ok
+}
+
+// Held implements Limiter.
+func (l *limiter) Held(tenant string, lim auth.Limits, token string, ends time.Time) {
+	if lim.InProgress == 0 {
+		return
+	}
+	var ms int64
+	if !ends.IsZero() {
+		ms = ends.Add(leaseMargin).UnixMilli()
+	}
+	ts := l.tenant(tenant)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.leases == nil {
+		ts.leases = make(map[string]int64)
+	}
+	ts.leases[token] = ms
+}
+
+// HoldRefused implements Limiter.
+func (l *limiter) HoldRefused(tenant string, lim auth.Limits) error {
+	l.tenant(tenant).labels.rejectedInProgress.Inc()
+	return &Error{Limit: LimitInProgress, RetryAfter: time.Second,
+		Detail: fmt.Sprintf("the tenant holds %d attempts in progress, its limit (in_progress): a begin that would start another is refused until one completes, fails or its lease expires", lim.InProgress)}
 }
 
 // flushLoop sends each tenant's stored-bytes deltas and reads its total
@@ -439,9 +537,12 @@ func (l *limiter) flush() {
 	})
 	for i, ts := range states {
 		ts.mu.Lock()
-		deltas, sum, active := ts.pending, ts.pendingSum, ts.active
-		ts.pending, ts.pendingSum, ts.active = nil, 0, false
+		deltas, sum, active, leases := ts.pending, ts.pendingSum, ts.active, ts.leases
+		ts.pending, ts.pendingSum, ts.active, ts.leases = nil, 0, false, nil
 		ts.mu.Unlock()
+		if len(leases) > 0 {
+			l.settleLeases(names[i], ts, leases)
+		}
 		if len(deltas) == 0 && !active {
 			continue
 		}
@@ -466,9 +567,90 @@ func (l *limiter) flush() {
 		}
 		ts.total, ts.firstExpiry = total, first
 		ts.mu.Unlock()
-		ts.labels.storedBytes.Set(float64(total))
+		if ts.labels.storedBytes != nil {
+			ts.labels.storedBytes.Set(float64(total))
+		}
 	}
 }
+
+// settleLeases sends the lease changes of one flush; on failure they are
+// kept for the next, unless a newer change of the same lease came meanwhile.
+func (l *limiter) settleLeases(tenant string, ts *tenantState, leases map[string]int64) {
+	ctx, cancel := context.WithTimeout(context.Background(), l.timeout)
+	err := l.backend.settleLeases(ctx, tenant, leases)
+	cancel()
+	if err == nil {
+		return
+	}
+	l.log.Warn("quota: leases in progress not settled; retrying", "tenant", tenant, "error", err.Error())
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	if ts.leases == nil {
+		ts.leases = leases
+		return
+	}
+	for token, ends := range leases {
+		if _, newer := ts.leases[token]; !newer {
+			ts.leases[token] = ends
+		}
+	}
+}
+
+// readRate is tenant's read budget per second under lim.
+func readRate(lim auth.Limits) float64 {
+	if lim.ReadBytesPerS > 0 {
+		return float64(lim.ReadBytesPerS)
+	}
+	return DefaultReadBytesPerS
+}
+
+// readLeftNow refills ts's read budget for the time since it was last
+// counted, up to a second's worth. The caller holds ts.mu.
+func (ts *tenantState) readLeftNow(rate float64, now time.Time) float64 {
+	if ts.readAt.IsZero() {
+		ts.readLeft = rate
+	} else {
+		ts.readLeft = min(rate, ts.readLeft+now.Sub(ts.readAt).Seconds()*rate)
+	}
+	ts.readAt = now
+	return ts.readLeft
+}
+
+// CanRead implements Limiter. The budget is this instance's: it bounds the
+// work reads cost it (and, with every instance's, Redis), without a Redis
+// call per read. A token bucket that may go below zero, as a read is
+// counted once its size is known: golang.org/x/time/rate cannot take more
+// than its burst at once, nor charge after the fact.
+func (l *limiter) CanRead(tenant string, lim auth.Limits) bool {
+	ts := l.tenant(tenant)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.readLeftNow(readRate(lim), time.Now()) > 0
+}
+
+// Read implements Limiter.
+func (l *limiter) Read(tenant string, lim auth.Limits, n int64) {
+	ts := l.tenant(tenant)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.readLeftNow(readRate(lim), time.Now())
+	ts.readLeft -= float64(max(n, minReadBytes))
+}
+
+// ReadRefused implements Limiter.
+func (l *limiter) ReadRefused(tenant string, lim auth.Limits) error {
+	ts := l.tenant(tenant)
+	ts.labels.rejectedReads.Inc()
+	rate := readRate(lim)
+	ts.mu.Lock()
+	owed := -ts.readLeftNow(rate, time.Now())
+	ts.mu.Unlock()
+	return &Error{Limit: LimitReadBytes, RetryAfter: atLeastASecond(time.Duration(owed / rate * float64(time.Second))),
+		Detail: fmt.Sprintf("the tenant read stored responses over its read budget (read_bytes_per_s %d on this instance): replays and statuses with the response are refused until it is paid back", int64(rate))}
+}
+
+// TenantLabel implements Limiter.
+func (l *limiter) TenantLabel(tenant string) string { return l.metrics.labels.Of(tenant) }
 
 // Close implements Limiter.
 func (l *limiter) Close() {

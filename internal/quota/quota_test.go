@@ -78,28 +78,74 @@ func TestWaitersLapse(t *testing.T) {
 	for name, open := range backends() {
 		t.Run(name, func(t *testing.T) {
 			b, tenant := open(t), tenantName()
-			ok, err := b.addWaiter(ctx, tenant, "a", 2, 200*time.Millisecond)
+			ok, err := b.addSlot(ctx, tenant, setWaiters, "a", 2, 200*time.Millisecond)
 			if err != nil || !ok {
 				t.Fatalf("first: %v, %v", ok, err)
 			}
-			if ok, _ := b.addWaiter(ctx, tenant, "b", 2, time.Minute); !ok {
+			if ok, _ := b.addSlot(ctx, tenant, setWaiters, "b", 2, time.Minute); !ok {
 				t.Fatal("second refused under a limit of 2")
 			}
-			if ok, _ := b.addWaiter(ctx, tenant, "c", 2, time.Minute); ok {
+			if ok, _ := b.addSlot(ctx, tenant, setWaiters, "c", 2, time.Minute); ok {
 				t.Fatal("third counted over a limit of 2")
 			}
-			if err := b.removeWaiter(ctx, tenant, "b"); err != nil {
+			if err := b.removeSlot(ctx, tenant, setWaiters, "b"); err != nil {
 				t.Fatal(err)
 			}
-			if ok, _ := b.addWaiter(ctx, tenant, "c", 2, time.Minute); !ok {
+			if ok, _ := b.addSlot(ctx, tenant, setWaiters, "c", 2, time.Minute); !ok {
 				t.Fatal("refused after a removal")
 			}
-			if _, isRedis := b.(*redisBackend); !isRedis {
-				return // in one process nobody dies without the count
-			}
 			time.Sleep(300 * time.Millisecond)
-			if ok, _ := b.addWaiter(ctx, tenant, "d", 2, time.Minute); !ok {
+			if ok, _ := b.addSlot(ctx, tenant, setWaiters, "d", 2, time.Minute); !ok {
 				t.Fatal("a lapsed waiter still counted")
+			}
+		})
+	}
+}
+
+// A lease is counted from before its begin until it ends: settled as over
+// (complete, fail, not acquired), or at the end settled for it (acquired,
+// extended) when nothing ends it first; an end settled by one instance is
+// not undone by another's later move of the same lease.
+func TestLeasesSettle(t *testing.T) {
+	for name, open := range backends() {
+		t.Run(name, func(t *testing.T) {
+			b, tenant := open(t), tenantName()
+			hold := func(token string) bool {
+				t.Helper()
+				ok, err := b.addSlot(ctx, tenant, setLeases, token, 2, time.Minute)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return ok
+			}
+			settle := func(ends map[string]int64) {
+				t.Helper()
+				if err := b.settleLeases(ctx, tenant, ends); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if !hold("a") || !hold("b") {
+				t.Fatal("refused under a limit of 2")
+			}
+			if hold("c") {
+				t.Fatal("a third lease counted over a limit of 2")
+			}
+			settle(map[string]int64{"a": 0}) // completed
+			if !hold("c") {
+				t.Fatal("refused after a lease ended")
+			}
+			// b acquired with a lease that ends in 300 ms, and nobody completes it.
+			settle(map[string]int64{"b": time.Now().Add(300 * time.Millisecond).UnixMilli(), "a": time.Now().Add(time.Hour).UnixMilli()})
+			if hold("d") {
+				t.Fatal("counted over the limit while b's lease runs")
+			}
+			time.Sleep(400 * time.Millisecond)
+			if !hold("d") {
+				t.Fatal("an expired lease still counted")
+			}
+			// a ended before: moving it again does not count it again.
+			if hold("e") {
+				t.Fatal("a lease that ended was counted again by a later move")
 			}
 		})
 	}

@@ -24,12 +24,24 @@ import (
 //     which each instance adds its deltas to once a second and reads the
 //     total back from (internal/lua/stored_bytes.lua);
 //   - the waiters are a sorted set per tenant of waiter id -> deadline
-//     (internal/lua/waiter.lua). A count per instance cannot bound the
+//     (internal/lua/slot.lua). A count per instance cannot bound the
 //     tenant's waiters across instances; a shared counter would leak the
 //     waiters of an instance that crashed, while a deadline per waiter
 //     lapses by itself. A wait already costs a blocked request, so the two
 //     calls (count, uncount) are cheap beside it, and no begin that does
-//     not wait makes them.
+//     not wait makes them;
+//   - the leases held (in_progress) are a sorted set per tenant of lease
+//     token -> the end of the lease plus a margin, which a begin adds to
+//     (slot.lua, if under the limit) before it runs: on a Cluster the
+//     record and the tenant's set may be on two masters, so the count
+//     cannot be taken in the begin's own script, and taking it after the
+//     begin acquired would need a second transition to undo. The end of a
+//     lease (complete, fail, a begin that did not acquire) and its moves
+//     (acquired, extended) reach the set with the flush, in one call per
+//     tenant (internal/lua/leases.lua), so complete, fail and extend keep
+//     their one round trip; until then the lease counts a little longer,
+//     never shorter. A lease that expires without a complete drops out at
+//     its end by itself.
 //
 // Every key is built here from the tenant, with the tenant in braces, so
 // all of a tenant's limit keys share one hash slot and each call touches
@@ -84,18 +96,29 @@ func (r *redisBackend) addBytes(ctx context.Context, tenant string, deltas map[i
 	return v[0], first, nil
 }
 
-func (r *redisBackend) addWaiter(ctx context.Context, tenant, id string, limit int64, ttl time.Duration) (bool, error) {
-	n, err := lua.Waiter.Run(ctx, r.client, []string{limitKey(tenant, "waiters")},
+func (r *redisBackend) addSlot(ctx context.Context, tenant, set, id string, limit int64, ttl time.Duration) (bool, error) {
+	n, err := lua.Slot.Run(ctx, r.client, []string{limitKey(tenant, set)},
 		id, limit, strconv.FormatInt(ttl.Milliseconds(), 10)).Int64()
 	if err != nil {
-		return false, fmt.Errorf("waiters: %w", err)
+		return false, fmt.Errorf("%s: %w", set, err)
 	}
 	return n == 1, nil
 }
 
-func (r *redisBackend) removeWaiter(ctx context.Context, tenant, id string) error {
-	if err := r.client.ZRem(ctx, limitKey(tenant, "waiters"), id).Err(); err != nil {
-		return fmt.Errorf("waiters: %w", err)
+func (r *redisBackend) removeSlot(ctx context.Context, tenant, set, id string) error {
+	if err := r.client.ZRem(ctx, limitKey(tenant, set), id).Err(); err != nil {
+		return fmt.Errorf("%s: %w", set, err)
+	}
+	return nil
+}
+
+func (r *redisBackend) settleLeases(ctx context.Context, tenant string, ends map[string]int64) error {
+	args := make([]any, 0, 2*len(ends))
+	for token, ms := range ends {
+		args = append(args, token, ms)
+	}
+	if err := lua.Leases.Run(ctx, r.client, []string{limitKey(tenant, setLeases)}, args...).Err(); err != nil {
+		return fmt.Errorf("leases: %w", err)
 	}
 	return nil
 }

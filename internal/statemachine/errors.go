@@ -17,6 +17,8 @@ var (
 	ErrTooLarge            = errors.New("statemachine: too large")
 	// ErrAcquireRefused answers a Begin with NoAcquire that would acquire.
 	ErrAcquireRefused = errors.New("statemachine: acquire refused")
+	// ErrReplayRefused answers a Begin with NoReplay that would replay.
+	ErrReplayRefused = errors.New("statemachine: replay refused")
 	// ErrStoreUnavailable means the store could not be reached or did not
 	// answer in time. The transition may or may not have happened: a retry
 	// with the same owner or token is safe.

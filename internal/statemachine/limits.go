@@ -1,6 +1,7 @@
 package statemachine
 
 import (
+	"crypto/rand"
 	"encoding/hex"
 	"math"
 	"strings"
@@ -20,6 +21,9 @@ type Limits struct {
 	DefaultRetention    time.Duration
 	// MaxResponseBytes bounds a stored response: body, header names and values.
 	MaxResponseBytes int
+	// MaxResponseHeaders bounds the header fields of a stored response:
+	// each costs a replay work of its own, whatever its size.
+	MaxResponseHeaders int
 	// MaxErrorBytes bounds the error message of a failure.
 	MaxErrorBytes int
 	// MaxWait bounds how long a begin may wait for an attempt in progress.
@@ -43,6 +47,7 @@ func DefaultLimits() Limits {
 		MaxRetention:        30 * 24 * time.Hour,
 		DefaultRetention:    24 * time.Hour,
 		MaxResponseBytes:    1 << 20,
+		MaxResponseHeaders:  100,
 		MaxErrorBytes:       1024,
 		MaxWait:             30 * time.Second,
 	}
@@ -66,6 +71,7 @@ func (l Limits) withDefaults() Limits {
 	fill(&l.MaxFingerprintBytes, d.MaxFingerprintBytes)
 	fill(&l.MaxOwnerBytes, d.MaxOwnerBytes)
 	fill(&l.MaxResponseBytes, d.MaxResponseBytes)
+	fill(&l.MaxResponseHeaders, d.MaxResponseHeaders)
 	fill(&l.MaxErrorBytes, d.MaxErrorBytes)
 	l.MaxKeyBytes = min(l.MaxKeyBytes, maxPrefixed)
 	l.MaxOwnerBytes = min(l.MaxOwnerBytes, maxPrefixed)
@@ -229,6 +235,9 @@ func (l *Limits) checkFinish(tenant, key, tok string, retention time.Duration, r
 	if len(errMsg) > l.MaxErrorBytes {
 		return token{}, invalid("error", "must be at most %d bytes", l.MaxErrorBytes)
 	}
+	if len(resp.Headers) > l.MaxResponseHeaders {
+		return token{}, invalid("response.headers", "must hold at most %d header fields", l.MaxResponseHeaders)
+	}
 	size := len(resp.Body)
 	for name, value := range resp.Headers {
 		if !isFieldName(name) {
@@ -271,6 +280,24 @@ func (l *Limits) checkExtend(tenant string, req *ExtendRequest) (token, time.Dur
 	}
 	lease, err := l.checkLease(req.Lease)
 	return t, lease, err
+}
+
+// NewToken returns a random lease token in Lease.Token's form, for
+// BeginRequest.Token.
+func NewToken() string {
+	var t token
+	rand.Read(t[:])
+	return t.String()
+}
+
+// beginToken is the token a Begin acquires with: req's, or a random one.
+func beginToken(req *BeginRequest) (token, error) {
+	if req.Token == "" {
+		var t token
+		rand.Read(t[:])
+		return t, nil
+	}
+	return parseToken(req.Token)
 }
 
 func parseToken(s string) (token, error) {

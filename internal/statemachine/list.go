@@ -138,7 +138,8 @@ const (
 	// listHeadBytes covers the head of most records (68 bytes and the
 	// owner, fingerprint, key and error, typically 100 to 300 bytes):
 	// GETRANGE reads it without the response. A longer head (up to about
-	// 1.9 KB with the default limits) is read whole.
+	// 1.9 KB with the default limits) is read on with GETRANGE, as far as
+	// its length prefixes say, never into the response.
 	listHeadBytes = 512
 )
 
@@ -287,35 +288,87 @@ func scanBatch(ctx context.Context, n listNode, match string, from uint64) (scan
 		return b, nil
 	}
 	slices.Sort(names)
-	heads := make([]*redis.StringCmd, len(names))
-	if _, err := n.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, name := range names {
-			heads[i] = p.GetRange(ctx, name, 0, listHeadBytes-1)
-		}
-		return nil
-	}); err != nil {
+	raws, err := readHeads(ctx, n.client, names)
+	if err != nil {
 		return b, err
 	}
 	for i, name := range names {
-		raw := heads[i].Val()
-		if raw == "" {
+		if raws[i] == "" {
 			continue // expired or deleted since the SCAN
 		}
-		s, err := decodeStored(raw)
-		if err != nil && len(raw) == listHeadBytes {
-			// A head longer than listHeadBytes (limits raised): read it whole.
-			if raw, err = n.client.Get(ctx, name).Result(); err == redis.Nil {
-				continue
-			} else if err != nil {
-				return b, err
-			}
-			s, err = decodeStored(raw)
-		}
+		s, err := decodeStored(raws[i])
 		if err != nil {
 			return b, fmt.Errorf("record %s: %w", strconv.Quote(name[:min(len(name), 8)]), err)
 		}
-		s.response = ""
 		b.records = append(b.records, scannedRecord{name, s})
 	}
 	return b, nil
+}
+
+// readHeads reads the head of each record in names (owner, fingerprint, key
+// and error included, the response never), "" for a record that is gone,
+// with GETRANGE in one pipeline per step. The first step reads
+// listHeadBytes of each; a longer head is read on up to where its length
+// prefixes say it ends, in at most one more step per length prefix, so
+// that what a listing holds is bounded by the heads whatever the sizes of
+// the responses.
+func readHeads(ctx context.Context, c redis.Cmdable, names []string) ([]string, error) {
+	raws := make([]string, len(names))
+	want := make([]int, len(names)) // bytes to read; 0 once the head is whole
+	for i := range want {
+		want[i] = listHeadBytes
+	}
+	cmds := make([]*redis.StringCmd, len(names))
+	for range 1 + headPrefixes {
+		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, name := range names {
+				if want[i] > 0 {
+					cmds[i] = p.GetRange(ctx, name, 0, int64(want[i]-1))
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			return nil, err
+		}
+		more := false
+		for i := range names {
+			if want[i] == 0 {
+				continue
+			}
+			raw := cmds[i].Val()
+			n, whole := headLength(raw)
+			switch {
+			case whole:
+				raws[i], want[i] = raw[:n], 0
+			case len(raw) < want[i]:
+				// The record ended before its head did: gone, or replaced by
+				// a shorter one since the last step; decoding says which.
+				raws[i], want[i] = raw, 0
+			default:
+				want[i], more = n+listHeadBytes, true
+			}
+		}
+		if !more {
+			return raws, nil
+		}
+	}
+	return nil, errCorrupt // a head's length prefixes did not end within their count
+}
+
+// headPrefixes is the number of length-prefixed strings in a record's head.
+const headPrefixes = 4
+
+// headLength reads the length of the record head at the start of raw, as
+// far as raw holds it: the whole head's length and true, or false and how
+// many bytes are known to belong to the head so far.
+func headLength(raw string) (int, bool) {
+	at := fixedHeadBytes
+	for _, prefix := range [headPrefixes]int{2, 2, 2, 4} {
+		if len(raw) < at+prefix {
+			return at + prefix, false
+		}
+		at += prefix + int(bigEndian(raw[at:at+prefix]))
+	}
+	return at, len(raw) >= at
 }

@@ -2,7 +2,6 @@ package statemachine
 
 import (
 	"context"
-	"crypto/rand"
 	"sync"
 	"time"
 )
@@ -62,6 +61,10 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 	if err != nil {
 		return BeginResult{}, err
 	}
+	tok, err := beginToken(&req)
+	if err != nil {
+		return BeginResult{}, err
+	}
 	k := memoryKey{tenant, req.Key}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -80,6 +83,9 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 					Since: msTime(old.updated), Now: msTime(now)}
 			}
 		} else if !old.retryable {
+			if req.NoReplay {
+				return BeginResult{}, ErrReplayRefused
+			}
 			return replay(tenant, old, now)
 		}
 	}
@@ -99,7 +105,7 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 		key:         req.Key,
 	}
 	s.expires = s.lease + retention.Milliseconds()
-	rand.Read(s.token[:])
+	s.token = tok
 	if old != nil {
 		s.attempt, s.created = old.attempt+1, old.created
 		s.recovered = old.state == StateInProgress

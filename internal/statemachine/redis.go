@@ -154,6 +154,7 @@ const (
 	codeLeaseLost
 	codeNotFound
 	codeRefused
+	codeUnread
 )
 
 // reply is a decoded script reply: {code, now_ms, record}.
@@ -174,16 +175,21 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	if err != nil {
 		return BeginResult{}, err
 	}
-	var tok token
-	rand.Read(tok[:])
+	tok, err := beginToken(&req)
+	if err != nil {
+		return BeginResult{}, err
+	}
 	key := RedisKey(tenant, req.Key)
-	noAcquire := ""
+	noAcquire, noReplay := "", ""
 	refusal := s.refusal(ctx, key) // the key's master keeps no room, or may evict
 	if req.NoAcquire || refusal != nil {
 		noAcquire = "1"
 	}
+	if req.NoReplay {
+		noReplay = "1"
+	}
 	r, err := s.run(ctx, "begin", !req.Waited, s.scripts.Begin, key,
-		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire)
+		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire, noReplay)
 	if err != nil {
 		return BeginResult{}, err
 	}
@@ -407,7 +413,7 @@ func decodeReply(v any) (reply, error) {
 		if r.rec, err = decodeStored(raw); err != nil {
 			return r, err
 		}
-	case codeMismatch, codeLeaseLost, codeNotFound, codeRefused:
+	case codeMismatch, codeLeaseLost, codeNotFound, codeRefused, codeUnread:
 	default:
 		return r, fmt.Errorf("unknown reply code %d", r.code)
 	}
@@ -425,6 +431,8 @@ func (r *reply) err(op string) error {
 		return ErrNotFound
 	case codeRefused:
 		return ErrAcquireRefused
+	case codeUnread:
+		return ErrReplayRefused
 	}
 	return fmt.Errorf("statemachine: %s: unexpected reply code %d", op, r.code)
 }

@@ -98,6 +98,14 @@ type BeginRequest struct {
 	// to end: a store that refuses calls under overload (RedisStore) does
 	// not refuse it, as its caller has waited for this answer.
 	Waited bool
+	// NoReplay refuses to replay: a Begin on a finished record fails with
+	// ErrReplayRefused, without reading its response. For a tenant over
+	// its read budget.
+	NoReplay bool
+	// Token is the lease token the attempt gets if the Begin acquires, in
+	// Lease.Token's form (NewToken); "" for a random one. The caller knows
+	// it beforehand: the in_progress limit counts the lease under it.
+	Token string
 }
 
 // BeginResult is either an acquired Lease or a finished Record to replay.
