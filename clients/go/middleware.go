@@ -55,8 +55,9 @@ type MiddlewareOptions struct {
 	// front of the middleware). It is part of the stored key, so another
 	// user's request with the same key is another record: it never
 	// receives, waits on or is refused because of this user's. Requests
-	// for which it returns "" share one scope. Recommended wherever end
-	// users send keys.
+	// for which it returns "" (anonymous ones) share one scope, and the
+	// credentials' digest joins their fingerprint, as without a Scope.
+	// Recommended wherever end users send keys.
 	Scope func(r *http.Request) string
 	// CredentialCookies names the cookies that identify the caller, beside
 	// the Authorization header. Without a Scope, a keyed digest of these
@@ -136,7 +137,6 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 		credKey = credentialKey(opts.CredentialSecret)
 	}
 	scoped := opts.Scope != nil && !opts.Unscoped
-	withCredentials := opts.Scope == nil && !opts.Unscoped
 	allowed := make([]string, len(opts.Headers))
 	for i, h := range opts.Headers {
 		allowed[i] = http.CanonicalHeaderKey(h)
@@ -162,8 +162,11 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 					"the "+opts.KeyHeader+" header must be one non-empty Structured Field String of at most 255 characters, such as \"8e03978e\"", 0)
 				return
 			}
+			withCredentials := !opts.Unscoped
 			if scoped {
-				if key, ok = scopedKey(opts.Scope(r), key); !ok {
+				scope := opts.Scope(r)
+				withCredentials = scope == ""
+				if key, ok = scopedKey(scope, key); !ok {
 					writeProblem(w, http.StatusBadRequest, "invalid-request", "idempotency key: key must be visible ASCII (0x21-0x7E)", 0)
 					return
 				}
