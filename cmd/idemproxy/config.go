@@ -44,6 +44,11 @@ var vars = map[string]string{
 	"store-headers":       "IDEMPROXY_STORE_HEADERS",
 	"max-body-bytes":      "IDEMPROXY_MAX_BODY_BYTES",
 	"upstream-timeout-ms": "IDEMPROXY_UPSTREAM_TIMEOUT_MS",
+	"scope-header":        "IDEMPROXY_SCOPE_HEADER",
+	"credential-cookies":  "IDEMPROXY_CREDENTIAL_COOKIES",
+	"credential-secret":   "IDEMPROXY_CREDENTIAL_SECRET",
+	"unscoped":            "IDEMPROXY_UNSCOPED",
+	"legacy-fingerprints": "IDEMPROXY_LEGACY_FINGERPRINTS",
 	"idemsvc-url":         "IDEMSVC_URL",
 	"idemsvc-api-key":     "IDEMSVC_API_KEY",
 	"ca-file":             "IDEMSVC_CA_FILE",
@@ -66,6 +71,11 @@ func parseConfig(args, env []string) (config, error) {
 	storeHeaders := fs.String("store-headers", "Content-Type,Content-Language,Location,ETag,Last-Modified", "comma-separated response headers stored and replayed")
 	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest request body of a request with a key; larger ones get 413")
 	upstreamTimeout := fs.Int("upstream-timeout-ms", 60000, "how long a request with a key may wait for the upstream's answer; then 504, and the key is released")
+	scopeHeader := fs.String("scope-header", "", "the request header naming the end user, set by the authenticating gateway in front (which must drop it from callers' requests): keys are scoped to it")
+	credentialCookies := fs.String("credential-cookies", "", "comma-separated cookies that identify the caller beside Authorization; without a scope header, a keyed digest of them joins the fingerprint")
+	credentialSecret := fs.String("credential-secret", "", "the key of the credentials' digest, the same on every replica (default: the idemsvc API key)")
+	unscoped := fs.Bool("unscoped", false, "neither scope keys nor digest credentials: only when one caller uses this service's tenant")
+	legacy := fs.Bool("legacy-fingerprints", true, "after a fingerprint mismatch, begin again with the fingerprint of earlier versions (no version prefix), so that their records replay until they expire")
 	idemsvcURL := fs.String("idemsvc-url", "http://localhost:8080", "idemsvc's base URL")
 	apiKey := fs.String("idemsvc-api-key", "", "the API key of this service's tenant at idemsvc")
 	caFile := fs.String("ca-file", "", "PEM CA that signs idemsvc's certificate (default: the system's)")
@@ -115,6 +125,23 @@ func parseConfig(args, env []string) (config, error) {
 		Headers:      cli.List(*storeHeaders),
 		Wait:         time.Duration(*waitMS) * time.Millisecond,
 		MaxBodyBytes: *maxBody,
+
+		CredentialCookies:    cli.List(*credentialCookies),
+		Unscoped:             *unscoped,
+		NoLegacyFingerprints: !*legacy,
+	}
+	if *credentialSecret != "" {
+		cfg.middleware.CredentialSecret = []byte(*credentialSecret)
+	}
+	if *scopeHeader != "" {
+		if !validHeaderName(*scopeHeader) {
+			return config{}, fmt.Errorf("IDEMPROXY_SCOPE_HEADER %q is not a header name", *scopeHeader)
+		}
+		if *unscoped {
+			return config{}, fmt.Errorf("IDEMPROXY_SCOPE_HEADER and IDEMPROXY_UNSCOPED=true contradict each other: set one")
+		}
+		name := http.CanonicalHeaderKey(*scopeHeader)
+		cfg.middleware.Scope = func(r *http.Request) string { return r.Header.Get(name) }
 	}
 	if len(cfg.middleware.Methods) == 0 {
 		return config{}, fmt.Errorf("IDEMPROXY_METHODS names no method")
