@@ -9,6 +9,7 @@ import { IdemClient } from '@idemsvc/client';
 import { idempotency, keepRawBody } from '@idemsvc/client/express';
 import { createApp } from '../../../conformance/app.mjs';
 import { conformanceTests } from './conformance.mjs';
+import { vectors } from './vectors.mjs';
 import { eventually, startIdemsvc, uniqueKey } from './harness.mjs';
 
 let svc;
@@ -32,10 +33,10 @@ async function serve(app) {
 }
 
 describe('Express conformance', () => {
-  conformanceTests('express', () => svc, async (client) => {
+  conformanceTests('express', () => svc, async (client, { scoped }) => {
     const { handler, runs } = createApp();
     const app = express();
-    app.use(idempotency(client));
+    app.use(idempotency(client, scoped ? { scope: (req) => req.headers['x-user'] } : {}));
     app.use((req, res) => handler(req, res));
     return { ...(await serve(app)), runs };
   });
@@ -90,9 +91,11 @@ describe('Express middleware', () => {
       const res = await fetch(`${server.url}/a%20b/c?x=%20y&z`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'payload' });
       assert.equal(res.status, 202);
       assert.equal(await res.text(), 'echo payload');
-      // Go: method NUL URL.Path (decoded) '?' URL.RawQuery NUL body.
-      const want = createHash('sha256').update('POST\0/a b/c?x=%20y&z\0payload').digest('hex');
-      assert.equal((await client.status(key)).fingerprint, `sha256:${want}`);
+      // Go: method NUL URL.Path (decoded) '?' URL.RawQuery NUL (no credentials) NUL body.
+      const want = createHash('sha256').update('POST\0/a b/c?x=%20y&z\0\0payload').digest('hex');
+      assert.equal((await client.status(key)).fingerprint, `v2:sha256:${want}`);
+      const vector = vectors.requests.find((r) => r.name === 'a path with escapes and a query');
+      assert.equal(`v2:sha256:${want}`, vector.fingerprint);
     } finally {
       await server.close();
     }

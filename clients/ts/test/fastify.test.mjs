@@ -69,7 +69,9 @@ async function serve(client, routes, options) {
 }
 
 describe('Fastify conformance', () => {
-  conformanceTests('fastify', () => svc, (client) => serve(client, conformanceApp));
+  conformanceTests('fastify', () => svc, (client, { scoped }) =>
+    serve(client, conformanceApp, scoped ? { scope: (request) => request.headers['x-user'] } : {}),
+  );
 });
 
 describe('Fastify plugin', () => {
