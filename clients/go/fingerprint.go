@@ -30,13 +30,7 @@ func fingerprint(r *http.Request, body, credentials []byte) string {
 			body = canonical
 		}
 	}
-	h := sha256.New()
-	writeTarget(h, r)
-	var mac [2 * sha256.Size]byte
-	h.Write(mac[:hex.Encode(mac[:], credentials)])
-	h.Write([]byte{0})
-	h.Write(body)
-	return digestString(fingerprintPrefix, h)
+	return digest(fingerprintPrefix, r, true, credentials, body)
 }
 
 // legacyFingerprint is the fingerprint of the SDK's versions before
@@ -44,23 +38,27 @@ func fingerprint(r *http.Request, body, credentials []byte) string {
 // body. The middleware begins with it after a mismatch, so that records
 // stored by those versions replay until they expire.
 func legacyFingerprint(r *http.Request, body []byte) string {
-	h := sha256.New()
-	writeTarget(h, r)
-	h.Write(body)
-	return digestString("sha256:", h)
+	return digest("sha256:", r, false, nil, body)
 }
 
-// writeTarget writes the method, NUL, the path, '?', the raw query and NUL.
-func writeTarget(h hash.Hash, r *http.Request) {
+// digest is prefix and the hex SHA-256 of the method, NUL, the path, '?',
+// the raw query, NUL, then, when withCredentials, the credentials in hex
+// and NUL, and the body. (One function, so that the hash stays off the
+// heap.)
+func digest(prefix string, r *http.Request, withCredentials bool, credentials, body []byte) string {
+	h := sha256.New()
 	h.Write([]byte(r.Method))
 	h.Write([]byte{0})
 	h.Write([]byte(r.URL.Path))
 	h.Write([]byte{'?'})
 	h.Write([]byte(r.URL.RawQuery))
 	h.Write([]byte{0})
-}
-
-func digestString(prefix string, h hash.Hash) string {
+	if withCredentials {
+		var mac [2 * sha256.Size]byte
+		h.Write(mac[:hex.Encode(mac[:], credentials)])
+		h.Write([]byte{0})
+	}
+	h.Write(body)
 	var sum [sha256.Size]byte
 	out := make([]byte, len(prefix)+hex.EncodedLen(len(sum)))
 	hex.Encode(out[copy(out, prefix):], h.Sum(sum[:0]))
