@@ -99,8 +99,8 @@ const ReplayedHeader = "Idempotent-Replayed"
 // of the method, path, query and body (a JSON body in its RFC 8785
 // canonical form, so member order and whitespace do not matter), so reusing
 // a key for another request gets 422; a duplicate of a request still
-// running gets 409 with Retry-After. A 5xx, 408 or 429 from the handler fails the attempt
-// retryably, so a retry runs it again. An answer too large to store is
+// running gets 409 with Retry-After. A 5xx, 408 or 429 from the handler
+// fails the attempt retryably, so a retry runs it again. An answer too large to store is
 // stored without its body: its replays carry the status and headers, an
 // empty body and "Idempotent-Body-Omitted: true". When idemsvc cannot be
 // reached the middleware fails closed with 503.
