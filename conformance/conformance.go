@@ -35,18 +35,23 @@ type Case struct {
 	Calls int `json:"calls"`
 	// Idemsvc "down": the entry point cannot reach idemsvc.
 	Idemsvc string `json:"idemsvc"`
+	// Scoped: the entry point is configured with a scope, the end user
+	// named by the request's X-User header.
+	Scoped bool `json:"scoped"`
 }
 
 // Step is one request.
 type Step struct {
-	Method       string  `json:"method"`
-	Path         string  `json:"path"`
-	Key          *string `json:"key"`
-	Body         string  `json:"body"`
-	BodyBytes    int     `json:"body_bytes"`
-	WithPrevious bool    `json:"with_previous"`
-	DelayMS      int     `json:"delay_ms"`
-	Expect       Expect  `json:"expect"`
+	Method string  `json:"method"`
+	Path   string  `json:"path"`
+	Key    *string `json:"key"`
+	// Headers are request headers besides the key.
+	Headers      map[string]string `json:"headers"`
+	Body         string            `json:"body"`
+	BodyBytes    int               `json:"body_bytes"`
+	WithPrevious bool              `json:"with_previous"`
+	DelayMS      int               `json:"delay_ms"`
+	Expect       Expect            `json:"expect"`
 }
 
 // Expect is what a step's answer must be.
@@ -75,8 +80,9 @@ func Cases() ([]Case, error) {
 // Target is an entry point under test.
 type Target struct {
 	// URL is the entry point in front of the app; DownURL the same in front
-	// of the same app, but with an idemsvc that cannot be reached.
-	URL, DownURL string
+	// of the same app, but with an idemsvc that cannot be reached; ScopedURL
+	// the same with a scope: the end user named by the X-User header.
+	URL, DownURL, ScopedURL string
 	// Runs tells how many times the app ran so far; it fails t when it
 	// cannot tell.
 	Runs func(t *testing.T) int
@@ -96,6 +102,9 @@ func Run(t *testing.T, target Target) {
 			base := target.URL
 			if c.Idemsvc == "down" {
 				base = target.DownURL
+			}
+			if c.Scoped {
+				base = target.ScopedURL
 			}
 			key := fmt.Sprintf("conf-%x-%d", prefix, i)
 			before := target.Runs(t)
@@ -155,6 +164,9 @@ func send(base, key string, s Step) answer {
 	req, err := http.NewRequestWithContext(ctx, s.Method, base+s.Path, bytes.NewReader(body))
 	if err != nil {
 		return answer{err: err}
+	}
+	for name, value := range s.Headers {
+		req.Header.Set(name, value)
 	}
 	if s.Key != nil {
 		// Under a lower-case name: http.Transport resends a request whose

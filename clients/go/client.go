@@ -32,6 +32,9 @@ type Client struct {
 	retryBudget time.Duration
 	minBackoff  time.Duration
 	maxBackoff  time.Duration
+	// credentialKey keys the middleware's digest of its callers'
+	// credentials, derived from the API key (see credentialKey).
+	credentialKey []byte
 }
 
 // Option configures a Client.
@@ -160,7 +163,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("idem: %w", err)
 	}
 	c := &Client{api: api, callTimeout: cfg.callTimeout, retryBudget: cfg.retryBudget,
-		minBackoff: 50 * time.Millisecond, maxBackoff: 2 * time.Second}
+		minBackoff: 50 * time.Millisecond, maxBackoff: 2 * time.Second, credentialKey: credentialKey([]byte(cfg.apiKey))}
 	if w, ok := cfg.httpClient.(*wire); ok {
 		c.fast = newFastPath(w, api.ClientInterface.(*APIClient).Server, auth)
 	}

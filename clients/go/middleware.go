@@ -3,8 +3,6 @@ package idem
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -51,6 +49,39 @@ type MiddlewareOptions struct {
 	// fail closed fast rather than hold the caller while idemsvc or Redis
 	// is down.
 	Budget time.Duration
+
+	// Scope names the end user a request acts for: a stable subject from
+	// the application's authentication (a user or account id, not a token
+	// that rotates), read from the request (set by the authentication in
+	// front of the middleware). It is part of the stored key, so another
+	// user's request with the same key is another record: it never
+	// receives, waits on or is refused because of this user's. Requests
+	// for which it returns "" (anonymous ones) share one scope, and the
+	// credentials' digest joins their fingerprint, as without a Scope.
+	// Recommended wherever end users send keys.
+	Scope func(r *http.Request) string
+	// CredentialCookies names the cookies that identify the caller, beside
+	// the Authorization header. Without a Scope, a keyed digest of these
+	// credentials is part of the fingerprint: another caller's request with
+	// the same key gets 422, never the stored answer. (They are not part of
+	// the key: a retry after a token refresh gets 422, not a second run.)
+	// A request without credentials adds nothing.
+	CredentialCookies []string
+	// CredentialSecret keys that digest (default: the client's API key).
+	// Give every replica of a service the same one; give one explicitly to
+	// keep fingerprints across an API key rotation.
+	CredentialSecret []byte
+	// Unscoped turns the scope and the credentials' digest off: any caller
+	// that knows a key and its request gets its stored answer. Only for
+	// APIs whose tenant at idemsvc has one caller (a service calling
+	// another).
+	Unscoped bool
+	// NoLegacyFingerprints stops the second begin with a fingerprint of
+	// the SDK's earlier versions (method, path, query and raw body, no
+	// credentials) after a mismatch. That begin lets records stored before
+	// an upgrade replay until they expire (a day, by default), to any
+	// caller with the same key and request, as they did before it.
+	NoLegacyFingerprints bool
 }
 
 // DefaultMiddlewareBudget is MiddlewareOptions.Budget's default.
@@ -66,17 +97,20 @@ const ReplayedHeader = "Idempotent-Replayed"
 // with "Idempotent-Replayed: true". The header's value is a Structured
 // Field String ("abc"), or for compatibility a bare abc (the same key); an
 // empty, malformed or over-long key gets 400. The fingerprint is a SHA-256
-// of the method, path, query and body, so reusing a key for another request
-// gets 422; a duplicate of a request still running gets 409 with
-// Retry-After. A 5xx, 408 or 429 from the handler fails the attempt
-// retryably, so a retry runs it again. An answer too large to store is
+// of the method, path, query and body (a JSON body in its RFC 8785
+// canonical form, so member order and whitespace do not matter), so reusing
+// a key for another request gets 422; a duplicate of a request still
+// running gets 409 with Retry-After. A 5xx, 408 or 429 from the handler
+// fails the attempt retryably, so a retry runs it again. An answer too large to store is
 // stored without its body: its replays carry the status and headers, an
 // empty body and "Idempotent-Body-Omitted: true". When idemsvc cannot be
 // reached the middleware fails closed with 503.
 //
-// Keys live in the namespace of the client's tenant: when end users choose
-// them, give each user a namespace of its own, for instance a handler in
-// front that prefixes the header with the authenticated user's id.
+// Keys are scoped to the end user: by Scope, part of the stored key; without
+// one, by a keyed digest of the caller's credentials (the Authorization
+// header and CredentialCookies) in the fingerprint. Either way another
+// user's request with the same key never gets this user's answer. Unscoped
+// turns both off.
 func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handler {
 	if opts.KeyHeader == "" {
 		opts.KeyHeader = "Idempotency-Key"
@@ -99,6 +133,11 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 	if opts.Budget <= 0 {
 		opts.Budget = DefaultMiddlewareBudget
 	}
+	credKey := c.credentialKey
+	if opts.CredentialSecret != nil {
+		credKey = credentialKey(opts.CredentialSecret)
+	}
+	scoped := opts.Scope != nil && !opts.Unscoped
 	allowed := make([]string, len(opts.Headers))
 	for i, h := range opts.Headers {
 		allowed[i] = http.CanonicalHeaderKey(h)
@@ -129,6 +168,15 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 					"the "+opts.KeyHeader+" header must be one non-empty Structured Field String of at most 255 characters, such as \"8e03978e\"", 0)
 				return
 			}
+			withCredentials := !opts.Unscoped
+			if scoped {
+				scope := opts.Scope(r)
+				withCredentials = scope == ""
+				if key, ok = scopedKey(scope, key); !ok {
+					writeProblem(w, http.StatusBadRequest, "invalid-request", "idempotency key: key must be visible ASCII (0x21-0x7E)", 0)
+					return
+				}
+			}
 			body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes))
 			if err != nil {
 				if tooLarge := (*http.MaxBytesError)(nil); errors.As(err, &tooLarge) {
@@ -144,9 +192,20 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 				ctx = WithRequestID(ctx, id)
 				r = r.WithContext(ctx)
 			}
+			var credentials []byte
+			if withCredentials {
+				credentials = credentialDigest(r, credKey, opts.CredentialCookies)
+			}
+			params := BeginParams{Key: key, Fingerprint: fingerprint(r, body, credentials),
+				Lease: opts.Lease, Retention: opts.Retention, Wait: opts.Wait}
 			beginCtx, cancel := context.WithTimeout(ctx, opts.Budget+opts.Wait)
-			res, err := c.Begin(beginCtx, BeginParams{Key: key, Fingerprint: fingerprint(r, body),
-				Lease: opts.Lease, Retention: opts.Retention, Wait: opts.Wait})
+			res, err := c.Begin(beginCtx, params)
+			if errors.Is(err, ErrFingerprintMismatch) && !opts.NoLegacyFingerprints && !scoped {
+				// Perhaps a record stored before fingerprints had a version
+				// (a scoped key never had one).
+				params.Fingerprint = legacyFingerprint(r, body)
+				res, err = c.Begin(beginCtx, params)
+			}
 			cancel()
 			if err != nil {
 				writeBeginError(w, err)
@@ -233,22 +292,6 @@ func parseKey(values []string) (string, bool) {
 		}
 	}
 	return "", false // no closing quote
-}
-
-// fingerprint is a SHA-256 of the method, path, query and body.
-func fingerprint(r *http.Request, body []byte) string {
-	h := sha256.New()
-	h.Write([]byte(r.Method))
-	h.Write([]byte{0})
-	h.Write([]byte(r.URL.Path))
-	h.Write([]byte{'?'})
-	h.Write([]byte(r.URL.RawQuery))
-	h.Write([]byte{0})
-	h.Write(body)
-	var sum [sha256.Size]byte
-	out := make([]byte, len("sha256:")+hex.EncodedLen(len(sum)))
-	hex.Encode(out[copy(out, "sha256:"):], h.Sum(sum[:0]))
-	return string(out)
 }
 
 func writeBeginError(w http.ResponseWriter, err error) {

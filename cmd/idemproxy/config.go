@@ -54,6 +54,11 @@ var vars = map[string]string{
 	"max-connections":          "IDEMPROXY_MAX_CONNECTIONS",
 	"max-body-bytes-in-flight": "IDEMPROXY_MAX_BODY_BYTES_IN_FLIGHT",
 	"read-timeout-ms":          "IDEMPROXY_READ_TIMEOUT_MS",
+	"scope-header":             "IDEMPROXY_SCOPE_HEADER",
+	"credential-cookies":       "IDEMPROXY_CREDENTIAL_COOKIES",
+	"credential-secret":        "IDEMPROXY_CREDENTIAL_SECRET",
+	"unscoped":                 "IDEMPROXY_UNSCOPED",
+	"legacy-fingerprints":      "IDEMPROXY_LEGACY_FINGERPRINTS",
 	"idemsvc-url":              "IDEMSVC_URL",
 	"idemsvc-api-key":          "IDEMSVC_API_KEY",
 	"ca-file":                  "IDEMSVC_CA_FILE",
@@ -79,6 +84,11 @@ func parseConfig(args, env []string) (config, error) {
 	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "connections served at once; past it the one idle longest is closed, or else a new one gets 503")
 	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", defaultMaxBodyBytesInFlight, "bytes of keyed request bodies held at once (each counted twice: read, and copied by the middleware); past it a body waits briefly, then 503")
 	readTimeoutMS := fs.Int("read-timeout-ms", int(httpserve.DefaultReadTimeout.Milliseconds()), "how long a request may take to arrive, body included; then the connection is closed")
+	scopeHeader := fs.String("scope-header", "", "the request header naming the end user, set by the authenticating gateway in front (which must drop it from callers' requests): keys are scoped to it")
+	credentialCookies := fs.String("credential-cookies", "", "comma-separated cookies that identify the caller beside Authorization; without a scope header, a keyed digest of them joins the fingerprint")
+	credentialSecret := fs.String("credential-secret", "", "the key of the credentials' digest, the same on every replica (default: the idemsvc API key)")
+	unscoped := fs.Bool("unscoped", false, "neither scope keys nor digest credentials: only when one caller uses this service's tenant")
+	legacy := fs.Bool("legacy-fingerprints", true, "after a fingerprint mismatch, begin again with the fingerprint of earlier versions (no version prefix), so that their records replay until they expire")
 	idemsvcURL := fs.String("idemsvc-url", "http://localhost:8080", "idemsvc's base URL")
 	apiKey := fs.String("idemsvc-api-key", "", "the API key of this service's tenant at idemsvc")
 	caFile := fs.String("ca-file", "", "PEM CA that signs idemsvc's certificate (default: the system's)")
@@ -136,6 +146,23 @@ func parseConfig(args, env []string) (config, error) {
 		Headers:      cli.List(*storeHeaders),
 		Wait:         time.Duration(*waitMS) * time.Millisecond,
 		MaxBodyBytes: *maxBody,
+
+		CredentialCookies:    cli.List(*credentialCookies),
+		Unscoped:             *unscoped,
+		NoLegacyFingerprints: !*legacy,
+	}
+	if *credentialSecret != "" {
+		cfg.middleware.CredentialSecret = []byte(*credentialSecret)
+	}
+	if *scopeHeader != "" {
+		if !validHeaderName(*scopeHeader) {
+			return config{}, fmt.Errorf("IDEMPROXY_SCOPE_HEADER %q is not a header name", *scopeHeader)
+		}
+		if *unscoped {
+			return config{}, fmt.Errorf("IDEMPROXY_SCOPE_HEADER and IDEMPROXY_UNSCOPED=true contradict each other: set one")
+		}
+		name := http.CanonicalHeaderKey(*scopeHeader)
+		cfg.middleware.Scope = func(r *http.Request) string { return r.Header.Get(name) }
 	}
 	if len(cfg.middleware.Methods) == 0 {
 		return config{}, fmt.Errorf("IDEMPROXY_METHODS names no method")

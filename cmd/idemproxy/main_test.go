@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"io"
 	"log/slog"
 	"net"
@@ -17,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/conformance"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
@@ -120,9 +123,10 @@ func TestConformance(t *testing.T) {
 		t.Run(b.Name, func(t *testing.T) {
 			svc := idemtest.Serve(t, handlers.Config{Store: b.Open(t)})
 			conformance.Run(t, conformance.Target{
-				URL:     serveProxy(t, svc.URL, app.URL),
-				DownURL: serveProxy(t, closedURL(t), app.URL),
-				Runs:    app.runs,
+				URL:       serveProxy(t, svc.URL, app.URL),
+				DownURL:   serveProxy(t, closedURL(t), app.URL),
+				ScopedURL: serveProxy(t, svc.URL, app.URL, "--scope-header", "x-user"),
+				Runs:      app.runs,
 			})
 		})
 	}
@@ -269,6 +273,9 @@ func TestConfigErrors(t *testing.T) {
 		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_KEY_HEADER=Idempotency Key"}, "IDEMPROXY_KEY_HEADER"},
 		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_STORE_HEADERS=Content-Type,set-cookie"}, "IDEMPROXY_STORE_HEADERS"},
 		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_UPSTREAM_TIMEOUT_MS=0"}, "IDEMPROXY_UPSTREAM_TIMEOUT_MS"},
+		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_SCOPE_HEADER=X User"}, "IDEMPROXY_SCOPE_HEADER"},
+		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_SCOPE_HEADER=X-User", "IDEMPROXY_UNSCOPED=true"}, "IDEMPROXY_UNSCOPED"},
+		{[]string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_LEGACY_FINGERPRINTS=maybe"}, "IDEMPROXY_LEGACY_FINGERPRINTS"},
 	} {
 		_, err := parseConfig(nil, tc.env)
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -281,6 +288,24 @@ func TestConfigErrors(t *testing.T) {
 	}
 	if cfg.middleware.Wait != 250*time.Millisecond || strings.Join(cfg.middleware.Methods, ",") != "POST,PUT" || cfg.listen != ":8081" {
 		t.Errorf("config %+v: the flag wins over the variable, methods are upper-cased, listen defaults to :8081", cfg)
+	}
+	if cfg.middleware.Scope != nil || cfg.middleware.Unscoped || cfg.middleware.NoLegacyFingerprints || cfg.middleware.CredentialSecret != nil {
+		t.Errorf("config %+v: by default, credentials in the fingerprint, and legacy fingerprints after a mismatch", cfg.middleware)
+	}
+	cfg, err = parseConfig(nil, []string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_SCOPE_HEADER=x-user",
+		"IDEMPROXY_CREDENTIAL_COOKIES=session, sid", "IDEMPROXY_CREDENTIAL_SECRET=s3", "IDEMPROXY_LEGACY_FINGERPRINTS=false"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := httptest.NewRequest(http.MethodPost, "/", nil)
+	r.Header.Set("X-User", "alice")
+	if m := cfg.middleware; m.Scope == nil || m.Scope(r) != "alice" || strings.Join(m.CredentialCookies, ",") != "session,sid" ||
+		string(m.CredentialSecret) != "s3" || !m.NoLegacyFingerprints {
+		t.Errorf("config %+v: the variables of scope and credentials not applied", m)
+	}
+	cfg, err = parseConfig(nil, []string{"IDEMPROXY_UPSTREAM=http://app:3000", "IDEMPROXY_UNSCOPED=true"})
+	if err != nil || !cfg.middleware.Unscoped {
+		t.Errorf("IDEMPROXY_UNSCOPED=true: %+v, %v", cfg.middleware, err)
 	}
 }
 
@@ -470,5 +495,99 @@ func TestCallerLeavingAndUpstreamTimeout(t *testing.T) {
 	}
 	if n := app.runs(t) - before; n != 3 {
 		t.Errorf("the upstream ran %d times in all, want 3: a 504 releases the key", n)
+	}
+}
+
+// post sends a POST with the key and the headers given (name, value, ...),
+// sent once, and returns its status, body and Idempotent-Replayed.
+func post(t *testing.T, url, key, body string, headers ...string) (int, string, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	req.Header["idempotency-key"] = []string{key} // sent once: see conformance.send
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	req.GetBody = nil
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b), resp.Header.Get("Idempotent-Replayed")
+}
+
+// bob, sending alice's key and request, never gets alice's answer: without
+// a scope header the credentials (Authorization, and the cookies named)
+// tell them apart, and with one each runs the upstream once; only
+// IDEMPROXY_UNSCOPED hands alice's answer to bob.
+func TestUsersNeverShareAnswers(t *testing.T) {
+	app := startNodeApp(t)
+	svc := idemtest.Serve(t, handlers.Config{})
+	for _, tc := range []struct {
+		name       string
+		flags      []string
+		alice, bob []string
+		bobStatus  int
+		bobBody    string
+	}{
+		{"a bearer token", nil,
+			[]string{"Authorization", "Bearer alice"}, []string{"Authorization", "Bearer bob"}, 422, ""},
+		{"a session cookie named", []string{"--credential-cookies", "session"},
+			[]string{"Cookie", "theme=dark; session=alice"}, []string{"Cookie", "theme=dark; session=bob"}, 422, ""},
+		{"a scope header", []string{"--scope-header", "X-User"},
+			[]string{"X-User", "alice"}, []string{"X-User", "bob"}, 201, `{"run":2}`},
+		{"unscoped", []string{"--unscoped"},
+			[]string{"Authorization", "Bearer alice"}, []string{"Authorization", "Bearer bob"}, 201, `{"run":1}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			url := serveProxy(t, svc.URL, app.URL, tc.flags...) + "/answer/201"
+			key := conformance.Hex(8)
+			if status, body, _ := post(t, url, key, `{"a":1}`, tc.alice...); status != 201 || body != `{"run":1}` {
+				t.Fatalf("alice: %d %q", status, body)
+			}
+			status, body, replayed := post(t, url, key, `{"a":1}`, tc.bob...)
+			if status != tc.bobStatus || tc.bobBody != "" && body != tc.bobBody {
+				t.Errorf("bob: %d %q, want %d %q", status, body, tc.bobStatus, tc.bobBody)
+			}
+			if tc.name != "unscoped" && (body == `{"run":1}` || replayed != "") {
+				t.Errorf("bob got alice's answer: %q, replayed %q", body, replayed)
+			}
+			if status, body, replayed := post(t, url, key, `{"a":1}`, tc.alice...); status != 201 || body != `{"run":1}` || replayed != "true" {
+				t.Errorf("alice again: %d %q %q, want her answer replayed", status, body, replayed)
+			}
+		})
+	}
+}
+
+// A record stored by an earlier idemproxy, under the fingerprint without a
+// version (method, path, query, raw body), still replays; with
+// IDEMPROXY_LEGACY_FINGERPRINTS=false it gets 422.
+func TestRecordsOfEarlierVersionsReplay(t *testing.T) {
+	app := startNodeApp(t)
+	svc := idemtest.Serve(t, handlers.Config{})
+	client, err := idem.New(svc.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	body := `{ "amount": 100 }`
+	sum := sha256.Sum256([]byte("POST\x00/answer/201?\x00" + body))
+	key := conformance.Hex(8)
+	res, err := client.Begin(ctx, idem.BeginParams{Key: key, Fingerprint: "sha256:" + hex.EncodeToString(sum[:])})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("begin: %+v, %v", res, err)
+	}
+	if _, err := client.Complete(ctx, key, res.Lease.LeaseToken, idem.Response{StatusCode: 201, Body: []byte(`{"stored":"before"}`)}, 0); err != nil {
+		t.Fatal(err)
+	}
+	url := serveProxy(t, svc.URL, app.URL)
+	status, got, replayed := post(t, url+"/answer/201", key, body, "Authorization", "Bearer alice", "Content-Type", "application/json")
+	if status != 201 || got != `{"stored":"before"}` || replayed != "true" {
+		t.Errorf("%d %q replayed %q, want the record stored before replayed", status, got, replayed)
+	}
+	strict := serveProxy(t, svc.URL, app.URL, "--legacy-fingerprints=false")
+	if status, got, _ := post(t, strict+"/answer/201", key, body); status != http.StatusUnprocessableEntity {
+		t.Errorf("IDEMPROXY_LEGACY_FINGERPRINTS=false: %d %q, want 422", status, got)
 	}
 }

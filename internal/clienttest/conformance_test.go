@@ -2,6 +2,7 @@ package clienttest_test
 
 import (
 	"net"
+	"net/http"
 	"net/http/httptest"
 	"testing"
 
@@ -17,7 +18,11 @@ func TestMiddlewareConformance(t *testing.T) {
 	t.Cleanup(up.Close)
 	down := httptest.NewServer(idem.Middleware(newClient(t, "http://"+closedAddr(t)), idem.MiddlewareOptions{})(app))
 	t.Cleanup(down.Close)
-	conformance.Run(t, conformance.Target{URL: up.URL, DownURL: down.URL, Runs: app.Runs})
+	scoped := httptest.NewServer(idem.Middleware(newClient(t, svc.URL), idem.MiddlewareOptions{
+		Scope: func(r *http.Request) string { return r.Header.Get("X-User") },
+	})(app))
+	t.Cleanup(scoped.Close)
+	conformance.Run(t, conformance.Target{URL: up.URL, DownURL: down.URL, ScopedURL: scoped.URL, Runs: app.Runs})
 }
 
 // closedAddr is a loopback address where nothing listens.

@@ -3,12 +3,15 @@ package clienttest_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
 	"strconv"
 	"strings"
@@ -619,5 +622,157 @@ func TestMiddlewareRefusesMethodInOtherCase(t *testing.T) {
 	}
 	if n := runs.Load(); n != 1 {
 		t.Errorf("the handler ran %d times, want once (for get)", n)
+	}
+}
+
+// sendAs makes one request with the key and the headers given (name,
+// value, ...).
+func sendAs(t *testing.T, url, key, body string, headers ...string) answer {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Idempotency-Key", key)
+	for i := 0; i+1 < len(headers); i += 2 {
+		req.Header.Set(headers[i], headers[i+1])
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return answer{resp.StatusCode, resp.Header, b}
+}
+
+// bob, sending alice's key and request, never gets alice's answer: the
+// credentials' digest (the Authorization header, the cookies named) gets
+// him 422, a scope runs his own request; only Unscoped hands him alice's.
+func TestMiddlewareUsersNeverShareAnswers(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL, idem.WithAPIKey("unused-by-an-open-idemsvc"))
+	user := func(r *http.Request) string { return strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ") }
+	for _, tc := range []struct {
+		name       string
+		opts       idem.MiddlewareOptions
+		alice, bob []string
+		bobStatus  int
+		bobBody    string
+	}{
+		{"a bearer token", idem.MiddlewareOptions{},
+			[]string{"Authorization", "Bearer alice"}, []string{"Authorization", "Bearer bob"}, 422, ""},
+		{"a cookie named", idem.MiddlewareOptions{CredentialCookies: []string{"session"}},
+			[]string{"Cookie", "session=a; theme=dark"}, []string{"Cookie", "session=b; theme=dark"}, 422, ""},
+		{"a scope", idem.MiddlewareOptions{Scope: user},
+			[]string{"Authorization", "Bearer alice"}, []string{"Authorization", "Bearer bob"}, 201, "run 2"},
+		{"a scope that names no one: the credentials then", idem.MiddlewareOptions{Scope: func(*http.Request) string { return "" }},
+			[]string{"Authorization", "Bearer alice"}, []string{"Authorization", "Bearer bob"}, 422, ""},
+		{"unscoped", idem.MiddlewareOptions{Unscoped: true},
+			[]string{"Authorization", "Bearer alice"}, []string{"Authorization", "Bearer bob"}, 201, "run 1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var runs atomic.Int32
+			url := serveIdempotent(t, c, tc.opts, func(w http.ResponseWriter, r *http.Request) {
+				w.WriteHeader(http.StatusCreated)
+				fmt.Fprintf(w, "run %d", runs.Add(1))
+			})
+			key := "order-" + strings.ReplaceAll(tc.name, " ", "-")
+			if a := sendAs(t, url, key, `{"a":1}`, tc.alice...); a.status != 201 || string(a.body) != "run 1" {
+				t.Fatalf("alice: %d %q", a.status, a.body)
+			}
+			bob := sendAs(t, url, key, `{"a":1}`, tc.bob...)
+			if bob.status != tc.bobStatus || tc.bobBody != "" && string(bob.body) != tc.bobBody {
+				t.Errorf("bob: %d %q, want %d %q", bob.status, bob.body, tc.bobStatus, tc.bobBody)
+			}
+			if !tc.opts.Unscoped && (string(bob.body) == "run 1" || bob.header.Get(idem.ReplayedHeader) != "") {
+				t.Errorf("bob got alice's answer: %q", bob.body)
+			}
+			if a := sendAs(t, url, key, `{"a":1}`, tc.alice...); string(a.body) != "run 1" || a.header.Get(idem.ReplayedHeader) != "true" {
+				t.Errorf("alice again: %d %q, want her answer replayed", a.status, a.body)
+			}
+		})
+	}
+}
+
+// A record stored by an earlier version, under the fingerprint without a
+// version, replays; with NoLegacyFingerprints it gets 422. The extra begin
+// happens after a mismatch only.
+func TestMiddlewareReplaysRecordsOfEarlierVersions(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	ctx := testContext(t)
+	body := `{ "amount": 100 }`
+	sum := sha256.Sum256([]byte("POST\x00/orders?\x00" + body))
+	res, err := c.Begin(ctx, idem.BeginParams{Key: "before-upgrade", Fingerprint: "sha256:" + hex.EncodeToString(sum[:])})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("begin: %+v, %v", res, err)
+	}
+	if _, err := c.Complete(ctx, "before-upgrade", res.Lease.LeaseToken, idem.Response{StatusCode: 201, Body: []byte("stored before")}, 0); err != nil {
+		t.Fatal(err)
+	}
+	ran := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ran again")) }
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{}, ran)
+	begins := svc.calls.get("/v1/begin")
+	a := sendAs(t, url+"/orders", "before-upgrade", body, "Content-Type", "application/json", "Authorization", "Bearer alice")
+	if a.status != 201 || string(a.body) != "stored before" || a.header.Get(idem.ReplayedHeader) != "true" {
+		t.Errorf("%d %q, want the record stored before replayed", a.status, a.body)
+	}
+	if n := svc.calls.get("/v1/begin") - begins; n != 2 {
+		t.Errorf("%d begins, want 2: the fingerprint, then the legacy one", n)
+	}
+	begins = svc.calls.get("/v1/begin")
+	if a := sendAs(t, url+"/orders", "after-upgrade", body); a.status != 200 || svc.calls.get("/v1/begin")-begins != 1 {
+		t.Errorf("a new key: %d %q after %d begins, want 200 after 1", a.status, a.body, svc.calls.get("/v1/begin")-begins)
+	}
+	strict := serveIdempotent(t, c, idem.MiddlewareOptions{NoLegacyFingerprints: true}, ran)
+	if a := sendAs(t, strict+"/orders", "before-upgrade", body); a.status != http.StatusUnprocessableEntity {
+		t.Errorf("NoLegacyFingerprints: %d %q, want 422", a.status, a.body)
+	}
+}
+
+// The fingerprint idemsvc receives is conformance/fingerprints.json's,
+// which the TypeScript SDK's tests hold it to as well.
+func TestMiddlewareFingerprintOnTheWire(t *testing.T) {
+	t.Parallel()
+	raw, err := os.ReadFile("../../conformance/fingerprints.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var v struct {
+		Requests []struct {
+			Name, Method, Target, Body, Secret, Fingerprint string
+			Headers                                         map[string]string
+			CredentialCookies                               []string `json:"credential_cookies"`
+		}
+	}
+	if err := json.Unmarshal(raw, &v); err != nil {
+		t.Fatal(err)
+	}
+	svc := startIdemsvc(t, nil)
+	for i, r := range v.Requests {
+		c := newClient(t, svc.URL, idem.WithAPIKey(r.Secret))
+		url := serveIdempotent(t, c, idem.MiddlewareOptions{Methods: []string{r.Method}, CredentialCookies: r.CredentialCookies},
+			func(w http.ResponseWriter, _ *http.Request) {})
+		key := fmt.Sprintf("wire-%d", i)
+		req, _ := http.NewRequest(r.Method, url+r.Target, strings.NewReader(r.Body))
+		req.Header.Set("Idempotency-Key", key)
+		for name, value := range r.Headers {
+			req.Header.Set(name, value)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		st, err := c.Status(testContext(t), key, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Fingerprint == nil || *st.Fingerprint != r.Fingerprint {
+			t.Errorf("%s: idemsvc holds %v, want %s", r.Name, st.Fingerprint, r.Fingerprint)
+		}
 	}
 }

@@ -89,6 +89,14 @@ const MAX_ERROR_BYTES = 1024;
  *   await idem.complete({ key: res.key, lease_token: res.lease_token, response: { status_code: 201 } });
  * }
  */
+/** The API key of each client: the default secret of the middleware's digest of its callers' credentials. */
+const apiKeys = new WeakMap<IdemClient, string>();
+
+/** The API key client was made with ('' for none). */
+export function apiKeyOf(client: IdemClient): string {
+  return apiKeys.get(client) ?? '';
+}
+
 export class IdemClient {
   readonly baseUrl: string;
   readonly callTimeoutMs: number;
@@ -120,6 +128,7 @@ export class IdemClient {
         throw new TypeError('idem: the API key has a character outside printable ASCII, which idemsvc never issues');
       }
       this.headers.authorization = `Bearer ${options.apiKey}`;
+      apiKeys.set(this, options.apiKey);
     }
   }
 

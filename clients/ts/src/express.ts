@@ -8,7 +8,7 @@ import type { IncomingMessage, ServerResponse } from 'node:http';
 import type { IdemClient } from './client.js';
 import {
   acquire,
-  fingerprint,
+  identify,
   keyProblem,
   MAX_HELD_BODY_BYTES,
   parseKey,
@@ -54,8 +54,10 @@ export function keepRawBody(req: IncomingMessage, _res: unknown, body: Buffer): 
  * byte for byte, with `Idempotent-Replayed: true`. The key is a Structured
  * Field String (`"abc"`), or for compatibility a bare `abc`; an empty,
  * malformed or over-long key gets 400. The fingerprint is a SHA-256 of the
- * method, path, query and body, so reusing a key for another request gets
- * 422; a duplicate of a request still running gets 409 with Retry-After.
+ * method, path, query and body (a JSON body in its RFC 8785 canonical form,
+ * so member order and whitespace do not matter), so reusing a key for
+ * another request gets 422; a duplicate of a request still running gets
+ * 409 with Retry-After.
  * A 5xx, 408 or 429 and a thrown error fail the attempt retryably, so a
  * retry runs the handler again; an error after part of the answer was
  * written cuts the connection, as without the middleware (see below). When
@@ -72,9 +74,12 @@ export function keepRawBody(req: IncomingMessage, _res: unknown, body: Buffer): 
  * them), or after one whose `verify` is {@link keepRawBody}. The handler
  * finds `res.locals.idempotency` ({@link IdempotencyContext}).
  *
- * Keys live in the namespace of the client's tenant: when end users choose
- * them, give each user a namespace of its own (a middleware in front that
- * prefixes the header with the user's id, say).
+ * Keys are scoped to the end user: by `scope` (mount the middleware after
+ * the authentication it reads), part of the stored key; without one, by a
+ * keyed digest of the caller's credentials (the Authorization header and
+ * `credentialCookies`) in the fingerprint. Either way another user's
+ * request with the same key never gets this user's answer. `unscoped`
+ * turns both off.
  *
  * @example
  * import express from 'express';
@@ -82,11 +87,15 @@ export function keepRawBody(req: IncomingMessage, _res: unknown, body: Buffer): 
  * import { idempotency } from '@idemsvc/client/express';
  *
  * const app = express();
- * app.use(idempotency(new IdemClient({ baseUrl: 'http://idemsvc:8080', apiKey })));
+ * app.use(authenticate); // sets req.user
+ * app.use(idempotency(new IdemClient({ baseUrl: 'http://idemsvc:8080', apiKey }), { scope: (req) => req.user?.id }));
  * app.post('/charges', express.json(), (req, res) => { res.status(201).json(charge(req.body)); });
  */
-export function idempotency(client: IdemClient, options?: IdempotencyOptions): (req: IdempotentRequest, res: Response, next: Next) => void {
-  const settings = settingsOf(options);
+export function idempotency<Req extends IdempotentRequest = IdempotentRequest>(
+  client: IdemClient,
+  options?: IdempotencyOptions<Req>,
+): (req: Req, res: Response, next: Next) => void {
+  const settings = settingsOf(client, options);
   return function idempotencyMiddleware(req, res, next) {
     if (!settings.methods.has(req.method ?? '')) return next(); // not made idempotent: runs every time
     const header = req.headers[settings.keyHeaderLower];
@@ -109,8 +118,10 @@ async function handle(client: IdemClient, settings: Settings, key: string, req: 
       problemAnswer('internal', 'the request body was read before the idempotency middleware: mount it before body parsers, or give them verify: keepRawBody'),
     );
   }
-  const fp = fingerprint(req.method!, req.originalUrl ?? req.url ?? '/', body);
-  const lease = await acquire(client, settings, key, fp, req.headers['x-request-id'], res);
+  const scope = settings.scope as ((req: IdempotentRequest) => string | undefined | null) | undefined;
+  const id = identify(settings, key, req.method!, req.originalUrl ?? req.url ?? '/', req.headers, body, () => scope?.(req));
+  if (!('fingerprint' in id)) return send(res, id);
+  const lease = await acquire(client, settings, id, req.headers['x-request-id'], res);
   if (!('lease_token' in lease)) return send(res, lease);
 
   const { answer, stored } = storeAnswer(client, settings, lease, res, (name) => res.getHeader(name), (context) => {

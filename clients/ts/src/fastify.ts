@@ -9,7 +9,7 @@ import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { IdemClient } from './client.js';
 import {
   acquire,
-  fingerprint,
+  identify,
   keyProblem,
   parseKey,
   settingsOf,
@@ -27,7 +27,7 @@ export { REPLAYED_HEADER, type IdempotencyContext, type IdempotencyOptions } fro
 export { BODY_OMITTED_HEADER } from './do.js';
 
 /** The plugin's options: the client, and the middleware's options. */
-export interface IdempotencyPluginOptions extends IdempotencyOptions {
+export interface IdempotencyPluginOptions extends IdempotencyOptions<FastifyRequest> {
   client: IdemClient;
 }
 
@@ -40,8 +40,9 @@ declare module 'fastify' {
 
 /** A request on its way through the plugin. */
 interface Pending {
+  /** The client's key, and the request body read for the fingerprint. */
   key: string;
-  fingerprint: string;
+  body: Buffer;
   /** Set once the key is acquired: the handler's answer, and the run that stores it. */
   answer?: Deferred<HandlerAnswer>;
   run?: Promise<unknown>;
@@ -54,8 +55,9 @@ const pending = new WeakMap<FastifyRequest, Pending>();
  * Idempotency-Key header draft, as the Go SDK's middleware and the Express
  * middleware do (see `@idemsvc/client/express` for the rules). It reads the
  * raw body in a preParsing hook (for the fingerprint) and hands it on to
- * the content-type parsers unchanged, begins the key in a preHandler hook,
- * and stores the answer in an onSend hook before it is sent. A reply the
+ * the content-type parsers unchanged, begins the key in a preHandler hook
+ * (where `scope` reads what the authenticating hooks before it set), and
+ * stores the answer in an onSend hook before it is sent. A reply the
  * handler hijacks is not stored: once its connection closes, the attempt
  * fails retryably within a lease (the handler may still be running), as
  * when the caller leaves before the answer.
@@ -71,7 +73,7 @@ const pending = new WeakMap<FastifyRequest, Pending>();
  */
 export function idempotency(fastify: FastifyInstance, options: IdempotencyPluginOptions, done: (err?: Error) => void): void {
   const { client, ...rest } = options;
-  const settings = settingsOf(rest);
+  const settings = settingsOf(client, rest);
   if (!fastify.hasRequestDecorator('idempotency')) fastify.decorateRequest('idempotency', null);
 
   fastify.addHook('preParsing', async (request: FastifyRequest, reply: FastifyReply, payload: Readable) => {
@@ -85,7 +87,7 @@ export function idempotency(fastify: FastifyInstance, options: IdempotencyPlugin
     if (key === undefined) return send(reply, keyProblem(settings, false));
     const body = await readBody(payload, settings.maxBodyBytes, request.headers['content-length']);
     if (body === undefined) return send(reply, tooLargeAnswer());
-    pending.set(request, { key, fingerprint: fingerprint(request.method, request.raw.url ?? request.url, body) });
+    pending.set(request, { key, body });
     const again = Readable.from(body.length > 0 ? [body] : []);
     (again as Readable & { receivedEncodedLength?: number }).receivedEncodedLength = body.length;
     return again;
@@ -119,7 +121,14 @@ Object.assign(idempotency, {
 export default idempotency;
 
 async function begin(client: IdemClient, settings: Settings, p: Pending, request: FastifyRequest, reply: FastifyReply): Promise<void> {
-  const lease = await acquire(client, settings, p.key, p.fingerprint, request.headers['x-request-id'], reply.raw);
+  // In preHandler, after the hooks that authenticate, which the scope reads.
+  const scope = settings.scope as ((request: FastifyRequest) => string | undefined | null) | undefined;
+  const id = identify(settings, p.key, request.method, request.raw.url ?? request.url, request.headers, p.body, () => scope?.(request));
+  if (!('fingerprint' in id)) {
+    pending.delete(request);
+    return send(reply, id);
+  }
+  const lease = await acquire(client, settings, id, request.headers['x-request-id'], reply.raw);
   if (!('lease_token' in lease)) {
     pending.delete(request);
     return send(reply, lease);

@@ -2,15 +2,19 @@
 // the Go SDK's middleware has it (clients/go/middleware.go): the key
 // header's parsing, the fingerprint, the answers the middleware writes
 // itself, and which of the handler's answers are stored.
-import { createHash } from 'node:crypto';
-import type { ServerResponse } from 'node:http';
-import type { BeginAcquired, BeginResult, BeginReplay, IdemClient } from './client.js';
+import { createHash, createHmac } from 'node:crypto';
+import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
+import { apiKeyOf, type BeginAcquired, type BeginResult, type BeginReplay, type IdemClient } from './client.js';
 import { BODY_OMITTED_HEADER, DEFAULT_LEASE_MS, runUnderLease } from './do.js';
 import { isIdemError, PROBLEM_KINDS, PROBLEM_TYPE_PREFIX, type ProblemKind } from './errors.js';
+import { canonicalJson } from './jcs.js';
 import { decodeResponse, toBuffer, type IdemResponse } from './response.js';
 
-/** Options of the Express middleware and the Fastify plugin. Absent values take the defaults. */
-export interface IdempotencyOptions {
+/**
+ * Options of the Express middleware and the Fastify plugin. Absent values
+ * take the defaults. Req is the framework's request.
+ */
+export interface IdempotencyOptions<Req = IncomingMessage> {
   /** The request header with the idempotency key (default `Idempotency-Key`). */
   keyHeader?: string;
   /** The methods made idempotent (default POST and PATCH); others run every time, key or not. */
@@ -37,6 +41,47 @@ export interface IdempotencyOptions {
    * than hold the caller while idemsvc or Redis is down.
    */
   budgetMs?: number;
+  /**
+   * Names the end user a request acts for: a stable subject from the
+   * application's authentication (a user or account id, not a token that
+   * rotates), read from the request after the authentication before the
+   * middleware. It is part of the stored key, so another user's request
+   * with the same key is another record: it never receives, waits on or is
+   * refused because of this user's. Requests for which it gives "" or
+   * nothing (anonymous ones) share one scope, and the credentials' digest
+   * joins their fingerprint, as without a scope. Recommended wherever end
+   * users send keys.
+   */
+  scope?: (req: Req) => string | undefined | null;
+  /**
+   * The cookies that identify the caller, beside the Authorization header.
+   * Without a scope, a keyed digest of these credentials is part of the
+   * fingerprint: another caller's request with the same key gets 422,
+   * never the stored answer. (They are not part of the key: a retry after
+   * a token refresh gets 422, not a second run.) A request without
+   * credentials adds nothing.
+   */
+  credentialCookies?: string[];
+  /**
+   * Keys that digest (default: the client's API key). Give every replica of
+   * a service the same one; give one explicitly to keep fingerprints across
+   * an API key rotation.
+   */
+  credentialSecret?: string | Uint8Array;
+  /**
+   * Turns the scope and the credentials' digest off: any caller that knows
+   * a key and its request gets its stored answer. Only for APIs whose
+   * tenant at idemsvc has one caller (a service calling another).
+   */
+  unscoped?: boolean;
+  /**
+   * After a fingerprint mismatch, begin again with the fingerprint of
+   * earlier versions (method, path, query and raw body, no credentials), so
+   * that records stored before an upgrade replay until they expire (a day,
+   * by default), to any caller with the same key and request, as they did
+   * before it (default true).
+   */
+  legacyFingerprints?: boolean;
 }
 
 /** The header that marks a response replayed from idemsvc. */
@@ -61,11 +106,23 @@ export interface Settings {
   waitMs: number;
   maxBodyBytes: number;
   budgetMs: number;
+  /** The scope, unless unscoped. */
+  scope: ((req: never) => string | undefined | null) | undefined;
+  /** Whether a request without a scope carries its credentials' digest. */
+  withCredentials: boolean;
+  credentialCookies: readonly string[];
+  credentialKey: Buffer;
+  legacyFingerprints: boolean;
 }
 
-export function settingsOf(options: IdempotencyOptions = {}): Settings {
+export function settingsOf<Req>(client: IdemClient, options: IdempotencyOptions<Req> = {}): Settings {
   const keyHeader = options.keyHeader || 'Idempotency-Key';
   return {
+    scope: options.unscoped ? undefined : (options.scope as Settings['scope']),
+    withCredentials: !options.unscoped,
+    credentialCookies: options.credentialCookies ?? [],
+    credentialKey: credentialKey(options.credentialSecret ?? apiKeyOf(client)),
+    legacyFingerprints: options.legacyFingerprints ?? true,
     keyHeader,
     keyHeaderLower: keyHeader.toLowerCase(),
     methods: new Set((options.methods ?? ['POST', 'PATCH']).map((m) => m.toUpperCase())),
@@ -124,28 +181,141 @@ export function parseKey(header: string | string[]): string | undefined {
 const NUL = Buffer.from([0]);
 const QUESTION = Buffer.from('?');
 
+/** Marks the fingerprint's version: a record stored by an earlier version holds `sha256:…` (legacyFingerprint). */
+const FINGERPRINT_PREFIX = 'v2:sha256:';
+
 /**
- * The request's fingerprint: a SHA-256 of the method, NUL, the decoded path,
- * `?`, the raw query, NUL and the body, as `sha256:<hex>`. The bytes are
- * the Go middleware's (its URL.Path is percent-decoded, its RawQuery not),
- * so a key shared by services in both languages matches.
+ * The request's fingerprint, the Go middleware's bytes (so a key shared by
+ * services in both languages matches): `v2:sha256:` and the hex SHA-256 of
+ * the method, NUL, the decoded path (Go's URL.Path), `?`, the raw query, NUL,
+ * the hex digest of the caller's credentials (empty without one), NUL, and
+ * the body: the RFC 8785 canonical form of a JSON body (application/json,
+ * application/*+json) that is one I-JSON value, the raw bytes of any other.
  */
-export function fingerprint(method: string, url: string, body: Uint8Array): string {
+export function fingerprint(method: string, url: string, body: Uint8Array, contentType?: string, credentials?: Buffer): string {
+  let canonical: string | undefined;
+  if (isJsonMediaType(contentType)) canonical = canonicalJson(body);
+  return (
+    FINGERPRINT_PREFIX +
+    target(method, url)
+      .update(credentials ? credentials.toString('hex') : '')
+      .update(NUL)
+      .update(canonical ?? body)
+      .digest('hex')
+  );
+}
+
+/**
+ * The fingerprint of versions before fingerprints had a version: the hex
+ * SHA-256 of the method, path, query and raw body, as `sha256:<hex>`. The
+ * middleware begins with it after a mismatch, so that records stored by
+ * those versions replay until they expire.
+ */
+export function legacyFingerprint(method: string, url: string, body: Uint8Array): string {
+  return 'sha256:' + target(method, url).update(body).digest('hex');
+}
+
+/** A SHA-256 of the method, NUL, the decoded path, `?`, the raw query and NUL. */
+function target(method: string, url: string) {
   const q = url.indexOf('?');
   const rawPath = q < 0 ? url : url.slice(0, q);
   const rawQuery = q < 0 ? '' : url.slice(q + 1);
-  return (
-    'sha256:' +
-    createHash('sha256')
-      .update(method)
-      .update(NUL)
-      .update(percentDecode(rawPath))
-      .update(QUESTION)
-      .update(rawQuery, 'latin1')
-      .update(NUL)
-      .update(body)
-      .digest('hex')
-  );
+  return createHash('sha256').update(method).update(NUL).update(percentDecode(rawPath)).update(QUESTION).update(rawQuery, 'latin1').update(NUL);
+}
+
+/** Whether a Content-Type names JSON: application/json or application/<anything>+json, in any case, with or without parameters. */
+export function isJsonMediaType(contentType: string | undefined): boolean {
+  if (!contentType) return false;
+  const semi = contentType.indexOf(';');
+  const mediaType = (semi < 0 ? contentType : contentType.slice(0, semi)).replace(/^[ \t]+|[ \t]+$/g, '').toLowerCase();
+  if (!mediaType.startsWith('application/')) return false;
+  const sub = mediaType.slice('application/'.length);
+  return sub === 'json' || (sub.endsWith('+json') && sub.length > '+json'.length);
+}
+
+/**
+ * The key of the credentials' digest: HMAC-SHA256 of a label under the
+ * secret (by default the client's API key), the same on every replica of a
+ * service and meaningless to idemsvc.
+ */
+export function credentialKey(secret: string | Uint8Array): Buffer {
+  return createHmac('sha256', secret).update('idemsvc middleware credentials').digest();
+}
+
+/**
+ * An HMAC-SHA256, under key, of the request's credentials: the
+ * Authorization header's value, then, for each cookie name in cookies and
+ * each cookie of that name in the Cookie header in order, NUL, name, `=`
+ * and value. Undefined for a request that carries none of them.
+ */
+export function credentialDigest(headers: IncomingHttpHeaders, key: Buffer, cookies: readonly string[]): Buffer | undefined {
+  let mac: ReturnType<typeof createHmac> | undefined;
+  const write = (s: string) => (mac ??= createHmac('sha256', key)).update(s);
+  const auth = headers.authorization;
+  if (auth) write(auth);
+  const header = headers.cookie;
+  if (cookies.length > 0 && header) {
+    const pairs = header.split(';');
+    for (const name of cookies) {
+      for (const pair of pairs) {
+        const trimmed = pair.replace(/^[ \t]+|[ \t]+$/g, '');
+        const eq = trimmed.indexOf('=');
+        if (eq >= 0 && trimmed.slice(0, eq) === name) write(`\0${name}=${trimmed.slice(eq + 1)}`);
+      }
+    }
+  }
+  return mac?.digest();
+}
+
+/**
+ * The key stored for client key key of the end user scope: `~`, the
+ * unpadded base64url SHA-256 of the scope, `~` and the key; or, when that
+ * would be over idemsvc's 255 bytes, `#` and the key's own digest in place
+ * of `~` and the key. Undefined for a key with a byte idemsvc refuses
+ * (outside visible ASCII).
+ */
+export function scopedKey(scope: string, key: string): string | undefined {
+  if (/[^\x21-\x7e]/.test(key)) return undefined;
+  const prefix = '~' + createHash('sha256').update(scope).digest('base64url');
+  if (prefix.length + 1 + key.length <= MAX_KEY_BYTES) return `${prefix}~${key}`;
+  return `${prefix}#${createHash('sha256').update(key).digest('base64url')}`;
+}
+
+/** What a request is begun as: its stored key and fingerprint, and the legacy fingerprint to try after a mismatch. */
+export interface RequestIdentity {
+  key: string;
+  fingerprint: string;
+  legacyFingerprint: (() => string) | undefined;
+}
+
+/**
+ * The identity of a request with client key key, or the 400 answer for a
+ * key that cannot be scoped. scopeOf runs the application's scope.
+ */
+export function identify(
+  settings: Settings,
+  key: string,
+  method: string,
+  url: string,
+  headers: IncomingHttpHeaders,
+  body: Buffer,
+  scopeOf: () => string | undefined | null,
+): RequestIdentity | Answer {
+  let withCredentials = settings.withCredentials;
+  if (settings.scope) {
+    const scope = scopeOf() ?? '';
+    withCredentials = scope === '';
+    const scoped = scopedKey(scope, key);
+    if (scoped === undefined) return problemAnswer('invalid-request', 'idempotency key: key must be visible ASCII (0x21-0x7E)');
+    key = scoped;
+  }
+  const credentials = withCredentials ? credentialDigest(headers, settings.credentialKey, settings.credentialCookies) : undefined;
+  const contentType = headers['content-type'];
+  return {
+    key,
+    fingerprint: fingerprint(method, url, body, contentType, credentials),
+    legacyFingerprint: settings.legacyFingerprints && !settings.scope ? () => legacyFingerprint(method, url, body) : undefined,
+  };
 }
 
 /** The bytes of a path with its %XX escapes decoded, as Go's URL.Path holds them. */
@@ -175,13 +345,24 @@ function hexValue(c: number | undefined): number {
   return -1;
 }
 
-/** Begins key within the middleware's budget. */
-export function beginRequest(client: IdemClient, settings: Settings, key: string, fp: string, requestId: string | undefined): Promise<BeginResult> {
+/**
+ * Begins the request's key within the middleware's budget; after a
+ * fingerprint mismatch, once more with the legacy fingerprint (a record
+ * stored before fingerprints had a version).
+ */
+export async function beginRequest(client: IdemClient, settings: Settings, id: RequestIdentity, requestId: string | undefined): Promise<BeginResult> {
   const signal = AbortSignal.timeout(settings.budgetMs + settings.waitMs);
-  return client.begin(
-    { key, fingerprint: fp, lease_ms: settings.leaseMs, retention_s: settings.retentionS, wait_ms: settings.waitMs || undefined },
-    { signal, requestId },
-  );
+  const begin = (fingerprint: string) =>
+    client.begin(
+      { key: id.key, fingerprint, lease_ms: settings.leaseMs, retention_s: settings.retentionS, wait_ms: settings.waitMs || undefined },
+      { signal, requestId },
+    );
+  try {
+    return await begin(id.fingerprint);
+  } catch (err) {
+    if (!id.legacyFingerprint || !isIdemError(err, 'fingerprint-mismatch')) throw err;
+    return begin(id.legacyFingerprint());
+  }
 }
 
 /**
@@ -303,6 +484,7 @@ export function tooLargeAnswer(): Answer {
 
 /** What the middleware tells the handler of a request it runs under a lease. */
 export interface IdempotencyContext {
+  /** The key stored at idemsvc: the request's key, scoped to the end user when a scope is set. */
   key: string;
   /** The attempt, strictly increasing per key: a fencing token for the handler's own storage. */
   attempt: number;
@@ -328,14 +510,13 @@ export interface HandlerAnswer {
 export async function acquire(
   client: IdemClient,
   settings: Settings,
-  key: string,
-  fp: string,
+  id: RequestIdentity,
   requestId: unknown,
   res: ServerResponse,
 ): Promise<BeginAcquired | Answer> {
   let begun: BeginResult;
   try {
-    begun = await beginRequest(client, settings, key, fp, typeof requestId === 'string' ? requestId : undefined);
+    begun = await beginRequest(client, settings, id, typeof requestId === 'string' ? requestId : undefined);
   } catch (err) {
     return beginErrorAnswer(err);
   }

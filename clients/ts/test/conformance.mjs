@@ -13,9 +13,10 @@ import { freePort, repoRoot, uniqueKey } from './harness.mjs';
 export const { cases } = JSON.parse(readFileSync(join(repoRoot, 'conformance', 'cases.json'), 'utf8'));
 
 /**
- * Registers a test per case. start(client) serves the entry point, with
- * the app behind it (its run count starting at 0), and resolves to
- * { port, runs(), close() }; getSvc() is the idemsvc to use.
+ * Registers a test per case. start(client, { scoped }) serves the entry
+ * point, with the app behind it (its run count starting at 0), and
+ * resolves to { port, runs(), close() }; scoped: with a scope, the end user
+ * named by the X-User header. getSvc() is the idemsvc to use.
  */
 export function conformanceTests(entryPoint, getSvc, start) {
   for (const c of cases) {
@@ -23,7 +24,7 @@ export function conformanceTests(entryPoint, getSvc, start) {
       const svc = getSvc();
       const baseUrl = c.idemsvc === 'down' ? `http://127.0.0.1:${await freePort()}` : svc.baseUrl;
       const client = new IdemClient({ baseUrl, apiKey: svc.apiKey });
-      const server = await start(client);
+      const server = await start(client, { scoped: c.scoped === true });
       try {
         await runCase(c, server.port, uniqueKey(`conf-${entryPoint}`));
         assert.equal(server.runs(), c.calls, `the app ran ${server.runs()} times, want ${c.calls}`);
@@ -59,12 +60,13 @@ function expandKey(value, key) {
 /** Sends a step's request on a connection of its own: { status, headers, body } or { error }. */
 function send(port, step, key) {
   const headers = {};
+  for (const [name, value] of Object.entries(step.headers ?? {})) headers[name] = value;
   if (step.key !== undefined) headers['Idempotency-Key'] = expandKey(step.key, key);
   let body;
   if (step.body_bytes !== undefined) body = Buffer.alloc(step.body_bytes, 'x');
   else if (step.body !== undefined) body = Buffer.from(step.body);
   if (body !== undefined) {
-    headers['Content-Type'] = 'application/octet-stream';
+    if (!Object.keys(headers).some((name) => name.toLowerCase() === 'content-type')) headers['Content-Type'] = 'application/octet-stream';
     headers['Content-Length'] = String(body.length);
   }
   return new Promise((resolve) => {

@@ -9,6 +9,7 @@ import { IdemClient } from '@idemsvc/client';
 import { idempotency, keepRawBody } from '@idemsvc/client/express';
 import { createApp } from '../../../conformance/app.mjs';
 import { conformanceTests } from './conformance.mjs';
+import { vectors } from './vectors.mjs';
 import { eventually, startIdemsvc, uniqueKey } from './harness.mjs';
 
 let svc;
@@ -32,10 +33,10 @@ async function serve(app) {
 }
 
 describe('Express conformance', () => {
-  conformanceTests('express', () => svc, async (client) => {
+  conformanceTests('express', () => svc, async (client, { scoped }) => {
     const { handler, runs } = createApp();
     const app = express();
-    app.use(idempotency(client));
+    app.use(idempotency(client, scoped ? { scope: (req) => req.headers['x-user'] } : {}));
     app.use((req, res) => handler(req, res));
     return { ...(await serve(app)), runs };
   });
@@ -90,9 +91,11 @@ describe('Express middleware', () => {
       const res = await fetch(`${server.url}/a%20b/c?x=%20y&z`, { method: 'POST', headers: { 'Idempotency-Key': key }, body: 'payload' });
       assert.equal(res.status, 202);
       assert.equal(await res.text(), 'echo payload');
-      // Go: method NUL URL.Path (decoded) '?' URL.RawQuery NUL body.
-      const want = createHash('sha256').update('POST\0/a b/c?x=%20y&z\0payload').digest('hex');
-      assert.equal((await client.status(key)).fingerprint, `sha256:${want}`);
+      // Go: method NUL URL.Path (decoded) '?' URL.RawQuery NUL (no credentials) NUL body.
+      const want = createHash('sha256').update('POST\0/a b/c?x=%20y&z\0\0payload').digest('hex');
+      assert.equal((await client.status(key)).fingerprint, `v2:sha256:${want}`);
+      const vector = vectors.requests.find((r) => r.name === 'a path with escapes and a query');
+      assert.equal(`v2:sha256:${want}`, vector.fingerprint);
     } finally {
       await server.close();
     }
@@ -326,6 +329,71 @@ describe('Express middleware', () => {
       );
     } finally {
       await server.close();
+    }
+  });
+  test("bob, sending alice's key and request, never gets alice's answer; only unscoped hands it over", async () => {
+    for (const [name, options, alice, bob, bobStatus] of [
+      ['a bearer token', {}, { Authorization: 'Bearer alice' }, { Authorization: 'Bearer bob' }, 422],
+      ['a credential cookie', { credentialCookies: ['session'] }, { Cookie: 'theme=dark; session=a' }, { Cookie: 'theme=dark; session=b' }, 422],
+      ['a scope from the authentication before', { scope: (req) => req.user }, { Authorization: 'Bearer alice' }, { Authorization: 'Bearer bob' }, 201],
+      ['unscoped', { unscoped: true }, { Authorization: 'Bearer alice' }, { Authorization: 'Bearer bob' }, 201],
+    ]) {
+      const app = express();
+      let runs = 0;
+      app.use((req, _res, next) => {
+        req.user = req.headers.authorization?.slice('Bearer '.length); // the authentication
+        next();
+      });
+      app.use(idempotency(client, options));
+      app.post('/orders', (_req, res) => res.status(201).json({ run: ++runs }));
+      const server = await serve(app);
+      try {
+        const key = uniqueKey();
+        const post = (headers) =>
+          fetch(`${server.url}/orders`, { method: 'POST', headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json', ...headers }, body: '{"a":1}' });
+        assert.equal(await (await post(alice)).text(), '{"run":1}', name);
+        const res = await post(bob);
+        const body = await res.text();
+        assert.equal(res.status, bobStatus, `${name}: ${body}`);
+        if (name === 'unscoped') {
+          assert.equal(body, '{"run":1}', 'unscoped: the stored answer goes to whoever has the key');
+        } else {
+          assert.notEqual(body, '{"run":1}', `${name}: bob got alice's answer`);
+          assert.equal(res.headers.get('idempotent-replayed'), null, name);
+        }
+        const again = await post(alice);
+        assert.equal(again.headers.get('idempotent-replayed'), 'true', name);
+        assert.equal(await again.text(), '{"run":1}', name);
+      } finally {
+        await server.close();
+      }
+    }
+  });
+
+  test('a record stored before fingerprints had a version replays; with legacyFingerprints: false it gets 422', async () => {
+    const key = uniqueKey();
+    const body = '{ "amount": 100 }';
+    const begun = await client.begin({ key, fingerprint: `sha256:${createHash('sha256').update(`POST\0/orders?\0${body}`).digest('hex')}` });
+    await client.complete({ key, lease_token: begun.lease_token, response: { status_code: 201, body: '{"stored":"before"}' } });
+    for (const [options, status, want] of [[{}, 201, '{"stored":"before"}'], [{ legacyFingerprints: false }, 422, undefined]]) {
+      const app = express();
+      app.use(idempotency(client, options));
+      app.post('/orders', (_req, res) => res.status(201).send('ran again'));
+      const server = await serve(app);
+      try {
+        const res = await fetch(`${server.url}/orders`, {
+          method: 'POST',
+          headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json', Authorization: 'Bearer alice' },
+          body,
+        });
+        assert.equal(res.status, status);
+        if (want) {
+          assert.equal(await res.text(), want);
+          assert.equal(res.headers.get('idempotent-replayed'), 'true');
+        }
+      } finally {
+        await server.close();
+      }
     }
   });
 });

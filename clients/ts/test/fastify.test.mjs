@@ -4,6 +4,7 @@
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
 import { setTimeout as delay } from 'node:timers/promises';
+import { createHash } from 'node:crypto';
 import Fastify from 'fastify';
 import { IdemClient } from '@idemsvc/client';
 import { idempotency } from '@idemsvc/client/fastify';
@@ -19,11 +20,13 @@ after(() => svc.stop());
 
 /**
  * The conformance app of conformance/README.md on Fastify: every request
- * counts as one run, its body read in full (any content type), and it
+ * counts as one run, its body read in full (any content type, invalid JSON too), and it
  * answers by path. /crash throws, as the README has it for Fastify.
  */
 function conformanceApp(app) {
   let runs = 0;
+  // Every body as bytes, JSON too: the app takes whatever it is sent.
+  app.removeAllContentTypeParsers();
   app.addContentTypeParser('*', { parseAs: 'buffer' }, (_req, body, done) => done(null, body));
   app.all('/*', async (request, reply) => {
     const run = ++runs;
@@ -61,6 +64,11 @@ function answer(reply, status, run) {
 /** A Fastify server with the plugin registered, routes added by routes(app), on a free loopback port. */
 async function serve(client, routes, options) {
   const app = Fastify({ forceCloseConnections: true });
+  // The authentication, before the plugin's preHandler: a scope may read it.
+  app.decorateRequest('user', null);
+  app.addHook('onRequest', async (request) => {
+    request.user = request.headers.authorization?.slice('Bearer '.length) ?? null;
+  });
   await app.register(idempotency, { client, ...options });
   const runs = routes(app);
   await app.listen({ port: 0, host: '127.0.0.1' });
@@ -69,7 +77,9 @@ async function serve(client, routes, options) {
 }
 
 describe('Fastify conformance', () => {
-  conformanceTests('fastify', () => svc, (client) => serve(client, conformanceApp));
+  conformanceTests('fastify', () => svc, (client, { scoped }) =>
+    serve(client, conformanceApp, scoped ? { scope: (request) => request.headers['x-user'] } : {}),
+  );
 });
 
 describe('Fastify plugin', () => {
@@ -166,6 +176,50 @@ describe('Fastify plugin', () => {
       assert.equal((await fetch(`${server.url}/things`, { method: 'PUT' })).status, 200); // optional: runs
       assert.equal((await fetch(`${server.url}/things`, { method: 'POST', headers: { 'X-Request-Key': key } })).status, 200);
       assert.equal(runs, 3);
+    } finally {
+      await server.close();
+    }
+  });
+  test("bob never gets alice's answer: a scope read from what an onRequest hook authenticated, or the credentials' digest", async () => {
+    for (const [options, bobStatus] of [[{ scope: (request) => request.user }, 201], [{}, 422]]) {
+      let runs = 0;
+      const server = await serve(client, (app) => {
+        app.post('/orders', async (_request, reply) => reply.code(201).send({ run: ++runs }));
+      }, options);
+      try {
+        const key = uniqueKey();
+        const post = (user) =>
+          fetch(`${server.url}/orders`, {
+            method: 'POST',
+            headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json', Authorization: `Bearer ${user}` },
+            body: '{"a":1}',
+          });
+        assert.deepEqual(await (await post('alice')).json(), { run: 1 });
+        const res = await post('bob');
+        const body = await res.text();
+        assert.equal(res.status, bobStatus, body);
+        assert.notEqual(body, '{"run":1}', "bob got alice's answer");
+        assert.equal(res.headers.get('idempotent-replayed'), null);
+        assert.equal(await (await post('alice')).text(), '{"run":1}');
+      } finally {
+        await server.close();
+      }
+    }
+  });
+
+  test('a record stored before fingerprints had a version replays', async () => {
+    const key = uniqueKey();
+    const body = '{"amount":100}';
+    const begun = await client.begin({ key, fingerprint: `sha256:${createHash('sha256').update(`POST\0/orders?\0${body}`).digest('hex')}` });
+    await client.complete({ key, lease_token: begun.lease_token, response: { status_code: 201, body: '{"stored":"before"}' } });
+    const server = await serve(client, (app) => {
+      app.post('/orders', async (_request, reply) => reply.code(201).send('ran again'));
+    });
+    try {
+      const res = await fetch(`${server.url}/orders`, { method: 'POST', headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json' }, body });
+      assert.equal(res.status, 201);
+      assert.equal(res.headers.get('idempotent-replayed'), 'true');
+      assert.equal(await res.text(), '{"stored":"before"}');
     } finally {
       await server.close();
     }

@@ -56,6 +56,9 @@ export async function usage(): Promise<number> {
 
   const app = express();
   app.use(expressIdempotency(idem, { methods: ['POST'], waitMs: 2_000 }));
+  // A scope from the authentication before the middleware.
+  app.use(expressIdempotency(idem, { scope: (req: express.Request) => req.get('x-user'), credentialCookies: ['session'] }));
+  app.use(expressIdempotency(idem, { unscoped: true, legacyFingerprints: false, credentialSecret: 'shared secret' }));
   app.post('/charges', (_req, res) => {
     const attemptOfRequest = (res.locals.idempotency as { attempt: number } | undefined)?.attempt;
     res.status(201).json({ attemptOfRequest });
@@ -63,6 +66,7 @@ export async function usage(): Promise<number> {
 
   const server = Fastify();
   await server.register(fastifyIdempotency, { client: idem, headers: ['Content-Type', 'Location'] });
+  await server.register(fastifyIdempotency, { client: idem, scope: (request) => String(request.headers['x-user'] ?? '') });
   server.post('/charges', async (request) => ({ attempt: request.idempotency?.attempt }));
   return attempt;
 }
