@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package conformance runs cases.json, the middleware behaviour that every
 // entry point shares, against an entry point served in front of the
 // conformance app (README.md). Go tests use it for the Go middleware and

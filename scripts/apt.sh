@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the scripts that need a program from Debian's packages.
 
 # apt_install PACKAGE... installs Debian packages; without apt-get it says

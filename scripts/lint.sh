@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Formatting, vet, a tidy go.mod, generated code (Go, and the TypeScript
 # SDK's types) that matches its sources, and the deployment files.
 set -euo pipefail

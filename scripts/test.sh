@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The test suite: real Redis servers (standalone and a 3+3 Cluster) and a
 # NATS JetStream server are started by the tests themselves from
 # redis-server and nats-server, installed here when missing. The TypeScript

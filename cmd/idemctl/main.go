@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command idemctl is the operator's tool for idemsvc: it finds the keys in
 // a state (stuck in progress, say), reads the record of an idempotency key
 // and forgets one that is stuck.

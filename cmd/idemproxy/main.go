@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command idemproxy makes any HTTP service idempotent without code, as a
 // sidecar or gateway in front of it, per the Idempotency-Key header draft
 // (draft-ietf-httpapi-idempotency-key-header). A request on a configured

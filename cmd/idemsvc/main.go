@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command idemsvc serves the idempotency API: over Redis (one node,
 // Sentinel or Cluster) in production, or over an in-memory store for
 // development. Configuration comes from IDEMSVC_* environment variables or

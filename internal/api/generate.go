@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package api holds the HTTP API of idemsvc: the models, routes and strict
 // server interface generated from api/openapi.yaml (server.gen.go), plus
 // two hand-written parts. decode.go decodes the request bodies strictly,

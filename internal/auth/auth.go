@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package auth maps API keys to the tenants they act for. Keys are never
 // stored: the tenants file holds their SHA-256 digests, a presented key is
 // hashed, found by its digest and compared in constant time.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package quota enforces the tenants' limits at begin: the begin rate and
 // burst, the stored-bytes budget and the concurrent waiters. Over Redis
 // (NewRedis) the limits hold across every idemsvc instance sharing it; the

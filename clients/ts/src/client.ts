@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 import { randomBytes } from 'node:crypto';
 import { doOnce, type DoOptions, type DoResult, type Operation } from './do.js';
 import { IdemError, problemOf, type Problem } from './errors.js';

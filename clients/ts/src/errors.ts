@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 import type { IdemResponse } from './response.js';
 import type { components } from './schema.js';
 

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The behaviour the Express middleware and the Fastify plugin share, as
 // the Go SDK's middleware has it (clients/go/middleware.go): the key
 // header's parsing, the fingerprint, the answers the middleware writes

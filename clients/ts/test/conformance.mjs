@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The shared middleware conformance suite (conformance/cases.json, its
 // format in conformance/README.md), run against an entry point in front of
 // the conformance app, with a real idemsvc behind it.

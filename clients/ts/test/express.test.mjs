@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The Express middleware: the shared conformance suite in front of the
 // conformance app, then what Express users rely on besides.
 import assert from 'node:assert/strict';
