@@ -1,4 +1,4 @@
-.PHONY: generate test bench load load-sdk load-instructions lint robustness
+.PHONY: build generate test bench load load-sdk load-instructions lint lint-deploy robustness
 
 # Regenerate code from its sources (api/openapi.yaml).
 generate:
@@ -29,8 +29,13 @@ load-sdk:
 load-instructions:
 	benchmarks/http-instructions.sh
 
+# Go (gofmt, vet, tidy), generated code's freshness, the OpenAPI linters.
 lint:
 	scripts/lint.sh
+
+# The deployment files: compose, helm lint, kubeconform, the dashboard.
+lint-deploy:
+	scripts/lint-deploy.sh
 
 # Every Redis topology under every failpoint, checked for linearizability
 # and the promise's invariants; ROBUSTNESS_DURATION is shared between the

@@ -14,3 +14,15 @@ apt_install() {
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
 }
+
+# ensure_tools installs what the scripts and make itself need and a fresh
+# machine may lack: make, git, gcc (cgo, for the race detector) and curl.
+ensure_tools() {
+  local missing=() tool
+  for tool in make git gcc curl; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt_install "${missing[@]}"
+  fi
+}

@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: Apache-2.0
 # The test suite: real Redis servers (standalone and a 3+3 Cluster) and a
 # NATS JetStream server are started by the tests themselves from
-# redis-server and nats-server, installed here when missing. The TypeScript
+# redis-server and nats-server, installed here when missing, as are make,
+# git, gcc (the race detector needs cgo) and curl. The TypeScript
 # SDK's tests (clients/ts, npm test) run first, on Node and npm from
 # Debian's packages when they are missing. Extra arguments go to go test
 # alone, e.g. scripts/test.sh -run Begin.
@@ -10,6 +11,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/apt.sh
+ensure_tools
 
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   if ! command -v apt-get >/dev/null && docker info >/dev/null 2>&1; then

@@ -512,7 +512,8 @@ func TestMiddlewareFailsClosedFast(t *testing.T) {
 	}
 }
 
-// The middleware's own problems carry idemsvc's titles for the same kinds.
+// The middleware's own problems carry idemsvc's titles and codes for the
+// same kinds.
 func TestMiddlewareProblemTitlesAreIdemsvcs(t *testing.T) {
 	t.Parallel()
 	svc := startIdemsvc(t, nil)
@@ -520,7 +521,10 @@ func TestMiddlewareProblemTitlesAreIdemsvcs(t *testing.T) {
 	title := func(body []byte) string {
 		var p idem.Problem
 		_ = json.Unmarshal(body, &p)
-		return p.Title
+		if p.Code == "" {
+			return "no code: " + p.Title
+		}
+		return p.Title + " (" + p.Code + ")"
 	}
 	// idemsvc's own: a fingerprint mismatch and an invalid request.
 	api := c.API()

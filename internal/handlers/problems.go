@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
@@ -148,9 +149,10 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	kind, detail := problemOf(err)
 	p := api.Problem{
 		Type:   ProblemBaseURI + kind.name,
+		Code:   kind.name,
 		Title:  kind.title,
 		Status: kind.status,
-		Detail: detail,
+		Detail: clip(detail, maxDetailChars),
 	}
 	h := w.Header()
 	var invalid *statemachine.InvalidError
@@ -160,7 +162,8 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &limit):
 		h.Set("Retry-After", limitRetryAfter(limit))
 	case errors.As(err, &invalid) && invalid.Field != "":
-		p.Field = &invalid.Field
+		field := clip(invalid.Field, maxFieldChars)
+		p.Field = &field
 	case errors.As(err, &inProgress):
 		p.Attempt = &inProgress.Attempt
 		expires := api.NewMilliTime(inProgress.LeaseExpiresAt)
@@ -180,6 +183,29 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	h.Set("Content-Type", "application/problem+json")
 	w.WriteHeader(kind.status)
 	_ = json.NewEncoder(w).Encode(p) // the client went away; nothing else to do
+}
+
+// The longest detail and field a problem carries, in characters, as
+// api/openapi.yaml states: a detail may quote a field name the caller
+// sent, of any length.
+const (
+	maxDetailChars = 1024
+	maxFieldChars  = 256
+)
+
+// clip is s cut to at most n characters, ending in "…" when cut.
+func clip(s string, n int) string {
+	if len(s) <= n { // n bytes are at most n characters
+		return s
+	}
+	chars := 0
+	for i := range s {
+		if chars == n-1 {
+			return strings.ToValidUTF8(s[:i], "") + "…"
+		}
+		chars++
+	}
+	return s
 }
 
 // wholeSeconds is d in whole seconds, rounded up, at least 1.
@@ -205,7 +231,7 @@ func ConnectionProblem(status int, detail string) []byte {
 	case status >= 500: // net/http's 501 for an unknown transfer coding: bad input, so a 4xx
 		status = http.StatusBadRequest
 	}
-	body, _ := json.Marshal(api.Problem{Type: ProblemBaseURI + kind.name, Title: kind.title, Status: status, Detail: detail})
+	body, _ := json.Marshal(api.Problem{Type: ProblemBaseURI + kind.name, Code: kind.name, Title: kind.title, Status: status, Detail: detail})
 	return fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nCache-Control: no-store\r\nConnection: close\r\n"+
 		"Content-Length: %d\r\nContent-Type: application/problem+json\r\n\r\n%s", status, http.StatusText(status), len(body), body)
 }

@@ -301,6 +301,7 @@ async function errorOf(op: string, res: Response): Promise<IdemError> {
     ...problemOf('internal', 'an answer idemsvc does not document', res.status),
     title: res.statusText || `HTTP ${res.status}`,
     type: '' as Problem['type'],
+    code: '' as Problem['code'],
   };
   const seconds = Number(res.headers.get('retry-after') ?? '');
   const retryAfterMs = Number.isInteger(seconds) && seconds > 0 ? seconds * 1000 : undefined;

@@ -281,7 +281,7 @@ export function problemAnswer(kind: ProblemKind, detail: string, retryAfterSecon
   if (retryAfterSeconds > 0) headers['Retry-After'] = String(retryAfterSeconds);
   // encoding/json's field order and escapes, and its trailing newline.
   const body =
-    JSON.stringify({ detail, status, title, type: PROBLEM_TYPE_PREFIX + kind }).replace(
+    JSON.stringify({ code: kind, detail, status, title, type: PROBLEM_TYPE_PREFIX + kind }).replace(
       /[<>&\u2028\u2029]/g,
       (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
     ) + '\n';

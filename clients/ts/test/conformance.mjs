@@ -96,6 +96,7 @@ function check(i, want, got, answers) {
     assert.equal(got.headers['content-type'], 'application/problem+json', `${where}: content type`);
     const problem = JSON.parse(got.body.toString());
     assert.ok(problem.type.endsWith(`/problems/${want.problem}`), `${where}: problem ${problem.type}`);
+    assert.equal(problem.code, want.problem, `${where}: problem code`);
     assert.equal(problem.status, got.status, `${where}: problem status`);
   }
   if (want.retry_after_max !== undefined) {

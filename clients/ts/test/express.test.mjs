@@ -324,7 +324,7 @@ describe('Express middleware', () => {
       assert.equal(res.headers.get('content-type'), 'application/problem+json');
       assert.equal(
         await res.text(),
-        '{"detail":"the Idempotency-Key header is required","status":400,"title":"Invalid request","type":"https://idemsvc.dev/problems/invalid-request"}\n',
+        '{"code":"invalid-request","detail":"the Idempotency-Key header is required","status":400,"title":"Invalid request","type":"https://idemsvc.dev/problems/invalid-request"}\n',
       );
     } finally {
       await server.close();
