@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -89,6 +90,9 @@ type Service struct {
 	minClientRate     int64
 	trustedProxies    []netip.Prefix
 	handler           http.Handler
+	// pasted holds the tenants file's entries already reported as an API
+	// key where its digest belongs (tenant and index), each once.
+	pasted sync.Map
 }
 
 var _ api.StrictServerInterface = (*Service)(nil)
