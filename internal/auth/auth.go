@@ -13,8 +13,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
 	"strings"
 	"sync/atomic"
 
@@ -149,6 +151,11 @@ func Parse(data []byte) (*Keyring, error) {
 
 // Replace puts from's tenants in force in k, for every later call.
 func (k *Keyring) Replace(from *Keyring) { k.cur.Store(from.cur.Load()) }
+
+// Tenants lists the tenants of the file, sorted.
+func (k *Keyring) Tenants() []string {
+	return slices.Sorted(maps.Keys(k.cur.Load().names))
+}
 
 // Has reports whether the tenants file lists tenant.
 func (k *Keyring) Has(tenant string) bool { return k.cur.Load().names[tenant] }

@@ -142,6 +142,9 @@ func New(cfg Config) *Service {
 	}
 	if cfg.Limiter != nil {
 		cfg.Registry.MustRegister(cfg.Limiter)
+		if cfg.Keyring != nil {
+			cfg.Limiter.Known(cfg.Keyring.Tenants()...)
+		}
 	}
 	if cfg.Tracer != nil {
 		s.tracer = cfg.Tracer.Tracer("github.com/idemsvc/idemsvc/internal/handlers")
@@ -182,6 +185,15 @@ func New(cfg Config) *Service {
 		ErrorHandlerFunc: requestError,
 	})
 	s.handler = r
+	// Error counters exist from the start, at zero, so that an alert on
+	// their rate sees the first burst: every route by each kind of store
+	// error.
+	_ = chi.Walk(r, func(_, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		for _, kind := range []string{kindStoreUnavailable.name, kindInternal.name} {
+			s.metrics.storeErrors.WithLabelValues(route, kind)
+		}
+		return nil
+	})
 	return s
 }
 

@@ -74,6 +74,9 @@ type Limiter interface {
 	// progress, or refuses it with an *Error over the waiters limit. Call
 	// done when the wait is over.
 	Wait(ctx context.Context, tenant string, l auth.Limits, d time.Duration) (done func(), err error)
+	// Known creates the rejection counters of tenants at zero, so that a
+	// rate over them sees the first rejection.
+	Known(tenants ...string)
 	// Close stops the background flushes and flushes what is pending.
 	Close()
 	// Collector exports idemsvc_limit_rejections_total{tenant,limit} and
@@ -210,6 +213,16 @@ func (l *limiter) tenant(name string) *tenantState {
 	}
 	ts, _ := l.tenants.LoadOrStore(name, &tenantState{rateLock: make(chan struct{}, 1), labels: l.metrics.forTenant(name)})
 	return ts.(*tenantState)
+}
+
+// Known implements Limiter. Only the counters are made: a tenant's state,
+// and its stored bytes, wait for its first call.
+func (l *limiter) Known(tenants ...string) {
+	for _, t := range tenants {
+		for _, limit := range []string{LimitRate, LimitStoredBytes, LimitWaiters} {
+			l.metrics.rejections.WithLabelValues(t, limit)
+		}
+	}
 }
 
 // Describe implements prometheus.Collector.
