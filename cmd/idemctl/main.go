@@ -74,6 +74,7 @@ import (
 	"unicode/utf8"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/buildinfo"
 )
 
 // Exit statuses.
@@ -93,6 +94,7 @@ const usage = `usage:
   idemctl list --state S [--older-than D] [--limit N] [--tenant T] [--json]
   idemctl status KEY [--tenant T] [--show-response] [--json]
   idemctl delete KEY [--tenant T] [--json]
+  idemctl --version
 
 flags (before or after KEY; use -- before a key starting with "-"):
   --url URL        idemsvc's base URL (IDEMSVC_URL, default http://127.0.0.1:8080)
@@ -140,6 +142,10 @@ type options struct {
 // run runs idemctl with args (without the program name) and env (KEY=value
 // entries, as os.Environ gives them), and returns the exit status.
 func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int {
+	if buildinfo.IsVersionFlag(args) {
+		fmt.Fprintln(stdout, buildinfo.Line("idemctl"))
+		return exitOK
+	}
 	opts, err := parseArgs(args, env)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, usage)

@@ -27,9 +27,15 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/idemsvc/idemsvc/internal/buildinfo"
 )
 
 func main() {
+	if buildinfo.IsVersionFlag(os.Args[1:]) {
+		fmt.Println(buildinfo.Line("idemproxy"))
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
 		os.Exit(healthcheck(os.Args[2:], os.Environ(), os.Stderr))
 	}
@@ -62,6 +68,8 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewJSONHandler(logOut, nil))
+	version, revision, goVersion := buildinfo.Get()
+	log.Info("idemproxy starting", "version", version, "revision", revision, "goversion", goVersion)
 	proxy, err := newProxy(cfg, log)
 	if err != nil {
 		return err

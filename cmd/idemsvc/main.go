@@ -27,14 +27,15 @@ import (
 	"golang.org/x/net/netutil"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/buildinfo"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 func main() {
-	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version") {
-		fmt.Println(versionLine())
+	if buildinfo.IsVersionFlag(os.Args[1:]) {
+		fmt.Println(buildinfo.Line("idemsvc"))
 		return
 	}
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
@@ -77,6 +78,8 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	logs := newLogWriter(logOut, logFlushInterval)
 	defer logs.Close()
 	log := slog.New(flushingHandler{slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}), logs})
+	version, revision, goVersion := buildinfo.Get()
+	log.Info("idemsvc starting", "version", version, "revision", revision, "goversion", goVersion)
 
 	// First, so that a misspelt variable is named before any refusal it causes.
 	for _, name := range cfg.unknownVars {
