@@ -17,11 +17,15 @@ COPY go.mod go.sum ./
 COPY clients/go/go.mod clients/go/go.sum ./clients/go/
 RUN --mount=type=cache,target=/go/pkg/mod GOWORK=off go mod download
 COPY . .
-# The version idemsvc --version and idemsvc_build_info report.
+# The version and revision that --version, the start-up log line and
+# idemsvc_build_info report (as make build stamps them).
 ARG VERSION=""
+ARG REVISION=""
 RUN --mount=type=cache,target=/go/pkg/mod --mount=type=cache,target=/root/.cache/go-build \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w -X main.version=${VERSION}" -o /out/idemsvc ./cmd/idemsvc && \
-    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o /out/idemproxy ./cmd/idemproxy
+    CGO_ENABLED=0 go build -trimpath -ldflags="-s -w \
+      -X github.com/idemsvc/idemsvc/internal/buildinfo.Version=${VERSION} \
+      -X github.com/idemsvc/idemsvc/internal/buildinfo.Revision=${REVISION}" \
+      -o /out/ ./cmd/idemsvc ./cmd/idemproxy
 
 # distroless/static: CA certificates (for rediss://) and time zones, no
 # shell, no package manager; "nonroot" is uid 65532.

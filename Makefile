@@ -1,4 +1,17 @@
-.PHONY: generate test bench load load-sdk load-instructions lint robustness
+.PHONY: build generate test bench load load-sdk load-instructions lint lint-deploy robustness
+
+# The three commands for this machine, into $(BIN), stamped with the
+# version (the tag of HEAD, or git describe's name for it) and the
+# revision, which --version, the start-up log line and idemsvc_build_info
+# report. (The Docker image builds static ones, stamped the same way.)
+BIN ?= bin
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+REVISION ?= $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+LDFLAGS = -X github.com/idemsvc/idemsvc/internal/buildinfo.Version=$(VERSION) \
+	-X github.com/idemsvc/idemsvc/internal/buildinfo.Revision=$(REVISION)
+build:
+	mkdir -p $(BIN)
+	go build -ldflags "$(LDFLAGS)" -o $(BIN)/ ./cmd/idemsvc ./cmd/idemproxy ./cmd/idemctl
 
 # Regenerate code from its sources (api/openapi.yaml).
 generate:
@@ -29,8 +42,13 @@ load-sdk:
 load-instructions:
 	benchmarks/http-instructions.sh
 
+# Go (gofmt, vet, tidy), generated code's freshness, the OpenAPI linters.
 lint:
 	scripts/lint.sh
+
+# The deployment files: compose, helm lint, kubeconform, the dashboard.
+lint-deploy:
+	scripts/lint-deploy.sh
 
 # Every Redis topology under every failpoint, checked for linearizability
 # and the promise's invariants; ROBUSTNESS_DURATION is shared between the

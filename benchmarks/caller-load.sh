@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The whole path a caller feels, measured side by side with its baselines:
 #
 #   benchmarks/caller-load.sh [runs]      (default 3; make load-sdk)

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Measures failover availability: runs TestFailoverAvailability (a 3-master
 # Cluster and a Sentinel setup, 2 replicas per master; a master killed,
 # then one paused) several times and prints, per topology, fault and

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Counts the CPU instructions idemsvc and barechi (the bare chi handler that
 # runs the same scripts) spend per request, with valgrind's callgrind:
 # unlike CPU time, the count hardly depends on what else the machine is

@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Measures idemsvc over HTTP with idembench and compares it with barechi, a
 # bare chi handler that runs the same begin script (benchmarks/barechi).
 # Everything runs on this machine, on a Redis of its own:

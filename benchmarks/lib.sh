@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Helpers shared by the load scripts in this folder; sourced, not run.
 
 free_port() {

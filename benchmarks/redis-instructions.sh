@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Counts the CPU instructions Redis spends per EVALSHA of idemsvc's scripts,
 # with valgrind's callgrind: unlike time, the count does not depend on what
 # else the machine is doing, so two versions of a script compare exactly.

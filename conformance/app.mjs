@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The conformance app: the handler that every entry point under test puts
 // in front of (cases.json says what it answers). Run alone it serves on a
 // free loopback port and prints "listening <port>" on its first line of

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package conformance runs cases.json, the middleware behaviour that every
 // entry point shares, against an entry point served in front of the
 // conformance app (README.md). Go tests use it for the Go middleware and
@@ -230,11 +232,12 @@ func check(t *testing.T, i int, s Step, a answer, all []answer) {
 	if e.Problem != "" {
 		var p struct {
 			Type   string `json:"type"`
+			Code   string `json:"code"`
 			Status int    `json:"status"`
 		}
 		if ct := a.header.Get("Content-Type"); ct != "application/problem+json" {
 			t.Errorf("%s: Content-Type %q, want application/problem+json", where, ct)
-		} else if err := json.Unmarshal(a.body, &p); err != nil || !strings.HasSuffix(p.Type, "/problems/"+e.Problem) || p.Status != a.status {
+		} else if err := json.Unmarshal(a.body, &p); err != nil || !strings.HasSuffix(p.Type, "/problems/"+e.Problem) || p.Code != e.Problem || p.Status != a.status {
 			t.Errorf("%s: problem %.300q, want the kind %s", where, a.body, e.Problem)
 		}
 	}

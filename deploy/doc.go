@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package deploy holds no code: its tests check the deployment files beside
 // them (docker-compose.yaml, prometheus.yml, the tenants file, the Grafana
 // dashboard and the Helm charts' settings) against the code they configure,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Sourced by the scripts that need a program from Debian's packages.
 
 # apt_install PACKAGE... installs Debian packages; without apt-get it says
@@ -12,4 +13,16 @@ apt_install() {
   [ "$(id -u)" -eq 0 ] || sudo=sudo
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# ensure_tools installs what the scripts and make itself need and a fresh
+# machine may lack: make, git, gcc (cgo, for the race detector) and curl.
+ensure_tools() {
+  local missing=() tool
+  for tool in make git gcc curl; do
+    command -v "$tool" >/dev/null || missing+=("$tool")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    apt_install "${missing[@]}"
+  fi
 }

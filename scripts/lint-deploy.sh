@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The deployment files of deploy/, checked without Docker or a cluster:
 #   - docker-compose.yaml against the Compose Specification (compose-go, the
 #     loader of docker compose; also `docker compose config` where the

@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# Formatting, vet, a tidy go.mod, generated code (Go, and the TypeScript
-# SDK's types) that matches its sources, and the deployment files.
+# SPDX-License-Identifier: Apache-2.0
+# The quick lint (make lint): formatting, vet, tidy go.mod files,
+# generated code (Go, and the TypeScript SDK's types) that matches its
+# sources, and the OpenAPI description through Redocly and Spectral's
+# OWASP ruleset. The deployment files have their own, heavier lint:
+# scripts/lint-deploy.sh (make lint-deploy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+
+# What a fresh machine may lack: git (the file lists), gcc (cgo, for
+# go vet of packages that use it), curl; Node.js below.
+. scripts/apt.sh
+ensure_tools
 
 unformatted=$(gofmt -l $(git ls-files '*.go'))
 if [ -n "$unformatted" ]; then
@@ -34,11 +43,21 @@ fi
 # The OpenAPI description, through a real linter (errors fail; the three
 # warnings are the operations endpoints, which have no 4xx to document). It
 # runs on Node: installed from Debian's packages where it is missing.
-if ! command -v npx >/dev/null; then
-  . scripts/apt.sh
-  apt_install nodejs npm
-fi
+command -v node >/dev/null || apt_install nodejs
+command -v npx >/dev/null || apt_install npm
 npx --yes @redocly/cli@2.77.0 lint --format=summary api/openapi.yaml
+# And through Spectral's OWASP ruleset, pinned, with .spectral.yaml's
+# waivers: any error or warning fails. Spectral finds the ruleset package
+# in a node_modules beside .spectral.yaml, so both, and api/, are linked
+# into a folder of their own beside npx's copy of the packages.
+spectral=(npx --yes -p @stoplight/spectral-cli@6.16.3 -p @stoplight/spectral-owasp-ruleset@2.0.1)
+bin=$("${spectral[@]}" -c 'command -v spectral')
+spectral_dir=$(mktemp -d)
+trap 'rm -rf "$spectral_dir"' EXIT
+ln -s "$(dirname "$(dirname "$bin")")" "$spectral_dir/node_modules"
+ln -s "$PWD/.spectral.yaml" "$spectral_dir/.spectral.yaml"
+ln -s "$PWD/api" "$spectral_dir/api"
+(cd "$spectral_dir" && "$bin" lint --fail-severity=warn api/openapi.yaml)
 # The TypeScript SDK's types, generated from the same description.
 clients/ts/scripts/deps.sh
 (cd clients/ts && npm run --silent generate >/dev/null)
@@ -46,6 +65,3 @@ if ! git diff --exit-code --stat -- clients/ts/src/schema.ts; then
   echo "clients/ts/src/schema.ts is stale: run make generate and commit the result" >&2
   exit 1
 fi
-# The deployment files: compose, the Helm charts (helm lint, kubeconform)
-# and the dashboard, against the code.
-scripts/lint-deploy.sh

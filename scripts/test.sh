@@ -1,14 +1,18 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The test suite: real Redis servers (standalone and a 3+3 Cluster) and a
 # NATS JetStream server are started by the tests themselves from
-# redis-server and nats-server, installed here when missing. The TypeScript
+# redis-server and nats-server, installed here when missing, as are make,
+# git, gcc (the race detector needs cgo) and curl. The TypeScript
 # SDK's tests (clients/ts, npm test) run first, on Node and npm from
-# Debian's packages when they are missing. Extra arguments go to go test
+# Debian's packages when they are missing, then the README's install steps
+# of both SDKs (scripts/sdk-install-test.sh). Extra arguments go to go test
 # alone, e.g. scripts/test.sh -run Begin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 . scripts/apt.sh
+ensure_tools
 
 if ! command -v redis-server >/dev/null || ! command -v redis-cli >/dev/null; then
   if ! command -v apt-get >/dev/null && docker info >/dev/null 2>&1; then
@@ -33,6 +37,8 @@ command -v npm >/dev/null || apt_install npm
 if [ $# -eq 0 ]; then
   clients/ts/scripts/deps.sh
   (cd clients/ts && npm test)
+  # Both SDKs installed into scratch projects as the README says.
+  scripts/sdk-install-test.sh
 fi
 
 # Both modules of the workspace (go.work): idemsvc and its Go client.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command barechi is the baseline that idemsvc's HTTP throughput is compared
 // against: a bare chi router whose POST /v1/begin and POST /v1/complete read
 // the JSON body's key (and lease token and response) and run the same

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command payapp is the application of the caller's-path benchmark: a tiny
 // net/http service whose POST /pay answers 201 with a 24-byte JSON body,
 // served alone, or behind the Go SDK's idem.Middleware when --idemsvc is

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package idem
 
 import (
@@ -272,8 +274,12 @@ func (e *Error) Error() string {
 	return fmt.Sprintf("%d %s: %s", e.StatusCode, e.Problem.Title, e.Problem.Detail)
 }
 
-// Kind is the problem's kind: the last path segment of its type URI.
+// Kind is the problem's kind: its code, or the last path segment of its
+// type URI when it has no code (an idemsvc older than codes).
 func (e *Error) Kind() string {
+	if e.Problem.Code != "" {
+		return e.Problem.Code
+	}
 	t := e.Problem.Type
 	for i := len(t) - 1; i >= 0; i-- {
 		if t[i] == '/' {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package idem
 
 // The generator is a tool of idemsvc's own module, so that this module

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package idem
 
 import (
@@ -351,7 +353,7 @@ func writeProblem(w http.ResponseWriter, status int, kind, detail string, retryA
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(Problem{Type: "https://idemsvc.dev/problems/" + kind,
+	_ = json.NewEncoder(w).Encode(Problem{Type: "https://idemsvc.dev/problems/" + kind, Code: kind,
 		Title: kinds[kind].title, Status: status, Detail: detail})
 }
 

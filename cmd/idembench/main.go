@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command idembench puts HTTP load on an idemsvc and checks what it answers.
 //
 // Usage:

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command idemctl is the operator's tool for idemsvc: it finds the keys in
 // a state (stuck in progress, say), reads the record of an idempotency key
 // and forgets one that is stuck.
@@ -35,12 +37,14 @@
 //
 // delete forgets the key's record, so that the next begin acquires it
 // again. It reads the record first and says "deleted: false (no record)"
-// for a key with no record (exit status 0 all the same: the key is free).
-// With --json it prints {"deleted":true,"key":KEY} ("deleted":false when
-// there was no record; "tenant" when --tenant is given).
+// for a key with no record, with exit status 3 as status has. With --json
+// it prints {"deleted":true,"key":KEY} ("deleted":false when there was no
+// record; "tenant" when --tenant is given).
 //
-// Exit status: 0 when the record was found (status) or is gone (delete),
-// 3 when status finds no record, 1 on any error, usage errors included.
+// Exit status: 0 when the record was found (status) or deleted (delete),
+// 3 when status or delete finds no record for the key, 1 on any error:
+// usage errors, and a --tenant that idemsvc's tenants file does not list
+// included.
 //
 // Examples:
 //
@@ -70,6 +74,7 @@ import (
 	"unicode/utf8"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/buildinfo"
 )
 
 // Exit statuses.
@@ -89,6 +94,7 @@ const usage = `usage:
   idemctl list --state S [--older-than D] [--limit N] [--tenant T] [--json]
   idemctl status KEY [--tenant T] [--show-response] [--json]
   idemctl delete KEY [--tenant T] [--json]
+  idemctl --version
 
 flags (before or after KEY; use -- before a key starting with "-"):
   --url URL        idemsvc's base URL (IDEMSVC_URL, default http://127.0.0.1:8080)
@@ -104,7 +110,8 @@ flags (before or after KEY; use -- before a key starting with "-"):
   --cert-file F    PEM client certificate (IDEMSVC_CLIENT_CERT_FILE)
   --key-file F     its PEM key (IDEMSVC_CLIENT_KEY_FILE)
 
-exit status: 0 found or deleted, 3 not found, 1 error
+exit status: 0 found or deleted, 3 no record for the key (status, delete),
+1 error (an unknown --tenant included)
 `
 
 func main() {
@@ -135,6 +142,10 @@ type options struct {
 // run runs idemctl with args (without the program name) and env (KEY=value
 // entries, as os.Environ gives them), and returns the exit status.
 func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int {
+	if buildinfo.IsVersionFlag(args) {
+		fmt.Fprintln(stdout, buildinfo.Line("idemctl"))
+		return exitOK
+	}
 	opts, err := parseArgs(args, env)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprint(stdout, usage)
@@ -289,7 +300,7 @@ func list(ctx context.Context, client *idem.Client, opts options, stdout, stderr
 	n := 0
 	for rec, err := range client.Keys(ctx, params) {
 		if err != nil {
-			return fail(stderr, opts, err)
+			return fail(ctx, client, stderr, opts, err)
 		}
 		if opts.json {
 			if err := writeJSON(stdout, rec); err != nil {
@@ -320,7 +331,7 @@ func list(ctx context.Context, client *idem.Client, opts options, stdout, stderr
 func status(ctx context.Context, client *idem.Client, opts options, stdout, stderr io.Writer) int {
 	rec, err := client.Status(ctx, opts.key, opts.showResponse)
 	if err != nil {
-		return fail(stderr, opts, err)
+		return fail(ctx, client, stderr, opts, err)
 	}
 	if opts.json {
 		if err := writeJSON(stdout, rec); err != nil {
@@ -407,12 +418,20 @@ func deleteKey(ctx context.Context, client *idem.Client, opts options, stdout, s
 	_, err := client.Status(ctx, opts.key, false)
 	existed := err == nil
 	if err != nil && !errors.Is(err, idem.ErrNotFound) {
-		return fail(stderr, opts, err)
+		return fail(ctx, client, stderr, opts, err)
 	}
 	if existed {
 		if err := client.Delete(ctx, opts.key); err != nil {
-			return fail(stderr, opts, err)
+			return fail(ctx, client, stderr, opts, err)
 		}
+	}
+	if !existed && unknownTenant(ctx, client, opts) {
+		fmt.Fprintf(stderr, "idemctl: %s %s: tenant %q: not in idemsvc's tenants file\n", opts.command, opts.key, opts.tenant)
+		return exitError
+	}
+	code := exitOK
+	if !existed {
+		code = exitNotFound
 	}
 	if opts.json {
 		out := struct {
@@ -424,7 +443,7 @@ func deleteKey(ctx context.Context, client *idem.Client, opts options, stdout, s
 			fmt.Fprintf(stderr, "idemctl: %v\n", err)
 			return exitError
 		}
-		return exitOK
+		return code
 	}
 	var f fields
 	f.add("key", opts.key)
@@ -437,14 +456,34 @@ func deleteKey(ctx context.Context, client *idem.Client, opts options, stdout, s
 		f.add("deleted", "false (no record)")
 	}
 	f.write(stdout)
-	return exitOK
+	return code
 }
 
-// fail reports err on stderr and returns its exit status.
-func fail(stderr io.Writer, opts options, err error) int {
+// unknownTenant reports whether idemsvc does not know opts.tenant. Its
+// answer to a call naming a tenant the tenants file does not list is a
+// 404 not-found, as for a key without a record: a listing, which never
+// answers 404 otherwise, tells the two apart.
+func unknownTenant(ctx context.Context, client *idem.Client, opts options) bool {
+	if opts.tenant == "" {
+		return false
+	}
+	for _, err := range client.Keys(ctx, idem.ListParams{State: idem.StateCompleted, PageSize: 1}) {
+		return errors.Is(err, idem.ErrNotFound)
+	}
+	return false
+}
+
+// fail reports err on stderr and returns its exit status: 3 when the key
+// has no record, 1 for every other error, an unknown tenant included.
+func fail(ctx context.Context, client *idem.Client, stderr io.Writer, opts options, err error) int {
 	code := exitError
 	if errors.Is(err, idem.ErrNotFound) {
-		code = exitNotFound
+		if opts.command != "list" && !unknownTenant(ctx, client, opts) {
+			code = exitNotFound
+		} else if opts.tenant != "" {
+			fmt.Fprintf(stderr, "idemctl: %s %s: tenant %q: not in idemsvc's tenants file\n", opts.command, opts.key, opts.tenant)
+			return code
+		}
 	}
 	var e *idem.Error
 	if !errors.As(err, &e) {

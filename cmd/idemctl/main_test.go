@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -387,15 +389,15 @@ func TestDelete(t *testing.T) {
 	}
 	idemctl(t, env, "status", "order-48/charge").want(t, exitNotFound)
 
-	// Deleting an absent record succeeds (the key is free), but does not
-	// claim a deletion.
+	// Deleting an absent record exits 3, as status of it does, and does
+	// not claim a deletion.
 	r = idemctl(t, env, "delete", "order-48/charge")
-	r.want(t, exitOK)
+	r.want(t, exitNotFound)
 	if f := fieldMap(parseFields(t, r.stdout)); f["deleted"] != "false (no record)" {
 		t.Errorf("delete of an absent key printed %q", r.stdout)
 	}
 	r = idemctl(t, env, "--json", "delete", "never-existed")
-	r.want(t, exitOK)
+	r.want(t, exitNotFound)
 	if err := json.Unmarshal([]byte(r.stdout), &out); err != nil || out.Deleted == nil || *out.Deleted {
 		t.Errorf("delete --json of an absent key = %q (%v)", r.stdout, err)
 	}
@@ -446,6 +448,27 @@ func TestAdminActsForTenant(t *testing.T) {
 		t.Errorf("admin delete --json = %q (%v)", r.stdout, err)
 	}
 	idemctl(t, as(url, paymentsKey), "status", "order-50/charge").want(t, exitNotFound)
+}
+
+// A tenant the tenants file does not list is an error (1), not a key
+// without a record (3), for every command; the message names it.
+func TestUnknownTenant(t *testing.T) {
+	url := startIdemsvc(t)
+	admin := as(url, adminKey)
+	for _, args := range [][]string{
+		{"status", "order-52/charge", "--tenant", "nosuch"},
+		{"delete", "order-52/charge", "--tenant", "nosuch"},
+		{"delete", "order-52/charge", "--tenant", "nosuch", "--json"},
+		{"list", "--state", "completed", "--tenant", "nosuch"},
+	} {
+		r := idemctl(t, admin, args...)
+		r.want(t, exitError)
+		if !strings.Contains(r.stderr, `tenant "nosuch"`) || !strings.Contains(r.stderr, "tenants file") {
+			t.Errorf("%v: stderr %q, want the unknown tenant named", args, r.stderr)
+		}
+	}
+	// A known tenant without the record is still 3.
+	idemctl(t, admin, "delete", "order-52/charge", "--tenant", "shipping").want(t, exitNotFound)
 }
 
 func TestTenantKeyNamingAnotherTenant(t *testing.T) {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command idemproxy makes any HTTP service idempotent without code, as a
 // sidecar or gateway in front of it, per the Idempotency-Key header draft
 // (draft-ietf-httpapi-idempotency-key-header). A request on a configured
@@ -24,6 +26,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/buildinfo"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
 )
 
@@ -32,6 +35,10 @@ import (
 var limitMemory = httpserve.LimitMemory
 
 func main() {
+	if buildinfo.IsVersionFlag(os.Args[1:]) {
+		fmt.Println(buildinfo.Line("idemproxy"))
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
 		os.Exit(healthcheck(os.Args[2:], os.Environ(), os.Stderr))
 	}
@@ -66,6 +73,8 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	}
 	limitMemory(cfg.maxBodyBytesInFlight, env)
 	log := slog.New(slog.NewJSONHandler(logOut, nil))
+	version, revision, goVersion := buildinfo.Get()
+	log.Info("idemproxy starting", "version", version, "revision", revision, "goversion", goVersion)
 	proxy, err := newProxy(cfg, log)
 	if err != nil {
 		return err

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -73,11 +75,13 @@ func TestProtocolErrorsAreProblems(t *testing.T) {
 			resp, body, closed := exchange(t, dial, tt.raw)
 			var p struct {
 				Type   string
+				Code   string
 				Status int
 				Detail string
 			}
 			if resp.StatusCode != tt.status || resp.Header.Get("Content-Type") != "application/problem+json" ||
-				json.Unmarshal(body, &p) != nil || p.Type != "https://idemsvc.dev/problems/"+tt.kind || p.Status != tt.status || p.Detail == "" {
+				json.Unmarshal(body, &p) != nil || p.Type != "https://idemsvc.dev/problems/"+tt.kind || p.Code != tt.kind ||
+				p.Status != tt.status || p.Detail == "" {
 				t.Errorf("%s, %s: %d %s %s", scheme, tt.name, resp.StatusCode, resp.Header.Get("Content-Type"), body)
 			}
 			if !closed {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command idemsvc serves the idempotency API: over Redis (one node,
 // Sentinel or Cluster) in production, or over an in-memory store for
 // development. Configuration comes from IDEMSVC_* environment variables or
@@ -22,6 +24,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/buildinfo"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
 	"github.com/idemsvc/idemsvc/internal/quota"
@@ -33,8 +36,8 @@ import (
 var limitMemory = httpserve.LimitMemory
 
 func main() {
-	if len(os.Args) == 2 && (os.Args[1] == "--version" || os.Args[1] == "-version") {
-		fmt.Println(versionLine())
+	if buildinfo.IsVersionFlag(os.Args[1:]) {
+		fmt.Println(buildinfo.Line("idemsvc"))
 		return
 	}
 	if len(os.Args) > 1 && os.Args[1] == "healthcheck" {
@@ -77,6 +80,8 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	logs := newLogWriter(logOut, logFlushInterval)
 	defer logs.Close()
 	log := slog.New(flushingHandler{slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}), logs})
+	version, revision, goVersion := buildinfo.Get()
+	log.Info("idemsvc starting", "version", version, "revision", revision, "goversion", goVersion)
 
 	// First, so that a misspelt variable is named before any refusal it causes.
 	for _, name := range cfg.unknownVars {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
@@ -9,6 +11,8 @@ import (
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/idemsvc/idemsvc/internal/buildinfo"
 )
 
 // tracing returns the tracer provider that the standard OpenTelemetry
@@ -51,6 +55,6 @@ func tracing(env []string) (provider *sdktrace.TracerProvider, shutdown func(con
 
 // serviceVersion is the version the traces name.
 func serviceVersion() string {
-	ver, _, _ := buildInfo()
+	ver, _, _ := buildinfo.Get()
 	return ver
 }

@@ -1,6 +1,10 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package main
 
 import (
+	"bufio"
+	"encoding/json"
 	"net"
 	"os/exec"
 	"path/filepath"
@@ -8,16 +12,42 @@ import (
 	"testing"
 )
 
-// idemsvc --version prints one line with the version stamped at build time
-// and exits 0.
+// make build stamps the version and revision into the three commands:
+// each prints them with --version, one line, exit status 0, and idemsvc
+// and idemproxy log them in their first line at start.
 func TestVersion(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "idemsvc")
-	if out, err := exec.Command("go", "build", "-ldflags", "-X main.version=v9.8.7", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("build: %v\n%s", err, out)
+	bin := t.TempDir()
+	make := exec.Command("make", "-C", "../..", "build", "BIN="+bin, "VERSION=v9.8.7", "REVISION=0123abc")
+	if out, err := make.CombinedOutput(); err != nil {
+		t.Fatalf("make build: %v\n%s", err, out)
 	}
-	out, err := exec.Command(bin, "--version").Output()
-	if err != nil || strings.Count(string(out), "\n") != 1 || !strings.HasPrefix(string(out), "idemsvc v9.8.7 (") {
-		t.Fatalf("idemsvc --version = %q, %v", out, err)
+	for _, command := range []string{"idemsvc", "idemproxy", "idemctl"} {
+		out, err := exec.Command(filepath.Join(bin, command), "--version").Output()
+		if want := command + " v9.8.7 (revision 0123abc, go"; err != nil || strings.Count(string(out), "\n") != 1 || !strings.HasPrefix(string(out), want) {
+			t.Errorf("%s --version = %q, %v; want %q...", command, out, err, want)
+		}
+	}
+	for command, env := range map[string][]string{
+		"idemsvc":   {"IDEMSVC_LISTEN=127.0.0.1:0"},
+		"idemproxy": {"IDEMPROXY_LISTEN=127.0.0.1:0", "IDEMPROXY_UPSTREAM=http://127.0.0.1:9"},
+	} {
+		cmd := exec.Command(filepath.Join(bin, command))
+		cmd.Env = env
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		first, _ := bufio.NewReader(stderr).ReadString('\n')
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		var line struct{ Msg, Version, Revision, Goversion string }
+		if json.Unmarshal([]byte(first), &line) != nil || line.Msg != command+" starting" ||
+			line.Version != "v9.8.7" || line.Revision != "0123abc" || !strings.HasPrefix(line.Goversion, "go") {
+			t.Errorf("%s's first log line: %q; want its version, revision and Go version", command, first)
+		}
 	}
 }
 

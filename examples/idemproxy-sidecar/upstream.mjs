@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // A payments service that knows nothing of idempotency: every POST
 // /payments charges again. idemproxy in front of it makes a retried POST
 // charge once.

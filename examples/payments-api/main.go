@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command payments-api is a small payment API made idempotent by idemsvc:
 // a client that retries POST /charges with the same Idempotency-Key header
 // creates one charge, and every retry gets the first response again, byte

@@ -1,4 +1,5 @@
 #!/usr/bin/env node
+// SPDX-License-Identifier: Apache-2.0
 // begin -> complete -> replayed begin against idemsvc, with Node.js's
 // built-in fetch (Node 18 or later) and no packages.
 //

@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # begin -> complete -> replayed begin against idemsvc, with curl and POSIX
 # sh and sed only (no jq).
 #

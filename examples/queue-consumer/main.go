@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command queue-consumer shows a consumer of an at-least-once queue that
 // applies each message's side effect once, deduplicating deliveries with
 // idem.Do and the message id as the idempotency key.

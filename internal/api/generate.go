@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package api holds the HTTP API of idemsvc: the models, routes and strict
 // server interface generated from api/openapi.yaml (server.gen.go), plus
 // two hand-written parts. decode.go decodes the request bodies strictly,
@@ -7,5 +9,5 @@
 // sits whole in memory.
 package api
 
-//go:generate sh -c "sed 's/runtime.BindJSONBody(r, &body)/decodeBody(r, \\&body)/' \"$(go list -m -f {{.Dir}} github.com/oapi-codegen/oapi-codegen/v2)/pkg/codegen/templates/strict/strict-http.tmpl\" > strict-http.gen.tmpl && grep -q decodeBody strict-http.gen.tmpl"
+//go:generate sh -c "go mod download github.com/oapi-codegen/oapi-codegen/v2 && sed 's/runtime.BindJSONBody(r, &body)/decodeBody(r, \\&body)/' \"$(go list -m -f {{.Dir}} github.com/oapi-codegen/oapi-codegen/v2)/pkg/codegen/templates/strict/strict-http.tmpl\" > strict-http.gen.tmpl && grep -q decodeBody strict-http.gen.tmpl"
 //go:generate go tool oapi-codegen -config server.cfg.yaml ../../api/openapi.yaml

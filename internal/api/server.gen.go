@@ -153,7 +153,9 @@ func (e State) Valid() bool {
 
 // Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
 // new acquisition. Strictly increasing per key, so usable as a fencing
-// token for the caller's own storage.
+// token for the caller's own storage. A JSON number: it has no bound of
+// its own below 2^53 - 1, the largest integer every JSON reader holds
+// exactly (no `format`: see `.spectral.yaml`).
 //
 // Example: 1
 type Attempt = int64
@@ -162,7 +164,9 @@ type Attempt = int64
 type BeginAcquired struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
 	// new acquisition. Strictly increasing per key, so usable as a fencing
-	// token for the caller's own storage.
+	// token for the caller's own storage. A JSON number: it has no bound of
+	// its own below 2^53 - 1, the largest integer every JSON reader holds
+	// exactly (no `format`: see `.spectral.yaml`).
 	//
 	//
 	// Example: 1
@@ -204,7 +208,9 @@ type BeginAcquiredStatus string
 type BeginReplay struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
 	// new acquisition. Strictly increasing per key, so usable as a fencing
-	// token for the caller's own storage.
+	// token for the caller's own storage. A JSON number: it has no bound of
+	// its own below 2^53 - 1, the largest integer every JSON reader holds
+	// exactly (no `format`: see `.spectral.yaml`).
 	//
 	//
 	// Example: 1
@@ -246,8 +252,9 @@ type BeginReplay struct {
 type BeginRequest struct {
 	// Fingerprint A digest of the request payload, at most 256 bytes of UTF-8 (a
 	// byte count, which JSON Schema's maxLength, counting characters,
-	// cannot state; longer gets 400). A later begin with a different
-	// fingerprint gets 422.
+	// cannot state; longer gets 400; `maxLength`, the same number,
+	// bounds it for validators that count characters). A later begin
+	// with a different fingerprint gets 422.
 	//
 	//
 	// Example: sha256:9f86d081884c7d65
@@ -425,7 +432,9 @@ type FailRequest struct {
 type FinishResult struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
 	// new acquisition. Strictly increasing per key, so usable as a fencing
-	// token for the caller's own storage.
+	// token for the caller's own storage. A JSON number: it has no bound of
+	// its own below 2^53 - 1, the largest integer every JSON reader holds
+	// exactly (no `format`: see `.spectral.yaml`).
 	//
 	//
 	// Example: 1
@@ -481,7 +490,7 @@ type Key = string
 
 // KeyList One page of a listing of records.
 type KeyList struct {
-	// Items The records of the page, without their responses.
+	// Items The records of the page (at most `limit`), without their responses.
 	Items []StatusRecord `json:"items"`
 
 	// NextCursor Present while more records may remain; pass it as `cursor` for the next page.
@@ -492,7 +501,9 @@ type KeyList struct {
 type Lease struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
 	// new acquisition. Strictly increasing per key, so usable as a fencing
-	// token for the caller's own storage.
+	// token for the caller's own storage. A JSON number: it has no bound of
+	// its own below 2^53 - 1, the largest integer every JSON reader holds
+	// exactly (no `format`: see `.spectral.yaml`).
 	//
 	//
 	// Example: 1
@@ -537,18 +548,29 @@ type LeaseToken = string
 type Problem struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
 	// new acquisition. Strictly increasing per key, so usable as a fencing
-	// token for the caller's own storage.
+	// token for the caller's own storage. A JSON number: it has no bound of
+	// its own below 2^53 - 1, the largest integer every JSON reader holds
+	// exactly (no `format`: see `.spectral.yaml`).
 	//
 	//
 	// Example: 1
 	Attempt *Attempt `json:"attempt,omitempty"`
 
-	// Detail An explanation of this occurrence.
+	// Code The kind's name, the last path segment of `type`, for clients
+	// that read a member rather than a URI.
+	//
+	//
+	// Example: in-progress
+	Code string `json:"code"`
+
+	// Detail An explanation of this occurrence, at most 1,024 characters.
 	//
 	// Example: attempt 1 holds the lease until 2026-11-21T12:00:30.123Z
 	Detail string `json:"detail"`
 
-	// Field `invalid-request`: the request field at fault, as the API names it (e.g. `lease_ms`).
+	// Field `invalid-request`: the request field at fault, as the API names
+	// it (e.g. `lease_ms`), at most 256 characters.
+	//
 	//
 	// Example: lease_ms
 	Field *string `json:"field,omitempty"`
@@ -602,6 +624,7 @@ type Problem struct {
 
 // Readiness A readiness check that failed, with each failed check of each node.
 type Readiness struct {
+	// Failures The failed checks, at most one per check and node.
 	Failures []ReadinessFailure `json:"failures"`
 	Status   ReadinessStatus    `json:"status"`
 }
@@ -623,7 +646,7 @@ type ReadinessFailure struct {
 	// are connected than `IDEMSVC_REDIS_WAIT_REPLICAS`.
 	Check ReadinessFailureCheck `json:"check"`
 
-	// Detail What was found.
+	// Detail What was found, at most 1,024 characters.
 	Detail string `json:"detail"`
 
 	// Node The node as `host:port`.
@@ -658,7 +681,9 @@ type State string
 type StatusRecord struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
 	// new acquisition. Strictly increasing per key, so usable as a fencing
-	// token for the caller's own storage.
+	// token for the caller's own storage. A JSON number: it has no bound of
+	// its own below 2^53 - 1, the largest integer every JSON reader holds
+	// exactly (no `format`: see `.spectral.yaml`).
 	//
 	//
 	// Example: 1
@@ -733,7 +758,9 @@ type StatusRecord struct {
 // take at most 1 MiB (413 beyond), in at most 100 header fields (400
 // `invalid-request` naming `response.headers` beyond).
 type StoredResponse struct {
-	// Body The body, encoded as `body_encoding` says.
+	// Body The body, encoded as `body_encoding` says: at most 1 MiB after
+	// decoding, so at most 1,398,104 characters of base64.
+	//
 	//
 	// Example: {"charge_id":"ch_123"}
 	Body *string `json:"body,omitempty"`

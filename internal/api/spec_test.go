@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package api_test
 
 import (
@@ -7,6 +9,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,7 +52,9 @@ func TestSpecStatesTheDefaultLimits(t *testing.T) {
 		}
 	}
 	// Lengths of strings that may hold any UTF-8 are in bytes, which
-	// maxLength (characters) cannot state: x-max-bytes does.
+	// maxLength (characters) cannot state: x-max-bytes does, and maxLength
+	// beside it bounds validators that count characters (n bytes are at
+	// most n characters).
 	for _, tt := range []struct {
 		field *openapi3.SchemaRef
 		name  string
@@ -60,7 +65,7 @@ func TestSpecStatesTheDefaultLimits(t *testing.T) {
 		{schema("FailRequest").Properties["error"], "error", l.MaxErrorBytes},
 	} {
 		got, _ := tt.field.Value.Extensions["x-max-bytes"].(float64)
-		if int(got) != tt.want || tt.field.Value.MaxLength != nil {
+		if int(got) != tt.want || tt.field.Value.MaxLength == nil || int(*tt.field.Value.MaxLength) != tt.want {
 			t.Errorf("%s: the spec says x-max-bytes %v (maxLength %v), the service %d bytes", tt.name, got, tt.field.Value.MaxLength, tt.want)
 		}
 	}
@@ -173,6 +178,18 @@ func TestSpecGeneratesNaturalClients(t *testing.T) {
 		if got, want := enumStrings(problem.Value.Properties["type"].Value), slices.Sorted(maps.Keys(served)); !slices.Equal(got, want) {
 			t.Errorf("Problem.type's enum is\n%q\nthe service answers with\n%q", got, want)
 		}
+		// code is the kind's name: the last path segment of type.
+		var names []string
+		for _, typ := range slices.Sorted(maps.Keys(served)) {
+			names = append(names, typ[strings.LastIndexByte(typ, '/')+1:])
+		}
+		sort.Strings(names)
+		if problem.Value.Properties["code"] == nil || !slices.Contains(problem.Value.Required, "code") {
+			t.Fatal("Problem.code is missing or optional")
+		}
+		if got := enumStrings(problem.Value.Properties["code"].Value); !slices.Equal(got, names) {
+			t.Errorf("Problem.code's enum is\n%q\nthe service's kinds are\n%q", got, names)
+		}
 		// Each problem response names the kinds it can carry, each one of
 		// the response's status.
 		checked := 0
@@ -185,11 +202,21 @@ func TestSpecGeneratesNaturalClients(t *testing.T) {
 					}
 					where := method + " " + path + " " + code
 					s := c.Schema.Value
-					var kinds []string
+					var kinds, codes []string
 					for _, m := range s.AllOf {
 						if m.Value != problem.Value && m.Value.Properties["type"] != nil {
 							kinds = append(kinds, enumStrings(m.Value.Properties["type"].Value)...)
 						}
+						if m.Value != problem.Value && m.Value.Properties["code"] != nil {
+							codes = append(codes, enumStrings(m.Value.Properties["code"].Value)...)
+						}
+					}
+					var named []string
+					for _, k := range kinds {
+						named = append(named, k[strings.LastIndexByte(k, '/')+1:])
+					}
+					if !slices.Equal(codes, named) {
+						t.Errorf("%s: code narrowed to %q, type to %q", where, codes, kinds)
 					}
 					if len(s.AllOf) == 0 || s.AllOf[0].Value != problem.Value || len(kinds) == 0 {
 						t.Errorf("%s: not a Problem narrowed to its kinds", where)

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package auth maps API keys to the tenants they act for. Keys are never
 // stored: the tenants file holds their SHA-256 digests, a presented key is
 // hashed, found by its digest and compared in constant time.
@@ -11,8 +13,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
+	"slices"
+	"strings"
 	"sync/atomic"
 
 	"go.yaml.in/yaml/v3"
@@ -42,7 +47,13 @@ type tenants struct {
 type key struct {
 	digest    [sha256.Size]byte
 	principal Principal
+	index     int // in its tenant's api_key_sha256
 }
+
+// KeyPrefix starts the API keys the README's recipe makes
+// (idemsvc_ and 64 hex characters): a value with it in the tenants file is
+// a key pasted where its digest belongs, and is refused.
+const KeyPrefix = "idemsvc_"
 
 // file is the tenants file's layout.
 type file struct {
@@ -116,6 +127,11 @@ func Parse(data []byte) (*Keyring, error) {
 			return nil, fmt.Errorf("tenant %q: no api_key_sha256", t.Name)
 		}
 		for j, h := range t.APIKeySHA256 {
+			if strings.HasPrefix(h, KeyPrefix) {
+				// The value is not printed: it is the key itself.
+				return nil, fmt.Errorf("tenant %q: api_key_sha256[%d] is an API key (it starts with %s), not its digest: "+
+					"a SHA-256 digest (64 hex characters) belongs there, never the key: printf %%s \"$KEY\" | sha256sum", t.Name, j, KeyPrefix)
+			}
 			var d [sha256.Size]byte
 			if n, err := hex.Decode(d[:], []byte(h)); err != nil || n != sha256.Size || len(h) != 2*sha256.Size {
 				// The value is not printed: it may be the key itself.
@@ -125,7 +141,7 @@ func Parse(data []byte) (*Keyring, error) {
 			if _, dup := k.lookup(d); dup {
 				return nil, fmt.Errorf("tenant %q: api_key_sha256[%d] is given more than once", t.Name, j)
 			}
-			k.keys = append(k.keys, key{d, Principal{Tenant: t.Name, Admin: t.Admin}})
+			k.keys = append(k.keys, key{d, Principal{Tenant: t.Name, Admin: t.Admin}, j})
 		}
 	}
 	kr := &Keyring{}
@@ -135,6 +151,11 @@ func Parse(data []byte) (*Keyring, error) {
 
 // Replace puts from's tenants in force in k, for every later call.
 func (k *Keyring) Replace(from *Keyring) { k.cur.Store(from.cur.Load()) }
+
+// Tenants lists the tenants of the file, sorted.
+func (k *Keyring) Tenants() []string {
+	return slices.Sorted(maps.Keys(k.cur.Load().names))
+}
 
 // Has reports whether the tenants file lists tenant.
 func (k *Keyring) Has(tenant string) bool { return k.cur.Load().names[tenant] }
@@ -154,19 +175,37 @@ func (k *Keyring) Limits(tenant string) Limits {
 
 // Lookup returns the principal of apiKey, or false for an unknown key.
 func (k *Keyring) Lookup(apiKey string) (Principal, bool) {
-	return k.cur.Load().lookup(sha256.Sum256([]byte(apiKey)))
+	found, ok := k.cur.Load().lookup(sha256.Sum256([]byte(apiKey)))
+	return found.principal, ok
+}
+
+// Pasted reports where the tenants file lists apiKey itself instead of
+// its digest: a key of 64 hex characters (the shape of a digest) pasted
+// into api_key_sha256, or a caller given the digest as its key. Such a
+// key gets 401; the caller of Pasted tells the operator why. Unknown keys
+// only are asked about, after Lookup refused them.
+func (k *Keyring) Pasted(apiKey string) (tenant string, index int, ok bool) {
+	var d [sha256.Size]byte
+	if len(apiKey) != hex.EncodedLen(sha256.Size) {
+		return "", 0, false
+	}
+	if _, err := hex.Decode(d[:], []byte(apiKey)); err != nil {
+		return "", 0, false
+	}
+	found, ok := k.cur.Load().lookup(d)
+	return found.principal.Tenant, found.index, ok
 }
 
 // lookup compares d with every digest in constant time, without stopping
 // at a match: how long it takes tells nothing about which key matched, or
 // how close a wrong one came.
-func (k *tenants) lookup(d [sha256.Size]byte) (Principal, bool) {
-	var found Principal
+func (k *tenants) lookup(d [sha256.Size]byte) (key, bool) {
+	var found key
 	match := 0
 	for i := range k.keys {
 		eq := subtle.ConstantTimeCompare(d[:], k.keys[i].digest[:])
 		if eq == 1 {
-			found = k.keys[i].principal
+			found = k.keys[i]
 		}
 		match |= eq
 	}

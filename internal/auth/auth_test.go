@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package auth
 
 import (
@@ -97,5 +99,45 @@ func TestKeyInPlaceOfDigest(t *testing.T) {
 	}
 	if strings.Contains(err.Error(), apiKey) {
 		t.Errorf("the error prints the value: %v", err)
+	}
+}
+
+// A key of the README's recipe (idemsvc_ and 64 hex characters) where its
+// digest belongs is refused, saying it is a key, without printing it.
+func TestPrefixedKeyInPlaceOfDigest(t *testing.T) {
+	apiKey := KeyPrefix + strings.Repeat("0123456789abcdef", 4)
+	_, err := Parse([]byte("tenants:\n  - name: a\n    api_key_sha256: [\"" + Digest("other") + "\", \"" + apiKey + "\"]\n"))
+	if err == nil || !strings.Contains(err.Error(), "api_key_sha256[1] is an API key") || !strings.Contains(err.Error(), "SHA-256 digest") {
+		t.Fatalf("err = %v; want api_key_sha256[1] named as a key, with a hint", err)
+	}
+	if strings.Contains(err.Error(), apiKey) || strings.Contains(err.Error(), apiKey[len(KeyPrefix):]) {
+		t.Errorf("the error prints the value: %v", err)
+	}
+}
+
+// A key of 64 hex characters has a digest's shape, so the file cannot
+// tell it from one: it is read, its key gets no access, and Pasted finds
+// the entry that holds it when the key is presented. A digest listed as it
+// should be is no paste.
+func TestPastedHexKey(t *testing.T) {
+	pasted := strings.Repeat("9f86d081884c7d65", 4)
+	k, err := Parse([]byte("tenants:\n  - name: a\n    api_key_sha256: [\"" + Digest("a-key") + "\"]\n" +
+		"  - name: b\n    api_key_sha256: [\"" + Digest("b-key") + "\", \"" + pasted + "\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := k.Lookup(pasted); ok {
+		t.Fatal("the pasted key was accepted as a key")
+	}
+	if tenant, index, ok := k.Pasted(pasted); !ok || tenant != "b" || index != 1 {
+		t.Errorf("Pasted = %q, %d, %v; want b, 1, true", tenant, index, ok)
+	}
+	if tenant, _, ok := k.Pasted(strings.ToUpper(pasted)); !ok || tenant != "b" {
+		t.Errorf("Pasted of the key in capitals = %q, %v; want b, true", tenant, ok)
+	}
+	for _, key := range []string{"a-key", "b-key", Digest("a-key")[:63] + "x", strings.Repeat("0", 64)} {
+		if _, _, ok := k.Pasted(key); ok {
+			t.Errorf("Pasted(%q) = true", key)
+		}
 	}
 }

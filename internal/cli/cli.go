@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package cli holds what idemsvc's commands (idemsvc, idemproxy) share
 // around their flags and their container health check.
 package cli

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package clienttest_test
 
 import (
@@ -513,7 +515,8 @@ func TestMiddlewareFailsClosedFast(t *testing.T) {
 	}
 }
 
-// The middleware's own problems carry idemsvc's titles for the same kinds.
+// The middleware's own problems carry idemsvc's titles and codes for the
+// same kinds.
 func TestMiddlewareProblemTitlesAreIdemsvcs(t *testing.T) {
 	t.Parallel()
 	svc := startIdemsvc(t, nil)
@@ -521,7 +524,10 @@ func TestMiddlewareProblemTitlesAreIdemsvcs(t *testing.T) {
 	title := func(body []byte) string {
 		var p idem.Problem
 		_ = json.Unmarshal(body, &p)
-		return p.Title
+		if p.Code == "" {
+			return "no code: " + p.Title
+		}
+		return p.Title + " (" + p.Code + ")"
 	}
 	// idemsvc's own: a fingerprint mismatch and an invalid request.
 	api := c.API()

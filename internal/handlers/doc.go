@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package handlers serves idemsvc's HTTP API (api/openapi.yaml) over a
 // statemachine.Store.
 //

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package handlers_test
 
 import (
@@ -15,6 +17,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
@@ -261,11 +264,21 @@ func requireProblem(t *testing.T, resp *http.Response, body []byte, status int, 
 	if p.Type != problemBase+kind {
 		t.Fatalf("type %q, want %q; body %s", p.Type, problemBase+kind, body)
 	}
+	if p.Code != kind {
+		t.Fatalf("code %q, want %q; body %s", p.Code, kind, body)
+	}
 	if p.Status != status {
 		t.Fatalf("status member %d, want %d", p.Status, status)
 	}
 	if p.Title == "" || p.Detail == "" {
 		t.Fatalf("problem without title or detail: %s", body)
+	}
+	// The bounds api/openapi.yaml states.
+	if n := utf8.RuneCountInString(p.Detail); n > 1024 {
+		t.Fatalf("detail of %d characters, over 1,024", n)
+	}
+	if p.Field != nil && utf8.RuneCountInString(*p.Field) > 256 {
+		t.Fatalf("field of %d characters, over 256", utf8.RuneCountInString(*p.Field))
 	}
 	return p
 }

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package handlers_test
 
 import (
@@ -200,6 +202,8 @@ func TestE2EBadInput(t *testing.T) {
 		{"begin: body not an object", raw("POST", "/v1/begin", json, `[%[1]s]`), 400, "invalid-request", ""},
 		{"begin: null body", raw("POST", "/v1/begin", json, `null`), 400, "invalid-request", ""},
 		{"begin: unknown field", raw("POST", "/v1/begin", json, `{"key":%[1]s,"colour":"red"}`), 400, "invalid-request", "colour"},
+		{"begin: unknown field of 2,000 bytes, clipped", raw("POST", "/v1/begin", json, `{"key":%[1]s,"`+strings.Repeat("c", 2000)+`":1}`),
+			400, "invalid-request", strings.Repeat("c", 255) + "…"},
 		{"begin: field name in another case", raw("POST", "/v1/begin", json, `{"Key":%[1]s}`), 400, "invalid-request", "Key"},
 		{"begin: field name in another case after key", raw("POST", "/v1/begin", json, `{"key":%[1]s,"Lease_ms":1000}`), 400, "invalid-request", "Lease_ms"},
 		{"begin: field given twice", raw("POST", "/v1/begin", json, `{"key":%[1]s,"key":%[2]s}`), 400, "invalid-request", "key"},

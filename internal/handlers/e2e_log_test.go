@@ -1,9 +1,12 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package handlers_test
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -13,6 +16,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -170,5 +174,51 @@ func TestE2EClientGoneIsLoggedAtInfo(t *testing.T) {
 	}
 	if line == nil || line["level"] != "INFO" || line["outcome"] != "client-gone" || line["status"] != float64(499) || line["error"] != nil {
 		t.Errorf("log line %v, want INFO, outcome client-gone, status 499, no error", line)
+	}
+}
+
+// A key of 64 hex characters pasted into the tenants file where its digest
+// belongs gets 401, and the log says so once, naming the tenant and the
+// entry, with what belongs there: never the key.
+func TestE2EPastedKeyIsReported(t *testing.T) {
+	t.Parallel()
+	pasted := strings.Repeat("0a1b2c3d4e5f6789", 4)
+	keyring, err := auth.Parse([]byte("tenants:\n  - name: payments\n    api_key_sha256: [\"" + auth.Digest(keyPayments) + "\", \"" + pasted + "\"]\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logLines{}
+	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()),
+		Keyring: keyring, Logger: slog.New(slog.NewJSONHandler(logs, nil))})
+	for range 3 {
+		resp, _ := e.raw(t, http.MethodPost, "/v1/begin", "application/json", strings.NewReader(`{"key":"pasted"}`), "Authorization", "Bearer "+pasted)
+		if resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("the pasted key: %d, want 401", resp.StatusCode)
+		}
+	}
+	// Another wrong key is not reported.
+	if resp, _ := e.raw(t, http.MethodPost, "/v1/begin", "application/json", strings.NewReader(`{"key":"pasted"}`), "Authorization", "Bearer "+strings.Repeat("f", 64)); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("a wrong key: %d, want 401", resp.StatusCode)
+	}
+	logs.mu.Lock()
+	out := logs.buf.String()
+	logs.mu.Unlock()
+	var reports []map[string]any
+	for _, line := range strings.Split(out, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["entry"] != nil {
+			reports = append(reports, m)
+		}
+	}
+	if len(reports) != 1 {
+		t.Fatalf("%d reports, want 1:\n%s", len(reports), out)
+	}
+	r := reports[0]
+	if r["level"] != "ERROR" || r["tenant"] != "payments" || r["entry"] != "api_key_sha256[1]" ||
+		!strings.Contains(fmt.Sprint(r["hint"]), "SHA-256 digest") {
+		t.Errorf("report %v: want an error naming payments' api_key_sha256[1], with a hint", r)
+	}
+	if strings.Contains(out, pasted) {
+		t.Errorf("the log holds the key:\n%s", out)
 	}
 }

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package handlers
 
 import (
@@ -5,6 +7,7 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/go-chi/chi/v5"
@@ -103,6 +106,9 @@ type Service struct {
 	minClientRate     int64
 	trustedProxies    []netip.Prefix
 	handler           http.Handler
+	// pasted holds the tenants file's entries already reported as an API
+	// key where its digest belongs (tenant and index), each once.
+	pasted sync.Map
 }
 
 var _ api.StrictServerInterface = (*Service)(nil)
@@ -157,6 +163,9 @@ func New(cfg Config) *Service {
 	}
 	if cfg.Limiter != nil {
 		cfg.Registry.MustRegister(cfg.Limiter)
+		if cfg.Keyring != nil {
+			cfg.Limiter.Known(cfg.Keyring.Tenants()...)
+		}
 	}
 	if cfg.Tracer != nil {
 		s.tracer = cfg.Tracer.Tracer("github.com/idemsvc/idemsvc/internal/handlers")
@@ -197,6 +206,15 @@ func New(cfg Config) *Service {
 		ErrorHandlerFunc: requestError,
 	})
 	s.handler = r
+	// Error counters exist from the start, at zero, so that an alert on
+	// their rate sees the first burst: every route by each kind of store
+	// error.
+	_ = chi.Walk(r, func(_, route string, _ http.Handler, _ ...func(http.Handler) http.Handler) error {
+		for _, kind := range []string{kindStoreUnavailable.name, kindInternal.name} {
+			s.metrics.storeErrors.WithLabelValues(route, kind)
+		}
+		return nil
+	})
 	return s
 }
 

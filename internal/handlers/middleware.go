@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package handlers
 
 import (
@@ -5,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"log/slog"
 	"mime"
 	"net"
@@ -226,12 +229,16 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
-		key, ok := bearer(headerValue(r.Header, "Authorization"))
-		if ok {
+		key, given := bearer(headerValue(r.Header, "Authorization"))
+		ok := false
+		if given {
 			info.principal, ok = s.keyring.Lookup(key)
 			info.tenants = s.keyring
 		}
 		if !ok {
+			if given {
+				s.reportPasted(key)
+			}
 			// The tenant a refused call names in its query, if any, for
 			// the log (a body is not read for a call refused here).
 			if named := r.URL.Query().Get("tenant"); auth.ValidTenantName(named) {
@@ -243,6 +250,29 @@ func (s *Service) authenticate(next http.Handler) http.Handler {
 		info.authenticated = true
 		next.ServeHTTP(w, r)
 	})
+}
+
+// reportPasted logs, once per entry, that the tenants file lists apiKey,
+// a key refused, itself instead of its digest (or that the caller was
+// given the digest instead of the key): the key gets 401, and the operator
+// learns why and what to put there. Neither the key nor the entry's value
+// is logged.
+func (s *Service) reportPasted(apiKey string) {
+	tenant, index, ok := s.keyring.Pasted(apiKey)
+	if !ok {
+		return
+	}
+	type entry struct {
+		tenant string
+		index  int
+	}
+	if _, seen := s.pasted.LoadOrStore(entry{tenant, index}, true); seen {
+		return
+	}
+	s.log.Error("tenants file: a caller presented as its API key the value the entry lists, and got 401: "+
+		"the key was pasted where its digest belongs, or the caller holds the digest instead of the key",
+		slog.String("tenant", tenant), slog.String("entry", fmt.Sprintf("api_key_sha256[%d]", index)),
+		slog.String("hint", `list the key's SHA-256 digest (64 hex characters), never the key: printf %s "$KEY" | sha256sum`))
 }
 
 // client is the address of the request's client, and of the proxy it

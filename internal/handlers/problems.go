@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package handlers
 
 import (
@@ -7,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
@@ -178,9 +181,10 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	}
 	p := api.Problem{
 		Type:   ProblemBaseURI + kind.name,
+		Code:   kind.name,
 		Title:  kind.title,
 		Status: kind.status,
-		Detail: detail,
+		Detail: clip(detail, maxDetailChars),
 	}
 	h := w.Header()
 	var invalid *statemachine.InvalidError
@@ -190,7 +194,8 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	case errors.As(err, &limit):
 		h.Set("Retry-After", limitRetryAfter(limit))
 	case errors.As(err, &invalid) && invalid.Field != "":
-		p.Field = &invalid.Field
+		field := clip(invalid.Field, maxFieldChars)
+		p.Field = &field
 	case errors.As(err, &inProgress):
 		p.Attempt = &inProgress.Attempt
 		expires := api.NewMilliTime(inProgress.LeaseExpiresAt)
@@ -210,6 +215,29 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	h.Set("Content-Type", "application/problem+json")
 	w.WriteHeader(kind.status)
 	_ = json.NewEncoder(w).Encode(p) // the client went away; nothing else to do
+}
+
+// The longest detail and field a problem carries, in characters, as
+// api/openapi.yaml states: a detail may quote a field name the caller
+// sent, of any length.
+const (
+	maxDetailChars = 1024
+	maxFieldChars  = 256
+)
+
+// clip is s cut to at most n characters, ending in "…" when cut.
+func clip(s string, n int) string {
+	if len(s) <= n { // n bytes are at most n characters
+		return s
+	}
+	chars := 0
+	for i := range s {
+		if chars == n-1 {
+			return strings.ToValidUTF8(s[:i], "") + "…"
+		}
+		chars++
+	}
+	return s
 }
 
 // wholeSeconds is d in whole seconds, rounded up, at least 1.

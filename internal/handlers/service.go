@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 package handlers
 
 import (
@@ -382,7 +384,7 @@ func (s *Service) Readyz(ctx context.Context, _ api.ReadyzRequestObject) (api.Re
 	out := api.Readyz503JSONResponse{Status: api.ReadinessStatusUnavailable,
 		Failures: make([]api.ReadinessFailure, len(failures))}
 	for i, f := range failures {
-		out.Failures[i] = api.ReadinessFailure{Check: api.ReadinessFailureCheck(f.Check), Node: f.Node, Detail: f.Detail}
+		out.Failures[i] = api.ReadinessFailure{Check: api.ReadinessFailureCheck(f.Check), Node: f.Node, Detail: clip(f.Detail, maxDetailChars)}
 	}
 	return out, nil
 }

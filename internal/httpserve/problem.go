@@ -30,10 +30,11 @@ func ConnectionProblem(status int, detail string) []byte {
 	}
 	body, _ := json.Marshal(struct {
 		Type   string `json:"type"`
+		Code   string `json:"code"`
 		Title  string `json:"title"`
 		Status int    `json:"status"`
 		Detail string `json:"detail"`
-	}{problemBaseURI + kind, title, status, detail})
+	}{problemBaseURI + kind, kind, title, status, detail})
 	return fmt.Appendf(nil, "HTTP/1.1 %d %s\r\nCache-Control: no-store\r\nConnection: close\r\n"+
 		"Content-Length: %d\r\nContent-Type: application/problem+json\r\n%s\r\n%s", status, http.StatusText(status), len(body), retry, body)
 }

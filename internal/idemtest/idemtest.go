@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package idemtest is the kit that idemsvc's tests share: idemsvc served
 // in process on a real loopback port, the stores to run against, tenants
 // files, polling, and reading a metric. It is for tests only.

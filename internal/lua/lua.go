@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package lua holds the Redis scripts that make up idemsvc's state machine.
 //
 // Each transition is one .lua file that opens with its contract (KEYS, ARGV,

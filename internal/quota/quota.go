@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package quota enforces the tenants' limits at begin: the begin rate and
 // burst, the stored-bytes budget, the concurrent waiters and the attempts
 // held at once (in_progress). Over Redis
@@ -103,6 +105,9 @@ type Limiter interface {
 	// past MaxTenantLabels tenants. The handlers' series use it too, so
 	// that a tenant has the same label in all of them.
 	TenantLabel(tenant string) string
+	// Known creates the rejection counters of tenants at zero, so that a
+	// rate over them sees the first rejection.
+	Known(tenants ...string)
 	// Close stops the background flushes and flushes what is pending.
 	Close()
 	// Collector exports idemsvc_limit_rejections_total{tenant,limit} and
@@ -265,6 +270,16 @@ func (l *limiter) tenant(name string) *tenantState {
 	}
 	ts, _ := l.tenants.LoadOrStore(name, &tenantState{rateLock: make(chan struct{}, 1), labels: l.metrics.forTenant(name)})
 	return ts.(*tenantState)
+}
+
+// Known implements Limiter. Only the counters are made: a tenant's state,
+// and its stored bytes, wait for its first call.
+func (l *limiter) Known(tenants ...string) {
+	for _, t := range tenants {
+		for _, limit := range []string{LimitRate, LimitStoredBytes, LimitWaiters} {
+			l.metrics.rejections.WithLabelValues(t, limit)
+		}
+	}
 }
 
 // Describe implements prometheus.Collector.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package redistest gives tests real Redis servers: standalone servers,
 // Redis Clusters of three masters with one replica each, and Sentinel
 // setups of a master, a replica and three Sentinels. NewClusterWith and

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package robustness checks idemsvc's promise under faults, in the manner
 // of etcd's robustness tests: real Redis topologies (standalone with and
 // without an fsynced append-only file, Sentinel, a 3+3 Cluster) started by

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package statemachine is idemsvc's domain: the record kept per (tenant,
 // key), its states, and the transitions that move it.
 //

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package testpki makes the certificates of TLS tests at run time: a
 // certificate authority and the server and client certificates it signs,
 // as Go values and as PEM files. No key is ever committed.

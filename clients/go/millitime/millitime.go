@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package millitime is the instant of idemsvc's API: RFC 3339 in UTC with
 // millisecond precision. The Go client and the service share it; it
 // depends on the standard library only.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 import { randomBytes } from 'node:crypto';
 import { doOnce, type DoOptions, type DoResult, type Operation } from './do.js';
 import { IdemError, problemOf, type Problem } from './errors.js';
@@ -308,6 +310,7 @@ async function errorOf(op: string, res: Response): Promise<IdemError> {
     ...problemOf('internal', 'an answer idemsvc does not document', res.status),
     title: res.statusText || `HTTP ${res.status}`,
     type: '' as Problem['type'],
+    code: '' as Problem['code'],
   };
   const seconds = Number(res.headers.get('retry-after') ?? '');
   const retryAfterMs = Number.isInteger(seconds) && seconds > 0 ? seconds * 1000 : undefined;

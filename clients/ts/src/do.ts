@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 import type { BeginAcquired, BeginReplay, IdemClient } from './client.js';
 import { backoff, newOwner, sleep } from './client.js';
 import { IdemError, isIdemError, problemOf, terminalOf, TerminalFailure } from './errors.js';

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 import type { IdemResponse } from './response.js';
 import type { components } from './schema.js';
 
@@ -70,6 +72,11 @@ function kindOfStatus(status: number): ProblemKind {
   }
 }
 
+/** The problem kind a problem's `code` names; undefined without one (an idemsvc older than codes). */
+function kindOfCode(code: string | undefined): ProblemKind | undefined {
+  return typeof code === 'string' && isKind(code) ? code : undefined;
+}
+
 /**
  * The problem kind named by a problem's `type`: its last path segment, as
  * the contract says; undefined for a URI that names no kind.
@@ -104,7 +111,7 @@ export class IdemError extends Error {
     this.op = op;
     this.status = status;
     this.problem = problem;
-    this.kind = kindOfType(problem.type) ?? kindOfStatus(status);
+    this.kind = kindOfCode(problem.code) ?? kindOfType(problem.type) ?? kindOfStatus(status);
     this.retryAfterMs = retryAfterMs;
   }
 }
@@ -116,7 +123,7 @@ export function isIdemError(err: unknown, ...kinds: ProblemKind[]): err is IdemE
 
 /** A problem of kind with detail, shaped as idemsvc writes them. */
 export function problemOf(kind: ProblemKind, detail: string, status: number = PROBLEM_KINDS[kind].status): Problem {
-  return { type: `${PROBLEM_TYPE_PREFIX}${kind}` as Problem['type'], title: PROBLEM_KINDS[kind].title, status, detail };
+  return { type: `${PROBLEM_TYPE_PREFIX}${kind}` as Problem['type'], code: kind, title: PROBLEM_KINDS[kind].title, status, detail };
 }
 
 const TERMINAL = Symbol.for('@idemsvc/client.Terminal');

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 /**
  * Express middleware that makes routes idempotent per the Idempotency-Key
  * header draft; see {@link idempotency}.

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 /**
  * The TypeScript client of idemsvc, the idempotency service: it makes an
  * operation run at most once per idempotency key and replays the stored

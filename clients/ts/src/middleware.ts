@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The behaviour the Express middleware and the Fastify plugin share, as
 // the Go SDK's middleware has it (clients/go/middleware.go): the key
 // header's parsing, the fingerprint, the answers the middleware writes
@@ -460,7 +462,7 @@ export function problemAnswer(kind: ProblemKind, detail: string, retryAfterSecon
   if (retryAfterSeconds > 0) headers['Retry-After'] = String(retryAfterSeconds);
   // encoding/json's field order and escapes, and its trailing newline.
   const body =
-    JSON.stringify({ detail, status, title, type: PROBLEM_TYPE_PREFIX + kind }).replace(
+    JSON.stringify({ code: kind, detail, status, title, type: PROBLEM_TYPE_PREFIX + kind }).replace(
       /[<>&\u2028\u2029]/g,
       (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`,
     ) + '\n';

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 import type { components } from './schema.js';
 
 /** A response as the API stores it: a text body, or a binary one in base64. */

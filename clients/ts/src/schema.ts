@@ -275,16 +275,20 @@ export interface components {
         /**
          * @description The attempt number: 1 for the first acquisition of a key, + 1 on every
          *     new acquisition. Strictly increasing per key, so usable as a fencing
-         *     token for the caller's own storage.
+         *     token for the caller's own storage. A JSON number: it has no bound of
+         *     its own below 2^53 - 1, the largest integer every JSON reader holds
+         *     exactly (no `format`: see `.spectral.yaml`).
          * @example 1
          */
         Attempt: number;
         /**
+         * Format: int32
          * @description The length of the lease in milliseconds. Default 30000.
          * @example 30000
          */
         LeaseMs: number;
         /**
+         * Format: int32
          * @description How long the record lives after its last transition, in seconds. Default 86400.
          * @example 86400
          */
@@ -320,6 +324,7 @@ export interface components {
          */
         StoredResponse: {
             /**
+             * Format: int32
              * @description The HTTP status code of the response.
              * @example 201
              */
@@ -337,7 +342,8 @@ export interface components {
                 [key: string]: string;
             };
             /**
-             * @description The body, encoded as `body_encoding` says.
+             * @description The body, encoded as `body_encoding` says: at most 1 MiB after
+             *     decoding, so at most 1,398,104 characters of base64.
              * @example {"charge_id":"ch_123"}
              */
             body?: string;
@@ -348,8 +354,9 @@ export interface components {
             /**
              * @description A digest of the request payload, at most 256 bytes of UTF-8 (a
              *     byte count, which JSON Schema's maxLength, counting characters,
-             *     cannot state; longer gets 400). A later begin with a different
-             *     fingerprint gets 422.
+             *     cannot state; longer gets 400; `maxLength`, the same number,
+             *     bounds it for validators that count characters). A later begin
+             *     with a different fingerprint gets 422.
              * @example sha256:9f86d081884c7d65
              */
             fingerprint?: string;
@@ -363,6 +370,7 @@ export interface components {
             lease_ms?: components["schemas"]["LeaseMs"];
             retention_s?: components["schemas"]["RetentionS"];
             /**
+             * Format: int32
              * @description How long to wait, in milliseconds, for an attempt in progress to
              *     finish before answering 409. Default 0 (answer at once).
              * @example 0
@@ -480,7 +488,7 @@ export interface components {
         };
         /** @description One page of a listing of records. */
         KeyList: {
-            /** @description The records of the page, without their responses. */
+            /** @description The records of the page (at most `limit`), without their responses. */
             items: components["schemas"]["StatusRecord"][];
             /** @description Present while more records may remain; pass it as `cursor` for the next page. */
             next_cursor?: string;
@@ -494,6 +502,7 @@ export interface components {
         Readiness: {
             /** @enum {string} */
             status: "unavailable";
+            /** @description The failed checks, at most one per check and node. */
             failures: components["schemas"]["ReadinessFailure"][];
         };
         /** @description One failed check of one Redis node. */
@@ -514,7 +523,7 @@ export interface components {
             check: "reachable" | "auth" | "permissions" | "writable" | "reserve" | "eviction_policy" | "replicas";
             /** @description The node as `host:port`. */
             node: string;
-            /** @description What was found. */
+            /** @description What was found, at most 1,024 characters. */
             detail: string;
         };
         /**
@@ -552,17 +561,25 @@ export interface components {
              */
             type: "https://idemsvc.dev/problems/invalid-request" | "https://idemsvc.dev/problems/unauthorized" | "https://idemsvc.dev/problems/forbidden" | "https://idemsvc.dev/problems/not-found" | "https://idemsvc.dev/problems/method-not-allowed" | "https://idemsvc.dev/problems/unsupported-media-type" | "https://idemsvc.dev/problems/too-large" | "https://idemsvc.dev/problems/in-progress" | "https://idemsvc.dev/problems/lease-lost" | "https://idemsvc.dev/problems/fingerprint-mismatch" | "https://idemsvc.dev/problems/rate-limited" | "https://idemsvc.dev/problems/quota-exceeded" | "https://idemsvc.dev/problems/store-unavailable" | "https://idemsvc.dev/problems/internal";
             /**
+             * @description The kind's name, the last path segment of `type`, for clients
+             *     that read a member rather than a URI.
+             * @example in-progress
+             * @enum {string}
+             */
+            code: "invalid-request" | "unauthorized" | "forbidden" | "not-found" | "method-not-allowed" | "unsupported-media-type" | "too-large" | "in-progress" | "lease-lost" | "fingerprint-mismatch" | "rate-limited" | "quota-exceeded" | "store-unavailable" | "internal";
+            /**
              * @description A short summary of the kind of problem; the same for every occurrence of a kind.
              * @example In progress
              */
             title: string;
             /**
+             * Format: int32
              * @description The HTTP status code.
              * @example 409
              */
             status: number;
             /**
-             * @description An explanation of this occurrence.
+             * @description An explanation of this occurrence, at most 1,024 characters.
              * @example attempt 1 holds the lease until 2026-11-21T12:00:30.123Z
              */
             detail: string;
@@ -572,7 +589,8 @@ export interface components {
              */
             instance?: string;
             /**
-             * @description `invalid-request`: the request field at fault, as the API names it (e.g. `lease_ms`).
+             * @description `invalid-request`: the request field at fault, as the API names
+             *     it (e.g. `lease_ms`), at most 256 characters.
              * @example lease_ms
              */
             field?: string;
@@ -595,6 +613,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/invalid-request",
+                 *       "code": "invalid-request",
                  *       "title": "Invalid request",
                  *       "status": 400,
                  *       "detail": "key: must be 1 to 255 bytes of visible ASCII",
@@ -604,6 +623,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/invalid-request";
+                    /** @enum {string} */
+                    code: "invalid-request";
                 };
             };
         };
@@ -617,6 +638,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/unauthorized",
+                 *       "code": "unauthorized",
                  *       "title": "Unauthorized",
                  *       "status": 401,
                  *       "detail": "a valid API key is required"
@@ -625,6 +647,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/unauthorized";
+                    /** @enum {string} */
+                    code: "unauthorized";
                 };
             };
         };
@@ -637,6 +661,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/forbidden",
+                 *       "code": "forbidden",
                  *       "title": "Forbidden",
                  *       "status": 403,
                  *       "detail": "this API key may not act for tenant \"ops\""
@@ -645,6 +670,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/forbidden";
+                    /** @enum {string} */
+                    code: "forbidden";
                 };
             };
         };
@@ -660,6 +687,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/not-found",
+                 *       "code": "not-found",
                  *       "title": "Not found",
                  *       "status": 404,
                  *       "detail": "no record for this key"
@@ -668,6 +696,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/not-found";
+                    /** @enum {string} */
+                    code: "not-found";
                 };
             };
         };
@@ -688,6 +718,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/in-progress",
+                 *       "code": "in-progress",
                  *       "title": "In progress",
                  *       "status": 409,
                  *       "detail": "attempt 1 holds the lease until 2026-11-21T12:00:30.123Z",
@@ -698,6 +729,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/in-progress";
+                    /** @enum {string} */
+                    code: "in-progress";
                     attempt: components["schemas"]["Attempt"];
                     lease_expires_at: components["schemas"]["Timestamp"];
                 };
@@ -715,6 +748,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/lease-lost",
+                 *       "code": "lease-lost",
                  *       "title": "Lease lost",
                  *       "status": 409,
                  *       "detail": "the lease token is not the current attempt's"
@@ -723,6 +757,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/lease-lost";
+                    /** @enum {string} */
+                    code: "lease-lost";
                 };
             };
         };
@@ -739,6 +775,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/too-large",
+                 *       "code": "too-large",
                  *       "title": "Too large",
                  *       "status": 413,
                  *       "detail": "the response is 1572864 bytes, over the limit of 1048576"
@@ -747,6 +784,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/too-large";
+                    /** @enum {string} */
+                    code: "too-large";
                 };
             };
         };
@@ -759,6 +798,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/unsupported-media-type",
+                 *       "code": "unsupported-media-type",
                  *       "title": "Unsupported media type",
                  *       "status": 415,
                  *       "detail": "the request body must be application/json"
@@ -767,6 +807,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/unsupported-media-type";
+                    /** @enum {string} */
+                    code: "unsupported-media-type";
                 };
             };
         };
@@ -782,6 +824,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/fingerprint-mismatch",
+                 *       "code": "fingerprint-mismatch",
                  *       "title": "Fingerprint mismatch",
                  *       "status": 422,
                  *       "detail": "the key was used with a different fingerprint"
@@ -790,6 +833,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/fingerprint-mismatch";
+                    /** @enum {string} */
+                    code: "fingerprint-mismatch";
                 };
             };
         };
@@ -812,6 +857,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/rate-limited" | "https://idemsvc.dev/problems/quota-exceeded";
+                    /** @enum {string} */
+                    code: "rate-limited" | "quota-exceeded";
                 };
             };
         };
@@ -839,6 +886,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/store-unavailable",
+                 *       "code": "store-unavailable",
                  *       "title": "Store unavailable",
                  *       "status": 503,
                  *       "detail": "the store did not answer in time"
@@ -847,6 +895,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/store-unavailable";
+                    /** @enum {string} */
+                    code: "store-unavailable";
                 };
             };
         };
@@ -859,6 +909,7 @@ export interface components {
                 /**
                  * @example {
                  *       "type": "https://idemsvc.dev/problems/internal",
+                 *       "code": "internal",
                  *       "title": "Internal error",
                  *       "status": 500,
                  *       "detail": "an internal error occurred"
@@ -867,6 +918,8 @@ export interface components {
                 "application/problem+json": components["schemas"]["Problem"] & {
                     /** @enum {string} */
                     type: "https://idemsvc.dev/problems/internal";
+                    /** @enum {string} */
+                    code: "internal";
                 };
             };
         };
@@ -895,7 +948,7 @@ export interface components {
         RetryAfter: number;
         /**
          * @description The authentication scheme to use.
-         * @example Bearer
+         * @example Bearer realm="idemsvc"
          */
         WWWAuthenticate: string;
     };

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // IdemClient against a real idemsvc, on its in-memory store and on Redis.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
@@ -49,6 +51,7 @@ for (const store of stores) {
       const err = await idem.begin({ key }).then(() => assert.fail('acquired a held key'), (e) => e);
       assert.ok(err instanceof IdemError);
       assert.equal(err.kind, 'in-progress');
+      assert.equal(err.problem.code, 'in-progress');
       assert.equal(err.status, 409);
       assert.equal(err.problem.attempt, 1);
       assert.equal(err.problem.lease_expires_at, first.lease_expires_at);

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The shared middleware conformance suite (conformance/cases.json, its
 // format in conformance/README.md), run against an entry point in front of
 // the conformance app, with a real idemsvc behind it.
@@ -96,6 +98,7 @@ function check(i, want, got, answers) {
     assert.equal(got.headers['content-type'], 'application/problem+json', `${where}: content type`);
     const problem = JSON.parse(got.body.toString());
     assert.ok(problem.type.endsWith(`/problems/${want.problem}`), `${where}: problem ${problem.type}`);
+    assert.equal(problem.code, want.problem, `${where}: problem code`);
     assert.equal(problem.status, got.status, `${where}: problem status`);
   }
   if (want.retry_after_max !== undefined) {

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // doOnce against a real idemsvc, on its in-memory store and on Redis.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The Express middleware: the shared conformance suite in front of the
 // conformance app, then what Express users rely on besides.
 import assert from 'node:assert/strict';
@@ -325,7 +327,7 @@ describe('Express middleware', () => {
       assert.equal(res.headers.get('content-type'), 'application/problem+json');
       assert.equal(
         await res.text(),
-        '{"detail":"the Idempotency-Key header is required","status":400,"title":"Invalid request","type":"https://idemsvc.dev/problems/invalid-request"}\n',
+        '{"code":"invalid-request","detail":"the Idempotency-Key header is required","status":400,"title":"Invalid request","type":"https://idemsvc.dev/problems/invalid-request"}\n',
       );
     } finally {
       await server.close();

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The Fastify plugin: the shared conformance suite in front of the
 // conformance app (written on Fastify's reply, as the plugin sees only
 // replies sent through Fastify), then what Fastify users rely on besides.

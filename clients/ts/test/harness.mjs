@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Real parts for the tests: an idemsvc binary built from this repository,
 // and Redis servers on free loopback ports. Every process started here is
 // killed by its own PID when the test file ends.

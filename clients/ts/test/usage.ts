@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Compiled with tsc --strict --noEmit (npm run typecheck), never run: the
 // package's types read as a TypeScript user expects. Optional request
 // fields are optional, integers are numbers, problem kinds are string

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Command kubeschemas writes the JSON schemas kubeconform validates
 // Kubernetes objects with, one file per kind, from Kubernetes' own OpenAPI
 // document (api/openapi-spec/swagger.json of the k8s.io/kubernetes Go

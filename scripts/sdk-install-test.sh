@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The README's "Installing the SDKs", tried as a new user would: each SDK
+# is installed into a scratch project in a temporary folder by the
+# README's own commands (the shell blocks after <!-- install: go --> and
+# <!-- install: ts -->, run as they are, with IDEMSVC the checkout), the
+# project is built, and it runs a begin, a complete and a replay against
+# an idemsvc built from the checkout, on its in-memory store. Run by
+# scripts/test.sh (make test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export IDEMSVC=$PWD
+
+work=$(mktemp -d)
+idemsvc_pid=""
+cleanup() {
+  if [ -n "$idemsvc_pid" ]; then
+    kill "$idemsvc_pid" 2>/dev/null || true
+    wait "$idemsvc_pid" 2>/dev/null || true
+  fi
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+# readme_block NAME: the shell block of README.md marked <!-- install: NAME -->.
+readme_block() {
+  awk -v mark="<!-- install: $1 -->" '
+    $0 == mark { found = 1; next }
+    found && !open && /^```sh$/ { open = 1; next }
+    open && /^```$/ { exit }
+    open { print }' README.md
+}
+
+# run_block NAME DIR: the block run in DIR by bash, stopping at the first
+# failing command, as a reader pasting it would see it fail.
+run_block() {
+  local commands
+  commands=$(readme_block "$1")
+  if [ -z "$commands" ]; then
+    echo "README.md has no block marked <!-- install: $1 -->" >&2
+    exit 1
+  fi
+  echo "== $1: the README's commands, in a scratch project:"
+  sed 's/^/   /' <<<"$commands"
+  (cd "$2" && bash -euo pipefail -c "$commands")
+}
+
+# check NAME OUTPUT: the scratch program's output says it acquired,
+# completed and then got the stored answer back.
+check() {
+  local want="acquired attempt 1
+completed
+replayed 201 {\"charge\":\"ch_1\"}"
+  if [ "$2" != "$want" ]; then
+    printf '%s: the scratch program printed:\n%s\nwant:\n%s\n' "$1" "$2" "$want" >&2
+    exit 1
+  fi
+  echo "$1: begin, complete and replay through the installed SDK: ok"
+}
+
+# idemsvc, from the checkout, on a free loopback port (memory store, no
+# tenants: development mode).
+go build -o "$work/idemsvc" ./cmd/idemsvc
+IDEMSVC_LISTEN=127.0.0.1:0 "$work/idemsvc" 2>"$work/idemsvc.log" &
+idemsvc_pid=$!
+addr=""
+for _ in $(seq 100); do
+  addr=$(sed -n 's/.*"msg":"listening","addr":"\([^"]*\)".*/\1/p' "$work/idemsvc.log")
+  [ -n "$addr" ] && break
+  kill -0 "$idemsvc_pid" 2>/dev/null || break
+  sleep 0.1
+done
+if [ -z "$addr" ]; then
+  echo "idemsvc did not come up:" >&2
+  cat "$work/idemsvc.log" >&2
+  exit 1
+fi
+export IDEMSVC_URL=http://$addr
+
+# The Go SDK. The scratch module is outside any workspace: GOWORK=off keeps
+# a GOWORK of the caller's environment out.
+mkdir "$work/go"
+(cd "$work/go" && go mod init example.com/scratch >/dev/null 2>&1)
+cat >"$work/go/main.go" <<'EOF'
+package main
+
+import (
+	"context"
+	"fmt"
+	"log"
+	"os"
+
+	idem "github.com/idemsvc/idemsvc/clients/go"
+)
+
+func main() {
+	ctx := context.Background()
+	client, err := idem.New(os.Getenv("IDEMSVC_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	key := "install-go/" + os.Getenv("RUN")
+	first, err := client.Begin(ctx, idem.BeginParams{Key: key})
+	if err != nil || first.Lease == nil {
+		log.Fatalf("begin: %+v, %v", first, err)
+	}
+	fmt.Println("acquired attempt", first.Lease.Attempt)
+	if _, err := client.Complete(ctx, key, first.Lease.LeaseToken,
+		idem.Response{StatusCode: 201, Body: []byte(`{"charge":"ch_1"}`)}, 0); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("completed")
+	again, err := client.Begin(ctx, idem.BeginParams{Key: key})
+	if err != nil || again.Replay == nil {
+		log.Fatalf("begin again: %+v, %v", again, err)
+	}
+	stored, err := again.Replay.Response.Decode()
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("replayed", stored.StatusCode, string(stored.Body))
+}
+EOF
+GOWORK=off run_block go "$work/go"
+(cd "$work/go" && GOWORK=off go build -o scratch .)
+check "Go SDK" "$(RUN=$$ "$work/go/scratch")"
+
+# The TypeScript SDK.
+mkdir "$work/ts"
+(cd "$work/ts" && npm init -y >/dev/null)
+cat >"$work/ts/index.mjs" <<'EOF'
+import { IdemClient, decodeResponse } from '@idemsvc/client';
+
+const idem = new IdemClient({ baseUrl: process.env.IDEMSVC_URL });
+const key = `install-ts/${process.env.RUN}`;
+const first = await idem.begin({ key });
+if (first.status !== 'acquired') throw new Error(`begin: ${JSON.stringify(first)}`);
+console.log('acquired attempt', first.attempt);
+await idem.complete({ key, lease_token: first.lease_token, response: { status_code: 201, body: '{"charge":"ch_1"}' } });
+console.log('completed');
+const again = await idem.begin({ key });
+if (again.status !== 'completed') throw new Error(`begin again: ${JSON.stringify(again)}`);
+const stored = decodeResponse(again.response);
+console.log('replayed', stored.statusCode, Buffer.from(stored.body).toString());
+EOF
+run_block ts "$work/ts"
+check "TypeScript SDK" "$(cd "$work/ts" && RUN=$$ node index.mjs)"
