@@ -161,7 +161,8 @@ class AsyncClient:
 
     async def begin(self, key: str, *, fingerprint: str | None = None, owner: str | None = None,
                     lease_ms: int | None = None, retention_s: int | None = None, wait_ms: int | None = None,
-                    budget: float | None = None, request_id: str | None = None) -> Acquired | Replay:
+                    budget: float | None = None, timeout: float | None = None,
+              request_id: str | None = None) -> Acquired | Replay:
         payload: dict[str, Any] = {"key": key, "owner": owner or new_owner()}
         if fingerprint:
             payload["fingerprint"] = fingerprint
@@ -172,7 +173,7 @@ class AsyncClient:
         if wait_ms:
             payload["wait_ms"] = wait_ms
         status, body = await self._call("begin", "POST", "/v1/begin", payload,
-                                        timeout=self.call_timeout + (wait_ms or 0) / 1000, budget=budget,
+                                        timeout=timeout or self.call_timeout + (wait_ms or 0) / 1000, budget=budget,
                                         request_id=request_id)
         return begin_result(status, body)
 

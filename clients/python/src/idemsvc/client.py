@@ -266,7 +266,8 @@ class Client:
 
     def begin(self, key: str, *, fingerprint: str | None = None, owner: str | None = None,
               lease_ms: int | None = None, retention_s: int | None = None, wait_ms: int | None = None,
-              budget: float | None = None, request_id: str | None = None) -> Acquired | Replay:
+              budget: float | None = None, timeout: float | None = None,
+              request_id: str | None = None) -> Acquired | Replay:
         """Starts an attempt for key. A key in progress elsewhere raises
         :class:`~idemsvc.errors.InProgress`. Without an owner, one is made up,
         so that the call's own retries get the lease it may have been given."""
@@ -280,7 +281,7 @@ class Client:
         if wait_ms:
             payload["wait_ms"] = wait_ms
         status, body = self._call("begin", "POST", "/v1/begin", payload,
-                                  timeout=self.call_timeout + (wait_ms or 0) / 1000, budget=budget,
+                                  timeout=timeout or self.call_timeout + (wait_ms or 0) / 1000, budget=budget,
                                   request_id=request_id)
         return begin_result(status, body)
 
