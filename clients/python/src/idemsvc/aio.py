@@ -35,7 +35,7 @@ if httpx is not None:
 
 class _Transport(Protocol):
     async def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
-                      timeout: float) -> tuple[int, Mapping[str, str], bytes]: ...
+                      timeout: float) -> tuple[int, Any, bytes]: ...
 
     async def aclose(self) -> None: ...
 
@@ -49,7 +49,7 @@ class _HttpxTransport:
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_idle))
 
     async def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
-                      timeout: float) -> tuple[int, Mapping[str, str], bytes]:
+                      timeout: float) -> tuple[int, Any, bytes]:
         r = await self._client.request(method, path, content=body, headers=headers, timeout=timeout)
         return r.status_code, r.headers, r.content
 
@@ -64,8 +64,9 @@ class _ThreadTransport:
         self._pool = _Pool(target, max_idle)
 
     async def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
-                      timeout: float) -> tuple[int, Mapping[str, str], bytes]:
-        return await asyncio.to_thread(self._pool.request, method, path, body, headers, timeout)
+                      timeout: float) -> tuple[int, Any, bytes]:
+        status, hdrs, data = await asyncio.to_thread(self._pool.request, method, path, body, headers, timeout)
+        return status, hdrs, data
 
     async def aclose(self) -> None:
         self._pool.close()
@@ -99,7 +100,11 @@ class AsyncClient:
         self._target = _Target(base_url, ssl_context)
         if use_httpx is None:
             use_httpx = httpx is not None
-        self._transport: _Transport = (_HttpxTransport if use_httpx else _ThreadTransport)(self._target, max_idle)
+        self._transport: _Transport
+        if use_httpx:
+            self._transport = _HttpxTransport(self._target, max_idle)
+        else:
+            self._transport = _ThreadTransport(self._target, max_idle)
         self.tenant = tenant
         self.call_timeout = call_timeout
         self.retry_budget = retry_budget

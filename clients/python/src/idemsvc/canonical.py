@@ -56,6 +56,10 @@ def number(x: float) -> str:
     return sign + body
 
 
+def _utf16(kv: tuple[Any, Any]) -> bytes:
+    return str(kv[0]).encode("utf-16-be")
+
+
 def _value(v: Any, out: list[str]) -> None:
     if v is None:
         out.append("null")
@@ -70,7 +74,7 @@ def _value(v: Any, out: list[str]) -> None:
     elif isinstance(v, dict):
         out.append("{")
         # Sorted by UTF-16 code units, as RFC 8785 §3.2.3 says.
-        items = sorted(v.items(), key=lambda kv: kv[0].encode("utf-16-be"))
+        items = sorted(v.items(), key=_utf16)
         for i, (k, x) in enumerate(items):
             if i:
                 out.append(",")

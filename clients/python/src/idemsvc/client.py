@@ -32,7 +32,7 @@ MAX_BACKOFF = 2.0
 
 def backoff(attempt: int) -> float:
     """A full-jitter exponential delay for the attempt'th retry, as the Go SDK's."""
-    d = min(MIN_BACKOFF * (2 ** min(attempt, 16)), MAX_BACKOFF)
+    d: float = min(MIN_BACKOFF * float(2 ** min(attempt, 16)), MAX_BACKOFF)
     return d / 2 + random.uniform(0, d / 2)
 
 

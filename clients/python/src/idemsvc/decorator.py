@@ -108,7 +108,7 @@ def idempotent(client: Any = None, *, key: Callable[..., str] | None = None, pay
     """
     if key is None and payload is None:
         raise TypeError("idempotent: give key= (a function of the arguments) or payload= (an argument's name)")
-    codec = codec or JSONCodec()
+    store: Codec = codec or JSONCodec()
 
     def decorate(fn: F) -> F:
         sig = inspect.signature(fn)
@@ -133,10 +133,10 @@ def idempotent(client: Any = None, *, key: Callable[..., str] | None = None, pay
             return full, fingerprint
 
         def encode(value: Any) -> Response:
-            return Response(body=codec.encode(value))
+            return Response(body=store.encode(value))
 
         def decode(resp: Response) -> Any:
-            return codec.decode(resp.body or b"")
+            return store.decode(resp.body or b"")
 
         def as_terminal(e: BaseException) -> BaseException:
             from .errors import TerminalError
