@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Formatting, vet, a tidy go.mod, generated code (Go, and the TypeScript
-# SDK's types) that matches its sources, and the deployment files.
+# SDK's types) that matches its sources, the Python SDK's type hints, and
+# the deployment files.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -46,6 +47,12 @@ if ! git diff --exit-code --stat -- clients/ts/src/schema.ts; then
   echo "clients/ts/src/schema.ts is stale: run make generate and commit the result" >&2
   exit 1
 fi
+# The Python SDK's type hints, through mypy --strict (Debian's package).
+if ! command -v mypy >/dev/null || ! /usr/bin/python3 -c 'import httpx' 2>/dev/null; then
+  . scripts/apt.sh
+  apt_install mypy python3-httpx
+fi
+(cd clients/python && mypy)
 # The deployment files: compose, the Helm charts (helm lint, kubeconform)
 # and the dashboard, against the code.
 scripts/lint-deploy.sh

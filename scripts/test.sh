@@ -2,8 +2,9 @@
 # The test suite: real Redis servers (standalone and a 3+3 Cluster) and a
 # NATS JetStream server are started by the tests themselves from
 # redis-server and nats-server, installed here when missing. The TypeScript
-# SDK's tests (clients/ts, npm test) run first, on Node and npm from
-# Debian's packages when they are missing. Extra arguments go to go test
+# SDK's tests (clients/ts, npm test) and the Python SDK's (clients/python,
+# pytest) run first, on Node, npm and Python packages from Debian's packages
+# when they are missing. Extra arguments go to go test
 # alone, e.g. scripts/test.sh -run Begin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -33,6 +34,17 @@ command -v npm >/dev/null || apt_install npm
 if [ $# -eq 0 ]; then
   clients/ts/scripts/deps.sh
   (cd clients/ts && npm test)
+fi
+
+# The Python SDK (clients/python): pytest on Debian's Python 3 and packages
+# (the asyncio client's httpx, and Flask, Django, FastAPI and uvicorn for the
+# middleware and examples), against an idemsvc binary built for it, on its
+# memory store and on a Redis it starts; arguments for go test leave it out.
+if [ $# -eq 0 ]; then
+  if ! /usr/bin/python3 -c 'import pytest, httpx, flask, fastapi, uvicorn, django' 2>/dev/null; then
+    apt_install python3-pytest python3-httpx python3-flask python3-fastapi python3-uvicorn python3-django
+  fi
+  (cd clients/python && /usr/bin/python3 -m pytest -q -p no:cacheprovider)
 fi
 
 # Both modules of the workspace (go.work): idemsvc and its Go client.
