@@ -5,6 +5,7 @@ application's answers are stored."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import hmac
 import json
@@ -44,7 +45,9 @@ class Settings:
     budget_s: float = 2.0
     scope: Callable[[Any], str | None] | None = None
     credential_cookies: Sequence[str] = ()
+    credential_secret: bytes | None = None
     unscoped: bool = False
+    legacy_fingerprints: bool = True
     method_set: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
@@ -57,6 +60,15 @@ class Settings:
             self.max_stored_body_bytes = 1 << 20
         if self.budget_s <= 0:
             self.budget_s = 2.0
+
+
+def credential_key_of(s: Settings, client_config: dict[str, Any]) -> bytes:
+    """The key of the credentials' digest: from credential_secret, or else
+    the client's API key, as the Go SDK's middleware derives it."""
+    secret = s.credential_secret
+    if secret is None:
+        secret = (client_config.get("api_key") or "").encode("utf-8")
+    return credential_key(secret)
 
 
 def parse_key(values: list[str]) -> str | None:
@@ -91,52 +103,115 @@ def parse_key(values: list[str]) -> str | None:
 
 
 def is_json(content_type: str | None) -> bool:
+    """Whether a Content-Type names JSON: application/json or
+    application/<anything>+json, in any case, with or without parameters."""
     if not content_type:
         return False
-    mt = content_type.split(";", 1)[0].strip().lower()
-    return mt == "application/json" or (mt.startswith("application/") and mt.endswith("+json"))
+    mt = content_type.split(";", 1)[0].strip(" \t").lower()
+    if not mt.startswith("application/"):
+        return False
+    sub = mt[len("application/"):]
+    return sub == "json" or (sub.endswith("+json") and len(sub) > len("+json"))
 
 
-def fingerprint(method: str, path: bytes, query: bytes, content_type: str | None, body: bytes,
-                credential: bytes | None) -> str:
-    """The request's fingerprint: a SHA-256 of the method, the decoded path,
-    the raw query, the body (a JSON body in its RFC 8785 canonical form) and,
-    when given, the credential digest."""
-    if is_json(content_type):
-        canon = canonicalize(body)
-        if canon is not None:
-            body = canon
-    h = hashlib.sha256()
+# The fingerprint's version: records stored by the SDKs' earlier
+# versions hold "sha256:..." (legacy_fingerprint).
+FINGERPRINT_PREFIX = "v2:sha256:"
+
+
+def _target(h: Any, method: str, path: bytes, query: bytes) -> None:
     h.update(method.encode("ascii"))
     h.update(b"\0")
     h.update(path)
     h.update(b"?")
     h.update(query)
     h.update(b"\0")
+
+
+def fingerprint(method: str, path: bytes, query: bytes, content_type: str | None, body: bytes,
+                credentials: bytes | None) -> str:
+    """The request's fingerprint, byte for byte the Go and TypeScript SDKs':
+    ``v2:sha256:`` and the hex SHA-256 of the method, NUL, the decoded path,
+    ``?``, the raw query, NUL, the hex digest of the caller's credentials
+    (empty without one), NUL, and the body: the RFC 8785 canonical form of a
+    JSON body that is one I-JSON value, the raw bytes of any other."""
+    if is_json(content_type):
+        canon = canonicalize(body)
+        if canon is not None:
+            body = canon
+    h = hashlib.sha256()
+    _target(h, method, path, query)
+    if credentials:
+        h.update(credentials.hex().encode("ascii"))
+    h.update(b"\0")
     h.update(body)
-    if credential is not None:
-        h.update(b"\0")
-        h.update(credential)
+    return FINGERPRINT_PREFIX + h.hexdigest()
+
+
+def legacy_fingerprint(method: str, path: bytes, query: bytes, body: bytes) -> str:
+    """The fingerprint of the SDKs' versions before fingerprints had a
+    version (method, path, query, raw body): after a mismatch the middleware
+    begins once more with it, so that records stored by a service on those
+    versions replay until they expire."""
+    h = hashlib.sha256()
+    _target(h, method, path, query)
+    h.update(body)
     return "sha256:" + h.hexdigest()
 
 
-def credential_digest(authorization: str | None, cookies: dict[str, str]) -> bytes | None:
-    """A keyed digest (HMAC-SHA-256) of the request's credentials: the
-    Authorization header and the configured cookies; None without any."""
-    if not authorization and not cookies:
+CREDENTIAL_KEY_LABEL = b"idemsvc middleware credentials"
+
+
+def credential_key(secret: bytes) -> bytes:
+    """The key of the credentials' digest: HMAC-SHA256 of a label under a
+    secret (by default the client's API key), so that the digest is the same
+    on every replica of a service, in any language, and means nothing to
+    idemsvc."""
+    return hmac.new(secret, CREDENTIAL_KEY_LABEL, hashlib.sha256).digest()
+
+
+def credential_digest(key: bytes, authorization: str | None, cookie_headers: list[str],
+                      cookie_names: Sequence[str]) -> bytes | None:
+    """An HMAC-SHA256, under key, of the request's credentials: the
+    Authorization header's value, then, for each configured cookie name and
+    each cookie of that name in the Cookie header(s) in order, NUL, name,
+    ``=`` and value. None for a request that carries none of them."""
+    mac: Any = None
+
+    def write(b: bytes) -> None:
+        nonlocal mac
+        if mac is None:
+            mac = hmac.new(key, digestmod=hashlib.sha256)
+        mac.update(b)
+
+    if authorization:
+        write(authorization.encode("latin-1"))
+    if cookie_names and cookie_headers:
+        pairs = "; ".join(cookie_headers).split(";")
+        for name in cookie_names:
+            for pair in pairs:
+                n, eq, v = pair.strip(" \t").partition("=")
+                if eq and n == name:
+                    write(b"\0" + n.encode("latin-1") + b"=" + v.encode("latin-1"))
+    return None if mac is None else bytes(mac.digest())
+
+
+def _b64(b: bytes) -> str:
+    return base64.urlsafe_b64encode(b).rstrip(b"=").decode("ascii")
+
+
+def scoped_key(scope: str | None, key: str) -> str | None:
+    """The key stored for key of the end user scope: ``~``, the unpadded
+    base64url SHA-256 of the scope, ``~`` and the key; or, when that would be
+    over idemsvc's 255 bytes, ``#`` and the key's own digest in place of
+    ``~`` and the key (the Go SDK's construction). None for a key with a
+    byte idemsvc refuses (outside visible ASCII)."""
+    if any(c < "!" or c > "~" for c in key):
         return None
-    mac = hmac.new(b"idemsvc-credential", digestmod=hashlib.sha256)
-    mac.update((authorization or "").encode("latin-1"))
-    for name in sorted(cookies):
-        mac.update(b"\0" + name.encode("latin-1") + b"=" + cookies[name].encode("latin-1"))
-    return mac.digest()
-
-
-def scoped_key(subject: str | None, key: str) -> str:
-    """The stored key of key for the subject the scope function named."""
-    if not subject:
-        return key
-    return hashlib.sha256(subject.encode("utf-8")).hexdigest()[:32] + ":" + key
+    prefix = "~" + _b64(hashlib.sha256((scope or "").encode("utf-8")).digest())
+    if len(prefix) + 1 + len(key) <= MAX_KEY_BYTES:
+        return prefix + "~" + key
+    return prefix + "#" + _b64(hashlib.sha256(key.encode("ascii")).digest())
 
 
 def status_line(status: int) -> str:

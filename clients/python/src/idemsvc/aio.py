@@ -97,6 +97,9 @@ class AsyncClient:
                  ssl_context: Any = None, use_httpx: bool | None = None):
         # The synchronous client checks the options the same way.
         Client(base_url, api_key, tenant=tenant, ssl_context=ssl_context)
+        self._config: dict[str, Any] = dict(base_url=base_url, api_key=api_key, tenant=tenant,
+                                            call_timeout=call_timeout, retry_budget=retry_budget,
+                                            max_idle=max_idle, ssl_context=ssl_context)
         self._target = _Target(base_url, ssl_context)
         if use_httpx is None:
             use_httpx = httpx is not None

@@ -7,11 +7,13 @@ FastAPI, Starlette and any ASGI application.
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 
 from . import errors
 from ._middleware import (
-    Answer, Settings, begin_error_answer, credential_digest, fingerprint, parse_key, problem, replay_answer,
+    Answer, Settings, begin_error_answer, credential_digest, credential_key_of, fingerprint, legacy_fingerprint,
+    parse_key, problem, replay_answer,
     retry_again, scoped_key, stored_headers,
 )
 from ._types import Acquired, Replay, Response
@@ -43,18 +45,23 @@ class IdempotencyMiddleware:
                  headers: Sequence[str] | None = None, lease_ms: int = 30_000, retention_s: int | None = None,
                  wait_ms: int = 0, max_body_bytes: int = 1 << 20, max_stored_body_bytes: int = 1 << 20,
                  budget_s: float = 2.0, scope: Callable[[Scope], str | None] | None = None,
-                 credential_cookies: Sequence[str] = (), unscoped: bool = False):
+                 credential_cookies: Sequence[str] = (), credential_secret: bytes | str | None = None,
+                 unscoped: bool = False, legacy_fingerprints: bool = True):
         self.app = app
         self._client = client
         self._aclient: AsyncClient | None = client if isinstance(client, AsyncClient) else None
         self.settings = s = Settings(key_header=key_header, methods=methods, optional=optional,
                                      lease_ms=lease_ms, retention_s=retention_s, wait_ms=wait_ms,
                                      max_body_bytes=max_body_bytes, max_stored_body_bytes=max_stored_body_bytes,
-                                     budget_s=budget_s, scope=scope, credential_cookies=credential_cookies,
-                                     unscoped=unscoped)
+                                     budget_s=budget_s, scope=scope, credential_cookies=tuple(credential_cookies),
+                                     credential_secret=(credential_secret.encode("utf-8")
+                                                        if isinstance(credential_secret, str) else credential_secret),
+                                     unscoped=unscoped, legacy_fingerprints=legacy_fingerprints)
         if headers is not None:
             s.headers = tuple(headers)
         self._key_name = key_header.lower().encode("latin-1")
+        self._credential_key = credential_key_of(s, client._config)
+        self._scoped = s.scope is not None and not s.unscoped
 
     @property
     def client(self) -> AsyncClient:
@@ -82,6 +89,14 @@ class IdempotencyMiddleware:
                 "invalid-request", 400, f"the {s.key_header} header must be one non-empty Structured Field String "
                 "of at most 255 characters, such as \"8e03978e\""))
             return
+        stored_key = key
+        if self._scoped:
+            assert s.scope is not None
+            scoped = scoped_key(s.scope(scope), key)
+            if scoped is None:
+                await _send(send, problem("invalid-request", 400, "idempotency key: key must be visible ASCII (0x21-0x7E)"))
+                return
+            stored_key = scoped
         try:
             body = await _read_body(receive, s.max_body_bytes)
         except _Disconnected:
@@ -94,25 +109,37 @@ class IdempotencyMiddleware:
             vs = [v.decode("latin-1") for k, v in headers if k.lower() == name]
             return ", ".join(vs) if vs else None
 
-        stored_key, credential = key, None
-        if not s.unscoped:
-            if s.scope is not None:
-                stored_key = scoped_key(s.scope(scope), key)
-            else:
-                credential = credential_digest(header(b"authorization"),
-                                               _cookies(header(b"cookie") or "", s.credential_cookies))
+        credentials = None
+        if not self._scoped and not s.unscoped:
+            credentials = credential_digest(
+                self._credential_key, next((v.decode("latin-1") for k, v in headers if k.lower() == b"authorization"), None),
+                [v.decode("latin-1") for k, v in headers if k.lower() == b"cookie"], s.credential_cookies)
         raw_path = scope.get("raw_path")
         path = _unquote(raw_path.split(b"?", 1)[0]) if raw_path else scope["path"].encode("utf-8")
         root = scope.get("root_path", "").encode("utf-8")
         if root and not path.startswith(root):
             path = root + path
-        fp = fingerprint(scope["method"].upper(), path, scope.get("query_string", b""), header(b"content-type"),
-                         body, credential)
+        method = scope["method"].upper()
+        query = scope.get("query_string", b"")
+        fp = fingerprint(method, path, query, header(b"content-type"), body, credentials)
         c = self.client
+        deadline = time.monotonic() + s.budget_s + s.wait_ms / 1000
+
+        async def begin(fp: str) -> Acquired | Replay:
+            left = max(0.001, deadline - time.monotonic())
+            return await c.begin(stored_key, fingerprint=fp, lease_ms=s.lease_ms, retention_s=s.retention_s,
+                                 wait_ms=s.wait_ms or None, budget=left, timeout=left,
+                                 request_id=header(b"x-request-id"))
+
         try:
-            r = await c.begin(stored_key, fingerprint=fp, lease_ms=s.lease_ms, retention_s=s.retention_s,
-                              wait_ms=s.wait_ms or None, budget=s.budget_s + s.wait_ms / 1000,
-                              timeout=s.budget_s + s.wait_ms / 1000, request_id=header(b"x-request-id"))
+            try:
+                r = await begin(fp)
+            except errors.FingerprintMismatch:
+                if self._scoped or not s.legacy_fingerprints:
+                    raise
+                # Perhaps a record stored before fingerprints had a version
+                # (a scoped key never had one).
+                r = await begin(legacy_fingerprint(method, path, query, body))
         except errors.IdemError as e:
             await _send(send, begin_error_answer(e))
             return
@@ -238,12 +265,3 @@ def _unquote(raw: bytes) -> bytes:
     return unquote_to_bytes(raw)
 
 
-def _cookies(header: str, names: Sequence[str]) -> dict[str, str]:
-    if not names or not header:
-        return {}
-    out: dict[str, str] = {}
-    for part in header.split(";"):
-        name, _, value = part.strip().partition("=")
-        if name in names:
-            out[name] = value
-    return out

@@ -60,7 +60,15 @@ def _utf16(kv: tuple[Any, Any]) -> bytes:
     return str(kv[0]).encode("utf-16-be")
 
 
-def _value(v: Any, out: list[str]) -> None:
+# Nesting beyond this is taken as raw bytes, as the Go and TypeScript SDKs take it.
+MAX_DEPTH = 128
+
+
+class NotIJSON(ValueError):
+    """A JSON text that is not one I-JSON value (RFC 7493)."""
+
+
+def _value(v: Any, out: list[str], depth: int = 0) -> None:
     if v is None:
         out.append("null")
     elif v is True:
@@ -70,8 +78,16 @@ def _value(v: Any, out: list[str]) -> None:
     elif isinstance(v, str):
         _string(v, out)
     elif isinstance(v, (int, float)):
-        out.append(number(float(v)))
+        try:
+            f = float(v)
+        except OverflowError:
+            raise NotIJSON("a number beyond a double") from None
+        if math.isinf(f) or math.isnan(f):
+            raise NotIJSON("a number beyond a double")
+        out.append(number(f))
     elif isinstance(v, dict):
+        if depth >= MAX_DEPTH:
+            raise NotIJSON("nested too deep")
         out.append("{")
         # Sorted by UTF-16 code units, as RFC 8785 §3.2.3 says.
         items = sorted(v.items(), key=_utf16)
@@ -80,33 +96,40 @@ def _value(v: Any, out: list[str]) -> None:
                 out.append(",")
             _string(k, out)
             out.append(":")
-            _value(x, out)
+            _value(x, out, depth + 1)
         out.append("}")
     elif isinstance(v, (list, tuple)):
+        if depth >= MAX_DEPTH:
+            raise NotIJSON("nested too deep")
         out.append("[")
         for i, x in enumerate(v):
             if i:
                 out.append(",")
-            _value(x, out)
+            _value(x, out, depth + 1)
         out.append("]")
     else:
         raise TypeError(f"canonical JSON cannot hold {type(v).__name__}")
 
 
 def canonical_json(value: Any) -> bytes:
-    """value (as json.loads gives it) in RFC 8785's canonical form, as UTF-8."""
+    """value (as json.loads gives it) in RFC 8785's canonical form, as UTF-8.
+    A lone surrogate (which json.loads lets through from a \\ud800 escape)
+    raises UnicodeEncodeError."""
     out: list[str] = []
     _value(value, out)
     return "".join(out).encode("utf-8")
 
 
 def _no_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
+    raise NotIJSON(f"{name} is not JSON")
 
 
 def canonicalize(body: bytes) -> bytes | None:
-    """The canonical form of a JSON text, or None when it is not valid JSON."""
+    """The canonical form of a JSON text, or None when it is not one I-JSON
+    value: a syntax error, invalid UTF-8, a lone surrogate, a number beyond a
+    double, or nesting deeper than MAX_DEPTH. Of duplicate member names the
+    last wins, as in JSON.parse and Go's encoding/json."""
     try:
-        return canonical_json(json.loads(body, parse_constant=_no_constant))
+        return canonical_json(json.loads(body.decode("utf-8"), parse_constant=_no_constant))
     except (ValueError, UnicodeDecodeError, RecursionError, TypeError):
         return None

@@ -9,11 +9,13 @@ from __future__ import annotations
 import io
 import itertools
 import logging
+import time
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from . import errors
 from ._middleware import (
-    Answer, Settings, begin_error_answer, credential_digest, fingerprint, parse_key, problem, replay_answer,
+    Answer, Settings, begin_error_answer, credential_digest, credential_key_of, fingerprint, legacy_fingerprint,
+    parse_key, problem, replay_answer,
     retry_again, scoped_key, status_line, stored_headers,
 )
 from ._types import Acquired, Replay, Response
@@ -52,17 +54,22 @@ class IdempotencyMiddleware:
                  headers: Sequence[str] | None = None, lease_ms: int = 30_000, retention_s: int | None = None,
                  wait_ms: int = 0, max_body_bytes: int = 1 << 20, max_stored_body_bytes: int = 1 << 20,
                  budget_s: float = 2.0, scope: Callable[[dict[str, Any]], str | None] | None = None,
-                 credential_cookies: Sequence[str] = (), unscoped: bool = False):
+                 credential_cookies: Sequence[str] = (), credential_secret: bytes | str | None = None,
+                 unscoped: bool = False, legacy_fingerprints: bool = True):
         self.app = app
         self.client = client
         self.settings = s = Settings(key_header=key_header, methods=methods, optional=optional,
                                      lease_ms=lease_ms, retention_s=retention_s, wait_ms=wait_ms,
                                      max_body_bytes=max_body_bytes, max_stored_body_bytes=max_stored_body_bytes,
-                                     budget_s=budget_s, scope=scope, credential_cookies=credential_cookies,
-                                     unscoped=unscoped)
+                                     budget_s=budget_s, scope=scope, credential_cookies=tuple(credential_cookies),
+                                     credential_secret=(credential_secret.encode("utf-8")
+                                                        if isinstance(credential_secret, str) else credential_secret),
+                                     unscoped=unscoped, legacy_fingerprints=legacy_fingerprints)
         if headers is not None:
             s.headers = tuple(headers)
         self._key_env = "HTTP_" + key_header.upper().replace("-", "_")
+        self._credential_key = credential_key_of(s, client._config)
+        self._scoped = s.scope is not None and not s.unscoped
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         s = self.settings
@@ -78,27 +85,47 @@ class IdempotencyMiddleware:
             return _send(start_response, problem(
                 "invalid-request", 400, f"the {s.key_header} header must be one non-empty Structured Field String "
                 "of at most 255 characters, such as \"8e03978e\""))
+        stored_key = key
+        if self._scoped:
+            assert s.scope is not None
+            scoped = scoped_key(s.scope(environ), key)
+            if scoped is None:
+                return _send(start_response, problem("invalid-request", 400,
+                                                     "idempotency key: key must be visible ASCII (0x21-0x7E)"))
+            stored_key = scoped
         body = _read_body(environ, s.max_body_bytes)
         if body is None:
             return _send(start_response, problem("too-large", 413, "the request body is too large to be made idempotent"))
         environ["wsgi.input"] = io.BytesIO(body)
         environ["CONTENT_LENGTH"] = str(len(body))
 
-        stored_key, credential = key, None
-        if not s.unscoped:
-            if s.scope is not None:
-                stored_key = scoped_key(s.scope(environ), key)
-            else:
-                credential = credential_digest(environ.get("HTTP_AUTHORIZATION"),
-                                               _cookies(environ.get("HTTP_COOKIE", ""), s.credential_cookies))
+        credentials = None
+        if not self._scoped and not s.unscoped:
+            cookie = environ.get("HTTP_COOKIE")
+            credentials = credential_digest(self._credential_key, environ.get("HTTP_AUTHORIZATION"),
+                                            [cookie] if cookie else [], s.credential_cookies)
+        method = environ["REQUEST_METHOD"].upper()
         path = (environ.get("SCRIPT_NAME", "") + environ.get("PATH_INFO", "")).encode("latin-1")
-        fp = fingerprint(environ["REQUEST_METHOD"].upper(), path, environ.get("QUERY_STRING", "").encode("latin-1"),
-                         environ.get("CONTENT_TYPE"), body, credential)
+        query = environ.get("QUERY_STRING", "").encode("latin-1")
+        fp = fingerprint(method, path, query, environ.get("CONTENT_TYPE"), body, credentials)
+        budget = s.budget_s + s.wait_ms / 1000
+        deadline = time.monotonic() + budget
+
+        def begin(fp: str) -> Acquired | Replay:
+            left = max(0.001, deadline - time.monotonic())
+            return self.client.begin(stored_key, fingerprint=fp, lease_ms=s.lease_ms, retention_s=s.retention_s,
+                                     wait_ms=s.wait_ms or None, budget=left, timeout=left,
+                                     request_id=environ.get("HTTP_X_REQUEST_ID"))
+
         try:
-            r = self.client.begin(stored_key, fingerprint=fp, lease_ms=s.lease_ms, retention_s=s.retention_s,
-                                  wait_ms=s.wait_ms or None, budget=s.budget_s + s.wait_ms / 1000,
-                                  timeout=s.budget_s + s.wait_ms / 1000,
-                                  request_id=environ.get("HTTP_X_REQUEST_ID"))
+            try:
+                r = begin(fp)
+            except errors.FingerprintMismatch:
+                if self._scoped or not s.legacy_fingerprints:
+                    raise
+                # Perhaps a record stored before fingerprints had a version
+                # (a scoped key never had one).
+                r = begin(legacy_fingerprint(method, path, query, body))
         except errors.IdemError as e:
             return _send(start_response, begin_error_answer(e))
         if isinstance(r, Replay):
@@ -202,6 +229,15 @@ def _read_body(environ: dict[str, Any], limit: int) -> bytes | None:
     if length:
         n = int(length)
         if n > limit:
+            if n <= 4 * limit:
+                # Read and dropped, so that the caller, still sending, gets
+                # the 413 rather than a broken connection; a larger body is
+                # left unread, and the server closes the connection.
+                while n > 0:
+                    b = inp.read(min(n, 1 << 16))
+                    if not b:
+                        break
+                    n -= len(b)
             return None
         parts = []
         while n > 0:
@@ -215,17 +251,6 @@ def _read_body(environ: dict[str, Any], limit: int) -> bytes | None:
         return b""  # no length and no end: a body WSGI cannot read safely
     data: bytes = inp.read(limit + 1)
     return None if len(data) > limit else data
-
-
-def _cookies(header: str, names: Sequence[str]) -> dict[str, str]:
-    if not names or not header:
-        return {}
-    out: dict[str, str] = {}
-    for part in header.split(";"):
-        name, _, value = part.strip().partition("=")
-        if name in names:
-            out[name] = value
-    return out
 
 
 def _close(result: Any) -> None:
