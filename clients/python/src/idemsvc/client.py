@@ -123,9 +123,9 @@ class _Pool:
 
 class _Beats:
     """The heartbeats of a client's leases: one thread that sleeps until the
-    next lease is due for an extend, started with the first lease that lives
-    longer than a third of its time. An operation shorter than lease/3 costs
-    a heap push and nothing else."""
+    next lease is due for an extend, started with the first lease (and ended
+    after 30 s without any). An operation shorter than lease/3 costs a heap
+    push and nothing else."""
 
     def __init__(self, extend: Callable[[_Held], None]):
         self._extend = extend
