@@ -109,12 +109,12 @@ def expand_key(value: str, key: str) -> str:
 
 def send(port: int, step: dict[str, Any], key: str) -> dict[str, Any]:
     """A step's request on a connection of its own, sent once."""
-    headers = {}
+    headers = dict(step.get("headers") or {})
     if "key" in step:
         headers["Idempotency-Key"] = expand_key(step["key"], key)
     body = b"x" * step["body_bytes"] if "body_bytes" in step else step.get("body", "").encode()
     if body or step["method"] in ("POST", "PATCH", "PUT"):
-        headers["Content-Type"] = "application/octet-stream"
+        headers.setdefault("Content-Type", "application/octet-stream")
         headers["Content-Length"] = str(len(body))
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=20)
     try:

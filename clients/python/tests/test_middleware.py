@@ -13,8 +13,9 @@ from typing import Any, Iterator
 import pytest
 
 from conformance import Runs, asgi_app, wsgi_app
-from harness import Svc, unique_key
+from harness import REPO, Svc, unique_key
 from idemsvc import AsyncClient, Client
+from idemsvc.canonical import canonicalize
 from idemsvc._middleware import credential_digest, credential_key, fingerprint, legacy_fingerprint, scoped_key
 from idemsvc.asgi import IdempotencyMiddleware as ASGIMiddleware
 from idemsvc.wsgi import IdempotencyMiddleware as WSGIMiddleware
@@ -158,3 +159,36 @@ def test_a_record_of_the_legacy_fingerprint_still_replays(svc: Svc, kind: str) -
         assert s.runs.total == 0
     finally:
         s.close()
+
+
+SHARED = REPO / "conformance" / "fingerprints.json"
+shared = json.loads(SHARED.read_text()) if SHARED.exists() else {}
+needs_shared = pytest.mark.skipif(not shared, reason="conformance/fingerprints.json is not in this tree")
+
+
+@needs_shared
+def test_shared_canonical_json_vectors() -> None:
+    import base64
+    for v in shared["canonical"]:
+        got = canonicalize(v["json"].encode("utf-8"))
+        assert (got.decode("utf-8") if got is not None else None) == v["canonical"], v["json"][:80]
+    for v in shared.get("raw_canonical", []):
+        got = canonicalize(base64.b64decode(v["base64"]))
+        assert (got.decode("utf-8") if got is not None else None) == v["canonical"], v["base64"]
+
+
+@needs_shared
+def test_shared_request_vectors() -> None:
+    for v in shared.get("requests", []):
+        headers = {k.lower(): val for k, val in v["headers"].items()}
+        path, _, query = v["target"].partition("?")
+        raw_path = urllib.parse.unquote_to_bytes(path)
+        body = v["body"].encode("utf-8")
+        cookies = [headers["cookie"]] if "cookie" in headers else []
+        cred = credential_digest(credential_key(v["secret"].encode("utf-8")), headers.get("authorization"), cookies,
+                                 v["credential_cookies"])
+        got = fingerprint(v["method"], raw_path, query.encode("latin-1"), headers.get("content-type"), body, cred)
+        assert got == v["fingerprint"], v["name"]
+        assert legacy_fingerprint(v["method"], raw_path, query.encode("latin-1"), body) == v["legacy_fingerprint"], v["name"]
+    for v in shared.get("scoped_keys", []):
+        assert scoped_key(v["scope"], v["key"]) == v["stored_key"], v

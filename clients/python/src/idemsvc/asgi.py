@@ -90,9 +90,14 @@ class IdempotencyMiddleware:
                 "of at most 255 characters, such as \"8e03978e\""))
             return
         stored_key = key
+        with_credentials = not s.unscoped
         if self._scoped:
             assert s.scope is not None
-            scoped = scoped_key(s.scope(scope), key)
+            subject = s.scope(scope)
+            # An anonymous request (no subject) shares one scope, and its
+            # credentials' digest joins the fingerprint, as without a scope.
+            with_credentials = not subject
+            scoped = scoped_key(subject, key)
             if scoped is None:
                 await _send(send, problem("invalid-request", 400, "idempotency key: key must be visible ASCII (0x21-0x7E)"))
                 return
@@ -110,7 +115,7 @@ class IdempotencyMiddleware:
             return ", ".join(vs) if vs else None
 
         credentials = None
-        if not self._scoped and not s.unscoped:
+        if with_credentials:
             credentials = credential_digest(
                 self._credential_key, next((v.decode("latin-1") for k, v in headers if k.lower() == b"authorization"), None),
                 [v.decode("latin-1") for k, v in headers if k.lower() == b"cookie"], s.credential_cookies)

@@ -86,9 +86,14 @@ class IdempotencyMiddleware:
                 "invalid-request", 400, f"the {s.key_header} header must be one non-empty Structured Field String "
                 "of at most 255 characters, such as \"8e03978e\""))
         stored_key = key
+        with_credentials = not s.unscoped
         if self._scoped:
             assert s.scope is not None
-            scoped = scoped_key(s.scope(environ), key)
+            subject = s.scope(environ)
+            # An anonymous request (no subject) shares one scope, and its
+            # credentials' digest joins the fingerprint, as without a scope.
+            with_credentials = not subject
+            scoped = scoped_key(subject, key)
             if scoped is None:
                 return _send(start_response, problem("invalid-request", 400,
                                                      "idempotency key: key must be visible ASCII (0x21-0x7E)"))
@@ -100,7 +105,7 @@ class IdempotencyMiddleware:
         environ["CONTENT_LENGTH"] = str(len(body))
 
         credentials = None
-        if not self._scoped and not s.unscoped:
+        if with_credentials:
             cookie = environ.get("HTTP_COOKIE")
             credentials = credential_digest(self._credential_key, environ.get("HTTP_AUTHORIZATION"),
                                             [cookie] if cookie else [], s.credential_cookies)
