@@ -44,9 +44,11 @@ class IdempotencyMiddleware:
     Without idemsvc it answers 503 and the application does not run.
 
     Keys are scoped to the end user: ``scope(environ)`` names a stable
-    subject (a user id), made part of the stored key; without it, a keyed
-    digest of the ``Authorization`` header and the ``credential_cookies`` is
-    part of the fingerprint. ``unscoped=True`` turns both off.
+    subject (a user id), made part of the stored key; without it (or for a
+    request it names no subject for), a keyed digest of the
+    ``Authorization`` header and the ``credential_cookies`` is part of the
+    fingerprint, keyed from ``credential_secret`` or else the client's API
+    key, as the Go middleware computes it. ``unscoped=True`` turns both off.
     """
 
     def __init__(self, app: WSGIApp, client: Client, *, key_header: str = "Idempotency-Key",
