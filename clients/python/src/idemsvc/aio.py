@@ -18,7 +18,7 @@ from . import errors
 from ._types import Acquired, Lease, Replay, Response, Result, _current, begin_result, new_owner, short_message
 from .client import (
     BODY_OMITTED_HEADER, DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_MS, DEFAULT_RETRY_BUDGET, DEFAULT_WAIT_MS,
-    USER_AGENT, Client, _Pool, _Target, backoff, replayed, retry_after,
+    USER_AGENT, Client, _Pool, _Target, backoff, encode_json, replayed, retry_after,
 )
 
 try:
@@ -111,8 +111,7 @@ class AsyncClient:
         self.tenant = tenant
         self.call_timeout = call_timeout
         self.retry_budget = retry_budget
-        self._headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json",
-                         "Accept": "application/json"}
+        self._headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = "Bearer " + api_key
 
@@ -137,7 +136,7 @@ class AsyncClient:
         if payload is not None:
             if self.tenant is not None:
                 payload = {**payload, "tenant": self.tenant}
-            body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            body = encode_json(payload).encode("utf-8")
         headers = self._headers
         if request_id and request_id.isprintable() and request_id.isascii():
             headers = {**headers, "X-Request-Id": request_id}

@@ -30,6 +30,10 @@ MIN_BACKOFF = 0.05
 MAX_BACKOFF = 2.0
 
 
+# One encoder for every call: json.dumps with options makes one per call.
+encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def backoff(attempt: int) -> float:
     """A full-jitter exponential delay for the attempt'th retry, as the Go SDK's."""
     d: float = min(MIN_BACKOFF * float(2 ** min(attempt, 16)), MAX_BACKOFF)
@@ -94,9 +98,10 @@ class _Pool:
     def _exchange(self, conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None,
                   headers: dict[str, str], timeout: float) -> tuple[int, http.client.HTTPMessage, bytes]:
         try:
-            conn.timeout = timeout
-            if conn.sock is not None:
-                conn.sock.settimeout(timeout)
+            if conn.timeout != timeout:
+                conn.timeout = timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
             conn.request(method, path, body=body, headers=headers)
             resp = conn.getresponse()
             data = resp.read()
@@ -206,7 +211,7 @@ class Client:
         self.call_timeout = call_timeout
         self.retry_budget = retry_budget
         self._headers = {"Host": self._target.host_header, "User-Agent": USER_AGENT,
-                         "Content-Type": "application/json", "Accept": "application/json"}
+                         "Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = "Bearer " + api_key
         self._beats = _Beats(self._beat)
@@ -232,7 +237,7 @@ class Client:
         if payload is not None:
             if self.tenant is not None:
                 payload = {**payload, "tenant": self.tenant}
-            body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+            body = encode_json(payload).encode("utf-8")
         headers = self._headers
         if request_id and request_id.isprintable() and request_id.isascii():
             headers = {**headers, "X-Request-Id": request_id}
