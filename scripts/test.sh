@@ -41,8 +41,8 @@ fi
 # middleware and examples), against an idemsvc binary built for it, on its
 # memory store and on a Redis it starts; arguments for go test leave it out.
 if [ $# -eq 0 ]; then
-  if ! /usr/bin/python3 -c 'import pytest, httpx, flask, fastapi, uvicorn, django' 2>/dev/null; then
-    apt_install python3-pytest python3-httpx python3-flask python3-fastapi python3-uvicorn python3-django
+  if ! /usr/bin/python3 -c 'import pytest, httpx, flask, fastapi, uvicorn, django' 2>/dev/null || ! command -v mypy >/dev/null; then
+    apt_install python3-pytest python3-httpx python3-flask python3-fastapi python3-uvicorn python3-django mypy
   fi
   (cd clients/python && /usr/bin/python3 -m pytest -q -p no:cacheprovider)
 fi
