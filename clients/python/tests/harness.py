@@ -103,12 +103,23 @@ class Svc:
             self.redis.stop()
 
 
+def sha256_hex(s: str) -> str:
+    return hashlib.sha256(s.encode()).hexdigest()
+
+
+LIMITED_KEY = secrets.token_hex(16)
+
+
 def start_idemsvc(binary: Path, tmp: Path, redis_url: str | None = None) -> tuple[str, str, Proc]:
-    """idemsvc on a free loopback port, with a tenants file of one tenant, `py`."""
+    """idemsvc on a free loopback port, with a tenants file: tenant `py`, and
+    tenant `limited` (LIMITED_KEY: one begin per second, burst 1)."""
     api_key = secrets.token_hex(16)
     d = Path(tempfile.mkdtemp(dir=tmp))
     tenants = d / "tenants.json"
-    tenants.write_text(json.dumps({"tenants": [{"name": "py", "api_key_sha256": [hashlib.sha256(api_key.encode()).hexdigest()]}]}))
+    tenants.write_text(json.dumps({"tenants": [
+        {"name": "py", "api_key_sha256": [sha256_hex(api_key)]},
+        {"name": "limited", "api_key_sha256": [sha256_hex(LIMITED_KEY)], "limits": {"begins_per_s": 1, "burst": 1}},
+    ]}))
     port = free_port()
     env = {"PATH": os.environ["PATH"], "IDEMSVC_LISTEN": f"127.0.0.1:{port}", "IDEMSVC_TENANTS_FILE": str(tenants),
            "IDEMSVC_LOG_LEVEL": "warn"}
@@ -142,6 +153,7 @@ class LosingProxy:
     def __init__(self, upstream: str):
         self.upstream = upstream.removeprefix("http://")
         self.drop: dict[str, int] = {}
+        self.refuse: dict[str, tuple[int, int, str]] = {}  # path -> (times, status, Retry-After)
         self.seen: list[str] = []
         self.lock = threading.Lock()
         proxy = self
@@ -154,6 +166,23 @@ class LosingProxy:
 
             def _forward(self) -> None:
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                path = self.path.split("?")[0]
+                with proxy.lock:
+                    times, status, retry_after = proxy.refuse.get(path, (0, 0, ""))
+                    if times > 0:
+                        proxy.refuse[path] = (times - 1, status, retry_after)
+                        proxy.seen.append(path)
+                if times > 0:
+                    # A gateway's answer, not idemsvc's: the request never reached it.
+                    page = b"<html>busy</html>"
+                    self.send_response(status)
+                    self.send_header("Content-Type", "text/html")
+                    if retry_after:
+                        self.send_header("Retry-After", retry_after)
+                    self.send_header("Content-Length", str(len(page)))
+                    self.end_headers()
+                    self.wfile.write(page)
+                    return
                 host, port = proxy.upstream.split(":")
                 c = http.client.HTTPConnection(host, int(port), timeout=30)
                 headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection", "content-length")}
@@ -185,6 +214,10 @@ class LosingProxy:
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
+
+    def refuse_next(self, path: str, n: int, status: int, retry_after: str = "") -> None:
+        with self.lock:
+            self.refuse[path] = (n, status, retry_after)
 
     def lose_next(self, path: str, n: int = 1) -> None:
         with self.lock:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import idemsvc
-from harness import LosingProxy, Svc, unique_key
+from harness import LIMITED_KEY, LosingProxy, Svc, unique_key
 from idemsvc import Acquired, Client, Replay, Response, current_lease, idempotent
 
 SRC = Path(__file__).resolve().parents[1] / "src"
@@ -178,9 +178,8 @@ def test_heartbeat_extends_the_lease(svc: Svc) -> None:
 
 CRASHER = """
 import os, sys, time
-from idemsvc import Client, idempotent
-c = Client(os.environ["URL"], os.environ["KEY"])
-@idempotent(c, key=lambda k: k, prefix="", lease_ms=1000)
+from idemsvc import idempotent
+@idempotent(key=lambda k: k, prefix="", lease_ms=1000)  # the client of IDEMSVC_URL and IDEMSVC_API_KEY
 def work(k):
     print("running", flush=True)
     time.sleep(60)
@@ -190,7 +189,8 @@ work(os.environ["IDEM_KEY"])
 
 def test_crash_mid_function_runs_again_with_attempt_2(svc: Svc) -> None:
     key = unique_key("crash")
-    env = {**os.environ, "PYTHONPATH": str(SRC), "URL": svc.base_url, "KEY": svc.api_key, "IDEM_KEY": key}
+    env = {**os.environ, "PYTHONPATH": str(SRC), "IDEMSVC_URL": svc.base_url, "IDEMSVC_API_KEY": svc.api_key,
+           "IDEM_KEY": key}
     p = subprocess.Popen([sys.executable, "-c", CRASHER], env=env, stdout=subprocess.PIPE)
     try:
         assert p.stdout is not None and p.stdout.readline().strip() == b"running"
@@ -252,3 +252,40 @@ def test_connections_are_reused(svc: Svc) -> None:
     for _ in range(20):
         c.do(unique_key(), lambda: Response(body=b"x"))
     assert len(c._pool._idle) == 1
+
+
+def test_429_is_retried_after_retry_after_within_the_budget(svc: Svc) -> None:
+    c = Client(svc.base_url, LIMITED_KEY, retry_budget=5)
+    c.begin(unique_key())  # the burst of one
+    started = time.monotonic()
+    a = c.begin(unique_key())  # 429 with Retry-After: 1, waited for, then acquired
+    assert isinstance(a, Acquired)
+    assert time.monotonic() - started >= 0.9
+    impatient = Client(svc.base_url, LIMITED_KEY, retry_budget=0.5)
+    started = time.monotonic()
+    with pytest.raises(idemsvc.RateLimited) as e:
+        impatient.begin(unique_key())  # a Retry-After beyond the budget is not waited for
+    assert e.value.status == 429 and e.value.retry_after and time.monotonic() - started < 0.5
+
+
+def test_503_from_a_gateway_is_retried_honouring_retry_after(svc: Svc) -> None:
+    proxy = LosingProxy(svc.base_url)
+    try:
+        c = Client(proxy.url, svc.api_key, retry_budget=5)
+        key = unique_key()
+        proxy.refuse_next("/v1/begin", 2, 503, "1")
+        started = time.monotonic()
+        a = c.begin(key)
+        assert isinstance(a, Acquired) and a.attempt == 1
+        assert time.monotonic() - started >= 1.8 and proxy.seen.count("/v1/begin") == 3
+        proxy.refuse_next("/v1/complete", 1, 503)  # no Retry-After: backoff
+        assert c.complete(key, a.lease_token)["status"] == "completed"
+        proxy.refuse_next("/v1/begin", 100, 503, "1")
+        with pytest.raises(idemsvc.StoreUnavailable) as e:
+            Client(proxy.url, svc.api_key, retry_budget=0.5).begin(unique_key())
+        assert isinstance(e.value, idemsvc.Unavailable) and e.value.status == 503
+        proxy.refuse_next("/v1/begin", 1, 502)  # not retried: an answer that is not 503 or 429
+        with pytest.raises(idemsvc.UndocumentedAnswer):
+            c.begin(unique_key())
+    finally:
+        proxy.close()
