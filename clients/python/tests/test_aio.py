@@ -95,3 +95,25 @@ def test_async_unreachable_and_retryable_exception(svc: Svc) -> None:
         assert isinstance(a, Acquired) and a.attempt == 2
 
     asyncio.run(main())
+
+
+def test_async_heartbeat_extends_the_lease(svc: Svc) -> None:
+    async def main() -> None:
+        c = AsyncClient(svc.base_url, svc.api_key)
+        key = unique_key()
+
+        async def slow() -> Response:
+            lease = current_lease()
+            assert lease is not None
+            await asyncio.sleep(0.9)  # past the first lease's end, were it not extended
+            with pytest.raises(idemsvc.InProgress):
+                await c.begin(key, lease_ms=600)
+            await asyncio.sleep(0.4)
+            assert not lease.lost.is_set()
+            return Response(body=b"ok")
+
+        res = await c.do(key, slow, lease_ms=600)
+        assert res.attempt == 1 and (await c.status(key))["state"] == "completed"
+        await c.aclose()
+
+    asyncio.run(main())

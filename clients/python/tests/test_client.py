@@ -289,3 +289,21 @@ def test_503_from_a_gateway_is_retried_honouring_retry_after(svc: Svc) -> None:
             c.begin(unique_key())
     finally:
         proxy.close()
+
+
+def test_a_lease_lost_while_running_is_told_to_the_function(svc: Svc) -> None:
+    c = client_of(svc)
+    key = unique_key()
+    seen: list[BaseException | None] = []
+
+    def long_op() -> Response:
+        lease = current_lease()
+        assert lease is not None
+        client_of(svc).delete(key)  # an operator forgets the record: the next extend finds none
+        assert lease.lost.wait(5)
+        seen.append(lease.lost_reason)
+        return Response(body=b"late")
+
+    with pytest.raises(idemsvc.NotFound):
+        c.do(key, long_op, lease_ms=600)  # its outcome cannot be stored: the record is gone
+    assert len(seen) == 1 and isinstance(seen[0], idemsvc.NotFound)
