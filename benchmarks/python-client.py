@@ -16,7 +16,8 @@ to run, a begin + complete of a new key (a cycle: two HTTP calls) made
 on one thread, against an idemsvc of its own on the memory store (built
 from this repository, or IDEMSVC_TEST_BIN), started with its defaults. It
 prints, per load, cycles per second and the caller's CPU per call (half a
-cycle: process CPU time / calls), and the medians over the runs.
+cycle: process CPU time / calls), their medians over the runs, and the
+medians of each run's ratios to raw.
 """
 
 from __future__ import annotations
@@ -104,11 +105,13 @@ def main() -> None:
                 results[name].append((rate, cpu))
                 print(f"run {run + 1} {name:7s} {rate:8.0f} cycles/s  {cpu:6.1f} µs CPU per call", flush=True)
         print(f"\nmedians of {runs} runs of {n} cycles (begin + complete), one thread, idemsvc on its memory store:")
-        raw_cpu = statistics.median(cpu for _, cpu in results["raw"])
+        print("  (the ratios are medians of each run's ratio to raw, steadier than the figures on a busy machine)")
         for name, rs in results.items():
             rate = statistics.median(r for r, _ in rs)
             cpu = statistics.median(c for _, c in rs)
-            print(f"  {name:7s} {rate:8.0f} cycles/s  {cpu:6.1f} µs CPU per call  ({cpu / raw_cpu:.2f}x raw)")
+            cpu_ratio = statistics.median(c / raw[1] for (_, c), raw in zip(rs, results["raw"]))
+            rate_ratio = statistics.median(r / raw[0] for (r, _), raw in zip(rs, results["raw"]))
+            print(f"  {name:7s} {rate:8.0f} cycles/s ({rate_ratio:.2f}x raw)  {cpu:6.1f} µs CPU per call ({cpu_ratio:.2f}x raw)")
     finally:
         proc.stop()
 
