@@ -74,6 +74,8 @@ def test_async_decorator_with_a_sync_client_and_a_lost_begin_answer(svc: Svc) ->
 
         asyncio.run(main())
         assert runs == [1]
+        # Another event loop gets an asyncio client of its own.
+        assert asyncio.run(handle({"id": unique_key()})) == "ok" and runs == [1, 1]
     finally:
         proxy.close()
 

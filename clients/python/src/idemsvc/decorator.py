@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import hashlib
 import inspect
 import json
 import os
 import threading
+import weakref
 from typing import Any, Callable, Protocol, TypeVar, cast
 
 from ._types import Response
@@ -148,7 +150,8 @@ def idempotent(client: Any = None, *, key: Callable[..., str] | None = None, pay
 
         if inspect.iscoroutinefunction(fn):
             from .aio import AsyncClient
-            aclients: dict[int, AsyncClient] = {}
+            # One asyncio client per event loop: its connections belong to the loop.
+            aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient] = weakref.WeakKeyDictionary()
 
             def async_client() -> AsyncClient:
                 c = client() if callable(client) and not isinstance(client, (Client, AsyncClient)) else client
@@ -156,12 +159,10 @@ def idempotent(client: Any = None, *, key: Callable[..., str] | None = None, pay
                     c = default_client()
                 if isinstance(c, AsyncClient):
                     return c
-                # One asyncio client per event loop: its connections belong to the loop.
-                import asyncio
-                loop_id = id(asyncio.get_running_loop())
-                if loop_id not in aclients:
-                    aclients[loop_id] = AsyncClient.like(c)
-                return aclients[loop_id]
+                loop = asyncio.get_running_loop()
+                if loop not in aclients:
+                    aclients[loop] = AsyncClient.like(c)
+                return aclients[loop]
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
