@@ -307,3 +307,36 @@ def test_a_lease_lost_while_running_is_told_to_the_function(svc: Svc) -> None:
     with pytest.raises(idemsvc.NotFound):
         c.do(key, long_op, lease_ms=600)  # its outcome cannot be stored: the record is gone
     assert len(seen) == 1 and isinstance(seen[0], idemsvc.NotFound)
+
+
+def test_codec_and_dataclass_payloads(svc: Svc) -> None:
+    from dataclasses import dataclass
+
+    c = client_of(svc)
+
+    class Raw:
+        """Bytes stored as they are."""
+
+        def encode(self, value: bytes) -> bytes:
+            return value
+
+        def decode(self, data: bytes) -> bytes:
+            return data
+
+    @dataclass
+    class Order:
+        id: str
+        amount: int
+
+    runs: list[Order] = []
+
+    @idempotent(c, payload="order", codec=Raw())
+    def receipt(order: Order) -> bytes:
+        runs.append(order)
+        return b"\x00\xffreceipt " + order.id.encode()
+
+    o = Order(unique_key("o"), 5)
+    first = receipt(o)
+    assert first == b"\x00\xffreceipt " + o.id.encode()  # not UTF-8: stored as base64, back byte for byte
+    assert receipt(Order(o.id, 5)) == first and len(runs) == 1
+    assert receipt(Order(o.id, 6)) == first and len(runs) == 2  # another payload: another key, run again

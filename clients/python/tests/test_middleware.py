@@ -192,3 +192,36 @@ def test_shared_request_vectors() -> None:
         assert legacy_fingerprint(v["method"], raw_path, query.encode("latin-1"), body) == v["legacy_fingerprint"], v["name"]
     for v in shared.get("scoped_keys", []):
         assert scoped_key(v["scope"], v["key"]) == v["stored_key"], v
+
+
+@pytest.mark.parametrize("svc", ["memory"], indirect=True)
+def test_a_duplicate_waits_when_configured(svc: Svc, kind: str) -> None:
+    import threading
+
+    s = Served(kind, svc, wait_ms=5000)
+    try:
+        key = unique_key()
+        answers: list[tuple[int, http.client.HTTPMessage, bytes]] = []
+
+        def first() -> None:
+            c = http.client.HTTPConnection("127.0.0.1", s.server.port, timeout=10)
+            c.request("POST", "/slow/700", body=b"{}",
+                      headers={"Idempotency-Key": f'"{key}"', "Content-Type": "application/json"})
+            r = c.getresponse()
+            answers.append((r.status, r.headers, r.read()))
+            c.close()
+
+        t = threading.Thread(target=first)
+        t.start()
+        import time
+        time.sleep(0.2)
+        c = http.client.HTTPConnection("127.0.0.1", s.server.port, timeout=10)
+        c.request("POST", "/slow/700", body=b"{}", headers={"Idempotency-Key": f'"{key}"', "Content-Type": "application/json"})
+        r = c.getresponse()
+        status, headers, body = r.status, r.headers, r.read()
+        c.close()
+        t.join()
+        assert (status, headers["Idempotent-Replayed"], body) == (201, "true", answers[0][2])
+        assert s.runs.total == 1
+    finally:
+        s.close()
