@@ -2,9 +2,9 @@
 # SPDX-License-Identifier: Apache-2.0
 # The quick lint (make lint): formatting, vet, tidy go.mod files,
 # generated code (Go, and the TypeScript SDK's types) that matches its
-# sources, and the OpenAPI description through Redocly and Spectral's
-# OWASP ruleset. The deployment files have their own, heavier lint:
-# scripts/lint-deploy.sh (make lint-deploy).
+# sources, the OpenAPI description through Redocly and Spectral's OWASP
+# ruleset, and the Python SDK's type hints. The deployment files have their
+# own, heavier lint: scripts/lint-deploy.sh (make lint-deploy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -65,3 +65,9 @@ if ! git diff --exit-code --stat -- clients/ts/src/schema.ts; then
   echo "clients/ts/src/schema.ts is stale: run make generate and commit the result" >&2
   exit 1
 fi
+# The Python SDK's type hints, through mypy --strict (Debian's package).
+if ! command -v mypy >/dev/null || ! /usr/bin/python3 -c 'import httpx' 2>/dev/null; then
+  . scripts/apt.sh
+  apt_install mypy python3-httpx
+fi
+(cd clients/python && mypy)

@@ -3,10 +3,11 @@
 # The test suite: real Redis servers (standalone and a 3+3 Cluster) and a
 # NATS JetStream server are started by the tests themselves from
 # redis-server and nats-server, installed here when missing, as are make,
-# git, gcc (the race detector needs cgo) and curl. The TypeScript
-# SDK's tests (clients/ts, npm test) run first, on Node and npm from
-# Debian's packages when they are missing, then the README's install steps
-# of both SDKs (scripts/sdk-install-test.sh). Extra arguments go to go test
+# git, gcc (the race detector needs cgo) and curl. The TypeScript SDK's
+# tests (clients/ts, npm test) and the Python SDK's (clients/python, pytest)
+# run first, on Node, npm and Python packages from Debian's packages when
+# they are missing, then the README's install steps of both SDKs
+# (scripts/sdk-install-test.sh). Extra arguments go to go test
 # alone, e.g. scripts/test.sh -run Begin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,6 +40,17 @@ if [ $# -eq 0 ]; then
   (cd clients/ts && npm test)
   # Both SDKs installed into scratch projects as the README says.
   scripts/sdk-install-test.sh
+fi
+
+# The Python SDK (clients/python): pytest on Debian's Python 3 and packages
+# (the asyncio client's httpx, and Flask, Django, FastAPI and uvicorn for the
+# middleware and examples), against an idemsvc binary built for it, on its
+# memory store and on a Redis it starts; arguments for go test leave it out.
+if [ $# -eq 0 ]; then
+  if ! /usr/bin/python3 -c 'import pytest, httpx, flask, fastapi, uvicorn, django' 2>/dev/null || ! command -v mypy >/dev/null; then
+    apt_install python3-pytest python3-httpx python3-flask python3-fastapi python3-uvicorn python3-django mypy
+  fi
+  (cd clients/python && /usr/bin/python3 -m pytest -q -p no:cacheprovider)
 fi
 
 # Both modules of the workspace (go.work): idemsvc and its Go client.

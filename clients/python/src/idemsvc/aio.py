@@ -1,0 +1,343 @@
+"""The asyncio client: :class:`AsyncClient` has :class:`idemsvc.Client`'s
+API, with coroutines. It calls idemsvc through httpx when httpx is
+installed (a well-kept asyncio HTTP client with pooled keep-alive
+connections), and otherwise through the synchronous client's pool on a
+worker thread."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import itertools
+import json
+import time
+import urllib.parse
+from typing import Any, Awaitable, Callable, Mapping, Protocol
+
+from . import errors
+from ._types import Acquired, Lease, Replay, Response, Result, _current, begin_result, new_owner, short_message
+from .client import (
+    BODY_OMITTED_HEADER, DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_MS, DEFAULT_RETRY_BUDGET, DEFAULT_WAIT_MS,
+    USER_AGENT, Client, _Pool, _Target, backoff, encode_json, replayed, retry_after,
+)
+
+try:
+    import httpx
+except ImportError:  # pragma: no cover - exercised where httpx is absent
+    httpx = None  # type: ignore[assignment]
+
+
+# The errors of a call that got no answer, from either transport.
+_NO_ANSWER: tuple[type[BaseException], ...] = (OSError, http.client.HTTPException)
+if httpx is not None:
+    _NO_ANSWER += (httpx.TransportError,)
+
+
+class _Transport(Protocol):
+    async def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+                      timeout: float) -> tuple[int, Any, bytes]: ...
+
+    async def aclose(self) -> None: ...
+
+
+class _HttpxTransport:
+    def __init__(self, target: _Target, max_idle: int):
+        base = f"{target.scheme}://{target.host_header}"
+        verify: Any = target.ssl_context if target.ssl_context is not None else True
+        self._client = httpx.AsyncClient(
+            base_url=base, verify=verify, trust_env=False,
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=max_idle))
+
+    async def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+                      timeout: float) -> tuple[int, Any, bytes]:
+        r = await self._client.request(method, path, content=body, headers=headers, timeout=timeout)
+        return r.status_code, r.headers, r.content
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+
+
+class _ThreadTransport:
+    """Without httpx: the synchronous pool, each exchange on a worker thread."""
+
+    def __init__(self, target: _Target, max_idle: int):
+        self._pool = _Pool(target, max_idle)
+
+    async def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+                      timeout: float) -> tuple[int, Any, bytes]:
+        status, hdrs, data = await asyncio.to_thread(self._pool.request, method, path, body, headers, timeout)
+        return status, hdrs, data
+
+    async def aclose(self) -> None:
+        self._pool.close()
+
+
+class _Held:
+    def __init__(self, lease: Lease, lease_ms: int):
+        self.lease = lease
+        self.lease_s = lease_ms / 1000
+        self.expires = time.monotonic() + self.lease_s
+        self.stopped = False
+        self.timer: asyncio.TimerHandle | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    def lose(self, reason: BaseException) -> None:
+        if not self.lease.lost.is_set():
+            self.lease.lost_reason = reason
+            self.lease.lost.set()
+
+
+class AsyncClient:
+    """A client of one idemsvc for asyncio code, with :class:`idemsvc.Client`'s
+    rules and options. Use it from one event loop."""
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8080", api_key: str | None = None, *,
+                 tenant: str | None = None, call_timeout: float = DEFAULT_CALL_TIMEOUT,
+                 retry_budget: float = DEFAULT_RETRY_BUDGET, max_idle: int = 32,
+                 ssl_context: Any = None, use_httpx: bool | None = None):
+        # The synchronous client checks the options the same way.
+        Client(base_url, api_key, tenant=tenant, ssl_context=ssl_context)
+        self._config: dict[str, Any] = dict(base_url=base_url, api_key=api_key, tenant=tenant,
+                                            call_timeout=call_timeout, retry_budget=retry_budget,
+                                            max_idle=max_idle, ssl_context=ssl_context)
+        self._target = _Target(base_url, ssl_context)
+        if use_httpx is None:
+            use_httpx = httpx is not None
+        self._transport: _Transport
+        if use_httpx:
+            self._transport = _HttpxTransport(self._target, max_idle)
+        else:
+            self._transport = _ThreadTransport(self._target, max_idle)
+        self.tenant = tenant
+        self.call_timeout = call_timeout
+        self.retry_budget = retry_budget
+        self._headers = {"User-Agent": USER_AGENT, "Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = "Bearer " + api_key
+
+    @classmethod
+    def like(cls, client: Client) -> AsyncClient:
+        """An asyncio client with the same settings as a synchronous one."""
+        return cls(**client._config)
+
+    async def aclose(self) -> None:
+        await self._transport.aclose()
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _call(self, op: str, method: str, path: str, payload: Mapping[str, Any] | None, *,
+                    timeout: float | None = None, budget: float | None = None,
+                    request_id: str | None = None) -> tuple[int, Any]:
+        body = None
+        if payload is not None:
+            if self.tenant is not None:
+                payload = {**payload, "tenant": self.tenant}
+            body = encode_json(payload).encode("utf-8")
+        headers = self._headers
+        if request_id and request_id.isprintable() and request_id.isascii():
+            headers = {**headers, "X-Request-Id": request_id}
+        deadline = time.monotonic() + (self.retry_budget if budget is None else budget)
+        timeout = timeout or self.call_timeout
+        full = self._target.prefix + path
+        for attempt in itertools.count():
+            wait: float | None = None
+            err: errors.IdemError
+            try:
+                status, hdrs, data = await self._transport.request(method, full, body, headers, timeout)
+            except _NO_ANSWER as e:
+                err = errors.Unreachable(f"idemsvc: {op}: unavailable: {e!r}")
+                err.__cause__ = e
+            else:
+                if status < 300:
+                    return status, (json.loads(data) if data else None)
+                ra = retry_after(hdrs.get("Retry-After"))
+                err = errors.problem_error(status, hdrs.get("Content-Type", ""), data, ra, op)
+                if status not in (503, 429):
+                    raise err
+                wait = ra
+            if wait is None:
+                wait = backoff(attempt)
+            if time.monotonic() + wait > deadline:
+                raise err
+            await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
+
+    async def begin(self, key: str, *, fingerprint: str | None = None, owner: str | None = None,
+                    lease_ms: int | None = None, retention_s: int | None = None, wait_ms: int | None = None,
+                    budget: float | None = None, timeout: float | None = None,
+              request_id: str | None = None) -> Acquired | Replay:
+        payload: dict[str, Any] = {"key": key, "owner": owner or new_owner()}
+        if fingerprint:
+            payload["fingerprint"] = fingerprint
+        if lease_ms:
+            payload["lease_ms"] = lease_ms
+        if retention_s:
+            payload["retention_s"] = retention_s
+        if wait_ms:
+            payload["wait_ms"] = wait_ms
+        status, body = await self._call("begin", "POST", "/v1/begin", payload,
+                                        timeout=timeout or self.call_timeout + (wait_ms or 0) / 1000, budget=budget,
+                                        request_id=request_id)
+        return begin_result(status, body)
+
+    async def complete(self, key: str, lease_token: str, response: Response | None = None, *,
+                       retention_s: int | None = None) -> dict[str, Any]:
+        payload: dict[str, Any] = {"key": key, "lease_token": lease_token,
+                                   "response": (response or Response()).to_wire()}
+        if retention_s:
+            payload["retention_s"] = retention_s
+        return (await self._call("complete", "POST", "/v1/complete", payload))[1]  # type: ignore[no-any-return]
+
+    async def fail(self, key: str, lease_token: str, *, retryable: bool = True, error: str | None = None,
+                   response: Response | None = None) -> dict[str, Any]:
+        payload: dict[str, Any] = {"key": key, "lease_token": lease_token, "retryable": retryable}
+        if error:
+            payload["error"] = short_message(error)
+        if response is not None:
+            payload["response"] = response.to_wire()
+        return (await self._call("fail", "POST", "/v1/fail", payload))[1]  # type: ignore[no-any-return]
+
+    async def extend(self, key: str, lease_token: str, lease_ms: int | None = None, *,
+                     budget: float | None = None) -> dict[str, Any]:
+        payload: dict[str, Any] = {"key": key, "lease_token": lease_token}
+        if lease_ms:
+            payload["lease_ms"] = lease_ms
+        return (await self._call("extend", "POST", "/v1/extend", payload, budget=budget))[1]  # type: ignore[no-any-return]
+
+    async def status(self, key: str, include_response: bool = False) -> dict[str, Any]:
+        q = {"key": key}
+        if include_response:
+            q["include_response"] = "true"
+        if self.tenant is not None:
+            q["tenant"] = self.tenant
+        return (await self._call("status", "GET", "/v1/status?" + urllib.parse.urlencode(q), None))[1]  # type: ignore[no-any-return]
+
+    async def delete(self, key: str) -> None:
+        q = {"key": key}
+        if self.tenant is not None:
+            q["tenant"] = self.tenant
+        await self._call("delete", "DELETE", "/v1/keys?" + urllib.parse.urlencode(q), None)
+
+    async def do(self, key: str, fn: Callable[[], Awaitable[Response]], *, fingerprint: str | None = None,
+                 lease_ms: int = DEFAULT_LEASE_MS, retention_s: int | None = None,
+                 wait_ms: int = DEFAULT_WAIT_MS, give_up_after: float | None = None) -> Result:
+        """:meth:`idemsvc.Client.do` for a coroutine function."""
+        owner = new_owner()
+        end = None if give_up_after is None else time.monotonic() + give_up_after
+        for attempt in itertools.count():
+            try:
+                r = await self.begin(key, fingerprint=fingerprint, owner=owner, lease_ms=lease_ms,
+                                     retention_s=retention_s, wait_ms=wait_ms)
+            except errors.InProgress:
+                pause = backoff(attempt)
+                if end is not None and time.monotonic() + pause > end:
+                    raise
+                await asyncio.sleep(pause)
+                continue
+            if isinstance(r, Replay):
+                return replayed(r)
+            return await self.run(r, fn, lease_ms=lease_ms, retention_s=retention_s)
+        raise AssertionError("unreachable")
+
+    async def run(self, acquired: Acquired, fn: Callable[[], Awaitable[Response]], *,
+                  lease_ms: int = DEFAULT_LEASE_MS, retention_s: int | None = None,
+                  omit_body: bool = False) -> Result:
+        held = self.hold(acquired, lease_ms)
+        token = _current.set(held.lease)
+        try:
+            resp = await fn()
+        except BaseException as e:
+            self.release(held)
+            # The operation ran (or broke off): its outcome is stored even if
+            # the task is being cancelled.
+            await asyncio.shield(self._fail_for(acquired, e))
+            if isinstance(e, errors.TerminalError):
+                raise errors.Failed(str(e), response=e.response, attempt=acquired.attempt) from e
+            raise
+        finally:
+            _current.reset(token)
+        self.release(held)
+        await asyncio.shield(self._complete_for(acquired, resp, retention_s, omit_body))
+        return Result(response=resp, replayed=False, attempt=acquired.attempt)
+
+    async def _complete_for(self, a: Acquired, resp: Response, retention_s: int | None, omit_body: bool) -> None:
+        try:
+            await self.complete(a.key, a.lease_token, resp, retention_s=retention_s)
+            return
+        except errors.TooLarge as e:
+            if not omit_body:
+                refused: errors.ProblemError = e
+            else:
+                headers = {**(resp.headers or {}), BODY_OMITTED_HEADER: "true"}
+                try:
+                    await self.complete(a.key, a.lease_token, Response(resp.status_code, headers),
+                                        retention_s=retention_s)
+                    return
+                except (errors.TooLarge, errors.InvalidRequest) as e2:
+                    refused = e2
+        except errors.InvalidRequest as e:
+            refused = e
+        msg = f"the response could not be stored: {refused}"
+        try:
+            await self.fail(a.key, a.lease_token, retryable=False, error=msg)
+        except errors.IdemError as ferr:
+            refused.add_note(f"and failing the attempt: {ferr}")
+        raise errors.Failed(msg, response=resp, attempt=a.attempt) from refused
+
+    async def _fail_for(self, a: Acquired, e: BaseException) -> None:
+        try:
+            if isinstance(e, errors.TerminalError):
+                resp = e.response if isinstance(e.response, Response) else None
+                try:
+                    await self.fail(a.key, a.lease_token, retryable=False, error=str(e), response=resp)
+                except errors.TooLarge:
+                    await self.fail(a.key, a.lease_token, retryable=False, error=str(e))
+            else:
+                await self.fail(a.key, a.lease_token, error=f"{type(e).__name__}: {e}")
+        except errors.IdemError as ferr:
+            e.add_note(f"idemsvc: failing the attempt: {ferr}")
+
+    def hold(self, acquired: Acquired, lease_ms: int = DEFAULT_LEASE_MS) -> _Held:
+        """Starts the heartbeat of an acquired lease on the running loop: a
+        timer until it first fires, then an extend every lease/3."""
+        lease = Lease(key=acquired.key, attempt=acquired.attempt, token=acquired.lease_token,
+                      recovered=acquired.recovered)
+        held = _Held(lease, lease_ms)
+        loop = asyncio.get_running_loop()
+        held.timer = loop.call_later(held.lease_s / 3, self._due, held)
+        return held
+
+    @staticmethod
+    def release(held: _Held) -> None:
+        held.stopped = True
+        if held.timer is not None:
+            held.timer.cancel()
+
+    def _due(self, held: _Held) -> None:
+        if not held.stopped:
+            held.task = asyncio.get_running_loop().create_task(self._beat(held))
+
+    async def _beat(self, held: _Held) -> None:
+        sent = time.monotonic()
+        lease = held.lease
+        try:
+            await self.extend(lease.key, lease.token, int(held.lease_s * 1000),
+                              budget=max(0.0, held.expires - sent))
+        except (errors.LeaseLost, errors.NotFound) as e:
+            if not held.stopped:
+                held.lose(e)
+            return
+        except errors.IdemError as e:
+            if held.stopped:
+                return
+            if time.monotonic() >= held.expires:
+                held.lose(e)
+                return
+        else:
+            held.expires = sent + held.lease_s
+        if not held.stopped:
+            held.timer = asyncio.get_running_loop().call_later(held.lease_s / 3, self._due, held)

@@ -1,0 +1,490 @@
+"""The synchronous client: the standard library's http.client, keep-alive
+connections pooled per client, safe to share between threads."""
+
+from __future__ import annotations
+
+import heapq
+import http.client
+import itertools
+import json
+import random
+import ssl
+import threading
+import time
+import urllib.parse
+from typing import Any, Callable, Mapping
+
+from . import errors
+from ._types import (
+    Acquired, Lease, Replay, Response, Result, _current, begin_result, new_owner, short_message,
+)
+
+VERSION = "0.1.0"
+USER_AGENT = "idemsvc-python/" + VERSION
+
+DEFAULT_CALL_TIMEOUT = 10.0  # seconds per HTTP exchange, plus a begin's wait
+DEFAULT_RETRY_BUDGET = 15.0  # seconds spent retrying one call
+DEFAULT_LEASE_MS = 30_000
+DEFAULT_WAIT_MS = 5_000  # how long each begin of do() waits for another caller's attempt
+MIN_BACKOFF = 0.05
+MAX_BACKOFF = 2.0
+
+
+# One encoder for every call: json.dumps with options makes one per call.
+encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def backoff(attempt: int) -> float:
+    """A full-jitter exponential delay for the attempt'th retry, as the Go SDK's."""
+    d: float = min(MIN_BACKOFF * float(2 ** min(attempt, 16)), MAX_BACKOFF)
+    return d / 2 + random.uniform(0, d / 2)
+
+
+def retry_after(value: str | None) -> float | None:
+    """Retry-After in whole seconds, as idemsvc sends it; None when absent or not a number."""
+    if value and value.strip().isdigit():
+        s = int(value.strip())
+        return float(s) if s > 0 else None
+    return None
+
+
+class _Target:
+    """Where the client's calls go: scheme, host, port and path prefix of the base URL."""
+
+    def __init__(self, base_url: str, ssl_context: ssl.SSLContext | None):
+        u = urllib.parse.urlsplit(base_url)
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"idemsvc: {base_url!r} is not an http:// or https:// URL")
+        self.scheme = u.scheme
+        self.host = u.hostname
+        self.port = u.port or (443 if u.scheme == "https" else 80)
+        self.prefix = u.path.rstrip("/")
+        self.ssl_context = ssl_context
+        default_port = 443 if u.scheme == "https" else 80
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        self.host_header = host if self.port == default_port else f"{host}:{self.port}"
+
+
+class _Pool:
+    """Keep-alive HTTP/1.1 connections to one idemsvc: each call takes an idle
+    one (or opens one) and gives it back once the answer is read."""
+
+    def __init__(self, target: _Target, max_idle: int):
+        self.target = target
+        self.max_idle = max_idle
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
+
+    def _new(self, timeout: float) -> http.client.HTTPConnection:
+        t = self.target
+        if t.scheme == "https":
+            return http.client.HTTPSConnection(t.host, t.port, timeout=timeout, context=t.ssl_context)
+        return http.client.HTTPConnection(t.host, t.port, timeout=timeout)
+
+    def request(self, method: str, path: str, body: bytes | None, headers: dict[str, str],
+                timeout: float) -> tuple[int, http.client.HTTPMessage, bytes]:
+        """One exchange. A connection from the pool that idemsvc closed while it
+        was idle fails before any answer: the request goes once more, on a new
+        connection (every call of this client is safe to send twice)."""
+        with self._lock:
+            conn = self._idle.pop() if self._idle else None
+        if conn is not None:
+            try:
+                return self._exchange(conn, method, path, body, headers, timeout)
+            except (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError):
+                pass
+        return self._exchange(self._new(timeout), method, path, body, headers, timeout)
+
+    def _exchange(self, conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None,
+                  headers: dict[str, str], timeout: float) -> tuple[int, http.client.HTTPMessage, bytes]:
+        try:
+            if conn.timeout != timeout:
+                conn.timeout = timeout
+                if conn.sock is not None:
+                    conn.sock.settimeout(timeout)
+            conn.request(method, path, body=body, headers=headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        except BaseException:
+            conn.close()
+            raise
+        if resp.will_close:
+            conn.close()
+        else:
+            with self._lock:
+                if len(self._idle) < self.max_idle:
+                    self._idle.append(conn)
+                    conn = None  # type: ignore[assignment]
+            if conn is not None:
+                conn.close()
+        return resp.status, resp.headers, data
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
+
+
+class _Beats:
+    """The heartbeats of a client's leases: one thread that sleeps until the
+    next lease is due for an extend, started with the first lease (and ended
+    after 30 s without any). A lease's entry stays until it is due, also once
+    its operation ended, so that the thread wakes only for the earliest
+    entry: an operation shorter than lease/3 costs a heap push and no
+    wake-up of the thread."""
+
+    def __init__(self, extend: Callable[[_Held], None]):
+        self._extend = extend
+        self._cond = threading.Condition(threading.Lock())
+        self._heap: list[tuple[float, int, _Held]] = []
+        self._seq = itertools.count()
+        self._thread: threading.Thread | None = None
+        self._sleeps_until = 0.0  # when the thread wakes by itself; it is told of an earlier entry
+
+    def schedule(self, held: _Held, due: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._seq), held))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="idemsvc-heartbeat", daemon=True)
+                self._sleeps_until = 0.0
+                self._thread.start()
+            elif due < self._sleeps_until:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    now = time.monotonic()
+                    if not self._heap:
+                        self._sleeps_until = now + 30
+                        if not self._cond.wait(timeout=30) and not self._heap:
+                            self._thread = None
+                            return
+                        continue
+                    due, _, held = self._heap[0]
+                    if due > now:
+                        self._sleeps_until = due
+                        self._cond.wait(timeout=due - now)
+                        continue
+                    heapq.heappop(self._heap)
+                    if not held.stopped:
+                        self._sleeps_until = 0.0
+                        break
+            # The extend runs on a thread of its own: a slow idemsvc must not
+            # hold back the beats of other leases.
+            threading.Thread(target=self._extend, args=(held,), name="idemsvc-extend", daemon=True).start()
+
+
+class _Held:
+    """A lease held while its operation runs, and its heartbeat's state."""
+
+    def __init__(self, lease: Lease, lease_ms: int):
+        self.lease = lease
+        self.lease_s = lease_ms / 1000
+        self.expires = time.monotonic() + self.lease_s  # on this clock; a little late at worst
+        self.stopped = False
+
+    def lose(self, reason: BaseException) -> None:
+        if not self.lease.lost.is_set():
+            self.lease.lost_reason = reason
+            self.lease.lost.set()
+
+
+class Client:
+    """A client of one idemsvc, safe to share between threads.
+
+    Every call is retried on network errors, 503 answers and 429 answers,
+    with exponential backoff and jitter, honouring ``Retry-After``, until the
+    retry budget ends; a ``Retry-After`` beyond the budget is not waited for.
+    Retries are safe: a begin carries an owner, complete and fail carry the
+    lease token.
+    """
+
+    def __init__(self, base_url: str = "http://127.0.0.1:8080", api_key: str | None = None, *,
+                 tenant: str | None = None, call_timeout: float = DEFAULT_CALL_TIMEOUT,
+                 retry_budget: float = DEFAULT_RETRY_BUDGET, max_idle: int = 32,
+                 ssl_context: ssl.SSLContext | None = None):
+        if api_key is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in api_key):
+            raise ValueError("idemsvc: the API key has a control character (a line end read from a file, say), "
+                             "which no HTTP header can carry")
+        self._config: dict[str, Any] = dict(base_url=base_url, api_key=api_key, tenant=tenant,
+                                            call_timeout=call_timeout, retry_budget=retry_budget,
+                                            max_idle=max_idle, ssl_context=ssl_context)
+        self._target = _Target(base_url, ssl_context)
+        self._pool = _Pool(self._target, max_idle)
+        self.tenant = tenant
+        self.call_timeout = call_timeout
+        self.retry_budget = retry_budget
+        self._headers = {"Host": self._target.host_header, "User-Agent": USER_AGENT,
+                         "Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = "Bearer " + api_key
+        self._beats = _Beats(self._beat)
+
+    def close(self) -> None:
+        """Closes the idle connections; the client may still be used."""
+        self._pool.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- one call -------------------------------------------------------
+
+    def _call(self, op: str, method: str, path: str, payload: Mapping[str, Any] | None, *,
+              timeout: float | None = None, budget: float | None = None,
+              request_id: str | None = None) -> tuple[int, Any]:
+        """Runs one API call until it succeeds, fails for good, or the retry
+        budget ends; returns the status and the decoded JSON answer."""
+        body = None
+        if payload is not None:
+            if self.tenant is not None:
+                payload = {**payload, "tenant": self.tenant}
+            body = encode_json(payload).encode("utf-8")
+        headers = self._headers
+        if request_id and request_id.isprintable() and request_id.isascii():
+            headers = {**headers, "X-Request-Id": request_id}
+        deadline = time.monotonic() + (self.retry_budget if budget is None else budget)
+        timeout = timeout or self.call_timeout
+        full = self._target.prefix + path
+        for attempt in itertools.count():
+            wait: float | None = None
+            err: errors.IdemError
+            try:
+                status, hdrs, data = self._pool.request(method, full, body, headers, timeout)
+            except (OSError, http.client.HTTPException) as e:
+                err = errors.Unreachable(f"idemsvc: {op}: unavailable: {e!r}")
+                err.__cause__ = e
+            else:
+                if status < 300:
+                    return status, (json.loads(data) if data else None)
+                ra = retry_after(hdrs.get("Retry-After"))
+                err = errors.problem_error(status, hdrs.get("Content-Type", ""), data, ra, op)
+                if status not in (503, 429):
+                    raise err
+                wait = ra
+            if wait is None:
+                wait = backoff(attempt)
+            if time.monotonic() + wait > deadline:
+                raise err
+            time.sleep(wait)
+        raise AssertionError("unreachable")
+
+    # --- the API ----------------------------------------------------------
+
+    def begin(self, key: str, *, fingerprint: str | None = None, owner: str | None = None,
+              lease_ms: int | None = None, retention_s: int | None = None, wait_ms: int | None = None,
+              budget: float | None = None, timeout: float | None = None,
+              request_id: str | None = None) -> Acquired | Replay:
+        """Starts an attempt for key. A key in progress elsewhere raises
+        :class:`~idemsvc.errors.InProgress`. Without an owner, one is made up,
+        so that the call's own retries get the lease it may have been given."""
+        payload: dict[str, Any] = {"key": key, "owner": owner or new_owner()}
+        if fingerprint:
+            payload["fingerprint"] = fingerprint
+        if lease_ms:
+            payload["lease_ms"] = lease_ms
+        if retention_s:
+            payload["retention_s"] = retention_s
+        if wait_ms:
+            payload["wait_ms"] = wait_ms
+        status, body = self._call("begin", "POST", "/v1/begin", payload,
+                                  timeout=timeout or self.call_timeout + (wait_ms or 0) / 1000, budget=budget,
+                                  request_id=request_id)
+        return begin_result(status, body)
+
+    def complete(self, key: str, lease_token: str, response: Response | None = None, *,
+                 retention_s: int | None = None) -> dict[str, Any]:
+        """Stores response as the outcome of the attempt holding lease_token."""
+        payload: dict[str, Any] = {"key": key, "lease_token": lease_token,
+                                   "response": (response or Response()).to_wire()}
+        if retention_s:
+            payload["retention_s"] = retention_s
+        return self._call("complete", "POST", "/v1/complete", payload)[1]  # type: ignore[no-any-return]
+
+    def fail(self, key: str, lease_token: str, *, retryable: bool = True, error: str | None = None,
+             response: Response | None = None) -> dict[str, Any]:
+        """Ends the attempt holding lease_token with a failure: retryable
+        releases the key; otherwise the failure is stored for replay."""
+        payload: dict[str, Any] = {"key": key, "lease_token": lease_token, "retryable": retryable}
+        if error:
+            payload["error"] = short_message(error)
+        if response is not None:
+            payload["response"] = response.to_wire()
+        return self._call("fail", "POST", "/v1/fail", payload)[1]  # type: ignore[no-any-return]
+
+    def extend(self, key: str, lease_token: str, lease_ms: int | None = None, *,
+               budget: float | None = None) -> dict[str, Any]:
+        """Pushes the lease of the attempt holding lease_token to now + lease_ms."""
+        payload: dict[str, Any] = {"key": key, "lease_token": lease_token}
+        if lease_ms:
+            payload["lease_ms"] = lease_ms
+        return self._call("extend", "POST", "/v1/extend", payload, budget=budget)[1]  # type: ignore[no-any-return]
+
+    def status(self, key: str, include_response: bool = False) -> dict[str, Any]:
+        """key's record; :class:`~idemsvc.errors.NotFound` when there is none."""
+        q = {"key": key}
+        if include_response:
+            q["include_response"] = "true"
+        if self.tenant is not None:
+            q["tenant"] = self.tenant
+        return self._call("status", "GET", "/v1/status?" + urllib.parse.urlencode(q), None)[1]  # type: ignore[no-any-return]
+
+    def delete(self, key: str) -> None:
+        """Forgets key's record; deleting an absent record is no error."""
+        q = {"key": key}
+        if self.tenant is not None:
+            q["tenant"] = self.tenant
+        self._call("delete", "DELETE", "/v1/keys?" + urllib.parse.urlencode(q), None)
+
+    # --- running an operation --------------------------------------------
+
+    def do(self, key: str, fn: Callable[[], Response], *, fingerprint: str | None = None,
+           lease_ms: int = DEFAULT_LEASE_MS, retention_s: int | None = None,
+           wait_ms: int = DEFAULT_WAIT_MS, give_up_after: float | None = None) -> Result:
+        """Runs fn at most once for key, across every caller of idemsvc, and
+        gives every caller its outcome:
+
+        - a key completed before is replayed without calling fn
+          (``Result.replayed``); one failed terminally raises
+          :class:`~idemsvc.errors.Failed`;
+        - a key in progress elsewhere is waited for (``wait_ms`` per begin),
+          and begun again with backoff, until ``give_up_after`` seconds
+          (forever by default), then :class:`~idemsvc.errors.InProgress`;
+        - otherwise fn runs under the lease, extended every lease/3 while it
+          runs (:func:`idemsvc.current_lease` gives it to fn); its response
+          is completed. :class:`~idemsvc.errors.TerminalError` fails the
+          attempt terminally, storing its response for replay; any other
+          exception releases the key (the next caller runs fn) and is raised
+          again. A response idemsvc refuses to store fails the attempt
+          terminally, so that no duplicate runs fn again.
+        """
+        owner = new_owner()
+        end = None if give_up_after is None else time.monotonic() + give_up_after
+        for attempt in itertools.count():
+            try:
+                r = self.begin(key, fingerprint=fingerprint, owner=owner, lease_ms=lease_ms,
+                               retention_s=retention_s, wait_ms=wait_ms)
+            except errors.InProgress:
+                pause = backoff(attempt)
+                if end is not None and time.monotonic() + pause > end:
+                    raise
+                time.sleep(pause)
+                continue
+            if isinstance(r, Replay):
+                return replayed(r)
+            return self.run(r, fn, lease_ms=lease_ms, retention_s=retention_s)
+        raise AssertionError("unreachable")
+
+    def run(self, acquired: Acquired, fn: Callable[[], Response], *, lease_ms: int = DEFAULT_LEASE_MS,
+            retention_s: int | None = None, omit_body: bool = False) -> Result:
+        """Runs fn under an acquired lease, with a heartbeat, and completes or
+        fails the attempt, as :meth:`do` does once it acquired the key."""
+        held = self.hold(acquired, lease_ms)
+        token = _current.set(held.lease)
+        try:
+            resp = fn()
+        except BaseException as e:
+            self.release(held)
+            self._fail_for(acquired, e)
+            if isinstance(e, errors.TerminalError):
+                raise errors.Failed(str(e), response=e.response, attempt=acquired.attempt) from e
+            raise
+        finally:
+            _current.reset(token)
+        self.release(held)
+        self._complete_for(acquired, resp, retention_s, omit_body)
+        return Result(response=resp, replayed=False, attempt=acquired.attempt)
+
+    def _complete_for(self, a: Acquired, resp: Response, retention_s: int | None, omit_body: bool) -> None:
+        try:
+            self.complete(a.key, a.lease_token, resp, retention_s=retention_s)
+            return
+        except errors.TooLarge as e:
+            if not omit_body:
+                refused: errors.ProblemError = e
+            else:
+                headers = {**(resp.headers or {}), BODY_OMITTED_HEADER: "true"}
+                try:
+                    self.complete(a.key, a.lease_token, Response(resp.status_code, headers),
+                                  retention_s=retention_s)
+                    return
+                except (errors.TooLarge, errors.InvalidRequest) as e2:
+                    refused = e2
+        except errors.InvalidRequest as e:
+            refused = e
+        # The operation ran but its outcome cannot be stored: a terminal
+        # failure keeps duplicates from running it again.
+        msg = f"the response could not be stored: {refused}"
+        try:
+            self.fail(a.key, a.lease_token, retryable=False, error=msg)
+        except errors.IdemError as ferr:
+            refused.add_note(f"and failing the attempt: {ferr}")
+        raise errors.Failed(msg, response=resp, attempt=a.attempt) from refused
+
+    def _fail_for(self, a: Acquired, e: BaseException) -> None:
+        try:
+            if isinstance(e, errors.TerminalError):
+                resp = e.response if isinstance(e.response, Response) else None
+                try:
+                    self.fail(a.key, a.lease_token, retryable=False, error=str(e), response=resp)
+                except errors.TooLarge:
+                    # Store the failure without its response rather than not at all.
+                    self.fail(a.key, a.lease_token, retryable=False, error=str(e))
+            else:
+                self.fail(a.key, a.lease_token, error=f"{type(e).__name__}: {e}")
+        except errors.IdemError as ferr:
+            e.add_note(f"idemsvc: failing the attempt: {ferr}")
+
+    # --- heartbeat ----------------------------------------------------------
+
+    def hold(self, acquired: Acquired, lease_ms: int = DEFAULT_LEASE_MS) -> _Held:
+        """Starts the heartbeat of an acquired lease: it is extended every
+        lease/3 until :meth:`release`; ``Lease.lost`` is set when it is lost."""
+        lease = Lease(key=acquired.key, attempt=acquired.attempt, token=acquired.lease_token,
+                      recovered=acquired.recovered)
+        held = _Held(lease, lease_ms)
+        self._beats.schedule(held, time.monotonic() + held.lease_s / 3)
+        return held
+
+    @staticmethod
+    def release(held: _Held) -> None:
+        held.stopped = True
+
+    def _beat(self, held: _Held) -> None:
+        if held.stopped:
+            return
+        sent = time.monotonic()
+        lease = held.lease
+        try:
+            # Retried only while the lease may still be live.
+            self.extend(lease.key, lease.token, int(held.lease_s * 1000),
+                        budget=max(0.0, held.expires - sent))
+        except (errors.LeaseLost, errors.NotFound) as e:
+            if not held.stopped:
+                held.lose(e)
+            return
+        except errors.IdemError as e:
+            if held.stopped:
+                return
+            if time.monotonic() >= held.expires:
+                held.lose(e)
+                return
+        else:
+            held.expires = sent + held.lease_s
+        if not held.stopped:
+            self._beats.schedule(held, time.monotonic() + held.lease_s / 3)
+
+
+BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
+
+
+def replayed(r: Replay) -> Result:
+    """The Result of a finished attempt's stored outcome; a terminal failure raises Failed."""
+    if r.failed:
+        raise errors.Failed(r.error or "", response=r.response, attempt=r.attempt, replayed=True)
+    return Result(response=r.response, replayed=True, attempt=r.attempt)
