@@ -85,8 +85,18 @@ func (s *RedisStore) Inspect(ctx context.Context) []NodeInfo {
 			return nil
 		})
 		if err != nil && len(nodes) == 0 {
-			// The slot map itself could not be read.
-			nodes = append(nodes, NodeInfo{Addr: strings.Join(c.Options().Addrs, ","), Err: err})
+			// The slot map itself could not be read: no node answered
+			// CLUSTER SLOTS, or they refused it.
+			n := NodeInfo{Addr: strings.Join(c.Options().Addrs, ",")}
+			switch {
+			case redis.IsAuthError(err):
+				n.Refused = CheckAuth
+			case redis.IsPermissionError(err):
+				n.Refused, n.Denied = CheckPermissions, "CLUSTER SLOTS"
+			default:
+				n.Err = err
+			}
+			nodes = append(nodes, n)
 		}
 		return nodes
 	}
