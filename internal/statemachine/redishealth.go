@@ -60,7 +60,7 @@ type NodeInfo struct {
 // Evicting reports whether the node's policy may drop records: anything
 // but noeviction, since records carry a TTL and volatile-* policies evict
 // them too.
-func (n *NodeInfo) Evicting() bool { return n.Policy != "" && n.Policy != "noeviction" }
+func (n *NodeInfo) Evicting() bool { return n.Memory.Evicting() }
 
 // readinessTimeout bounds a readiness check, so that /readyz answers within
 // 500 ms even when a node hangs.
@@ -218,6 +218,10 @@ func memoryOf(info string) Memory {
 	m.Counted = used - notCounted
 	return m
 }
+
+// Evicting reports whether the policy may drop records: anything but
+// noeviction (unknown is not).
+func (m Memory) Evicting() bool { return m.Policy != "" && m.Policy != "noeviction" }
 
 // Headroom is the memory free under maxmemory: negative when the node is
 // over it, and math.MaxInt64 without maxmemory.
