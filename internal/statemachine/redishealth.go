@@ -62,7 +62,7 @@ type NodeInfo struct {
 // Evicting reports whether the node's policy may drop records: anything
 // but noeviction, since records carry a TTL and volatile-* policies evict
 // them too.
-func (n *NodeInfo) Evicting() bool { return n.Policy != "" && n.Policy != "noeviction" }
+func (n *NodeInfo) Evicting() bool { return n.Memory.Evicting() }
 
 // readinessTimeout bounds a readiness check, so that /readyz answers within
 // 500 ms even when a node hangs.
@@ -87,8 +87,18 @@ func (s *RedisStore) Inspect(ctx context.Context) []NodeInfo {
 			return nil
 		})
 		if err != nil && len(nodes) == 0 {
-			// The slot map itself could not be read.
-			nodes = append(nodes, NodeInfo{Addr: strings.Join(c.Options().Addrs, ","), Err: err})
+			// The slot map itself could not be read: no node answered
+			// CLUSTER SLOTS, or they refused it.
+			n := NodeInfo{Addr: strings.Join(c.Options().Addrs, ",")}
+			switch {
+			case redis.IsAuthError(err):
+				n.Refused = CheckAuth
+			case redis.IsPermissionError(err):
+				n.Refused, n.Denied = CheckPermissions, "CLUSTER SLOTS"
+			default:
+				n.Err = err
+			}
+			nodes = append(nodes, n)
 		}
 		return nodes
 	}
@@ -210,6 +220,10 @@ func memoryOf(info string) Memory {
 	m.Counted = used - notCounted
 	return m
 }
+
+// Evicting reports whether the policy may drop records: anything but
+// noeviction (unknown is not).
+func (m Memory) Evicting() bool { return m.Policy != "" && m.Policy != "noeviction" }
 
 // Headroom is the memory free under maxmemory: negative when the node is
 // over it, and math.MaxInt64 without maxmemory.

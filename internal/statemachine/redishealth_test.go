@@ -160,6 +160,21 @@ func TestReadinessCluster(t *testing.T) {
 	slices.Sort(addrs)
 	wantFailures(t, sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 2}),
 		"replicas "+addrs[0], "replicas "+addrs[1], "replicas "+addrs[2])
+
+	// Refusals: every master is probed on its own; a refused login fails
+	// before the slot map can be read, and is named for the seeds.
+	for _, n := range c.Nodes() {
+		if err := n.Client(t).Do(ctx, "ACL", "SETUSER", "noscript", "on", ">pw", "~*", "&*", "+@all", "-@scripting").Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	as := func(user, password string) *sm.RedisStore {
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), Username: user, Password: password, ContextTimeoutEnabled: true})
+		t.Cleanup(func() { _ = client.Close() })
+		return sm.NewRedisStore(client, sm.RedisOptions{})
+	}
+	wantFailures(t, as("noscript", "pw"), "permissions "+addrs[0], "permissions "+addrs[1], "permissions "+addrs[2])
+	wantFailures(t, as("noscript", "wrong"), "auth "+strings.Join(c.Addrs(), ","))
 }
 
 // TestReadinessSentinel: the master Sentinel names is the one read, by its

@@ -179,7 +179,7 @@ func (s *RedisStore) readRoom(ctx context.Context, node redis.Cmdable, addr stri
 	}
 	r.Memory = memoryOf(info.Val())
 	switch m := r.Memory; {
-	case m.Policy != "" && m.Policy != "noeviction" && !s.allowEviction:
+	case m.Evicting() && !s.allowEviction:
 		r.Refusal = fmt.Errorf("%w: %s has maxmemory-policy %s", ErrEvicting, r.Node, m.Policy)
 	case m.Short(s.reserve):
 		r.Refusal = fmt.Errorf("%w: %s has %d bytes free under maxmemory, under the reserve of %d",
