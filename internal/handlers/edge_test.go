@@ -4,11 +4,16 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"io"
+	"net"
 	"net/http"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // The answers written before any handler runs (internal/httpserve) name
@@ -36,5 +41,45 @@ func TestConnectionProblemKindsAgree(t *testing.T) {
 		if status == 503 && resp.Header.Get("Retry-After") == "" {
 			t.Errorf("503 without Retry-After")
 		}
+	}
+}
+
+// A request is authenticated before its body is read: calls without a
+// valid key are answered 401 while their declared bodies are still coming,
+// take nothing from the budget of bodies in flight, and so cannot keep an
+// authenticated complete out of it.
+func TestAuthenticationBeforeBody(t *testing.T) {
+	t.Parallel()
+	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: tenantsKeyring(t),
+		MaxBodyBytes: 1 << 20, MaxBodyBytesInFlight: 4 << 20})
+	pad := strings.Repeat("x", 900<<10)
+	for range 4 { // enough to fill the budget, were their bodies read
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+		go func() {
+			_, _ = io.WriteString(conn, "POST /v1/complete HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer wrong\r\n"+
+				"Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n"+pad)
+		}()
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		if err != nil || resp.StatusCode != http.StatusUnauthorized {
+			t.Fatalf("a call with a wrong key, its body still coming: %v %v, want 401 at once", resp, err)
+		}
+		resp.Body.Close()
+	}
+
+	begin, out := e.raw(t, http.MethodPost, "/v1/begin", "application/json", strings.NewReader(`{"key":"auth-first"}`), "Authorization", "Bearer "+keyPayments)
+	var lease struct {
+		LeaseToken string `json:"lease_token"`
+	}
+	if begin.StatusCode != http.StatusCreated || json.Unmarshal(out, &lease) != nil {
+		t.Fatalf("begin: %d %s", begin.StatusCode, out)
+	}
+	complete := `{"key":"auth-first","lease_token":"` + lease.LeaseToken + `","response":{"body":"` + pad + `"}}`
+	if resp, out := e.raw(t, http.MethodPost, "/v1/complete", "application/json", strings.NewReader(complete), "Authorization", "Bearer "+keyPayments); resp.StatusCode != http.StatusOK {
+		t.Errorf("an authenticated complete of %d bytes: %d %.200s, want 200", len(complete), resp.StatusCode, out)
 	}
 }
