@@ -1,4 +1,4 @@
-.PHONY: generate test bench load load-sdk load-instructions lint robustness
+.PHONY: generate test bench load load-sdk load-instructions load-reads lint robustness
 
 # Regenerate code from its sources (api/openapi.yaml).
 generate:
@@ -28,6 +28,11 @@ load-sdk:
 # callgrind: exact where the loads above are noisy.
 load-instructions:
 	benchmarks/http-instructions.sh
+
+# One tenant's begin p99 alone and beside another replaying 1 MiB records
+# as fast as its read budget lets it (a latency measurement: not in test).
+load-reads:
+	IDEMSVC_LOAD_TESTS=1 go test -count=1 -v -run TestReaderLeavesOthersTheirShare ./cmd/idemsvc/
 
 lint:
 	scripts/lint.sh
