@@ -1,4 +1,4 @@
-.PHONY: build generate test bench load load-sdk load-instructions lint lint-deploy robustness
+.PHONY: build generate test bench load load-sdk load-instructions load-reads lint lint-deploy robustness
 
 # The three commands for this machine, into $(BIN), stamped with the
 # version (the tag of HEAD, or git describe's name for it) and the
@@ -41,6 +41,11 @@ load-sdk:
 # callgrind: exact where the loads above are noisy.
 load-instructions:
 	benchmarks/http-instructions.sh
+
+# One tenant's begin p99 alone and beside another replaying 1 MiB records
+# as fast as its read budget lets it (a latency measurement: not in test).
+load-reads:
+	IDEMSVC_LOAD_TESTS=1 go test -count=1 -v -run TestReaderLeavesOthersTheirShare ./cmd/idemsvc/
 
 # Go (gofmt, vet, tidy), generated code's freshness, the OpenAPI linters.
 lint:

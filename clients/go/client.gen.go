@@ -609,7 +609,7 @@ type Problem struct {
 	// | `in-progress` | 409 | another caller holds the key (with `attempt`, `lease_expires_at`) |
 	// | `lease-lost` | 409 | the lease token is not the current attempt's |
 	// | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
-	// | `rate-limited` | 429 | begin only: the tenant is over its begin rate or its concurrent waiters (with `Retry-After`) |
+	// | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress or its read budget (with `Retry-After`) |
 	// | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
 	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
 	// | `internal` | 500 | an unexpected error |
@@ -1157,7 +1157,9 @@ type ClientInterface interface {
 	// records in `state` whose last transition is at least `older_than_s`
 	// old, `limit` per page, without their responses. Follow
 	// `next_cursor` until it is absent; a page may hold fewer records than
-	// `limit` (even none) while more remain. A record that exists for the
+	// `limit` (even none) while more remain. Each record's head (times,
+	// owner, fingerprint, key, error) is read, never its stored response,
+	// whatever their sizes. A record that exists for the
 	// whole listing is in it at least once (rarely twice). A released
 	// record (after a retryable fail) is gone, so it is not listed. On
 	// Redis the listing SCANs every master (never `KEYS`); a cursor that
@@ -1171,7 +1173,9 @@ type ClientInterface interface {
 	//
 	// Returns the record of a key, for operators and callers. Fields that
 	// do not apply to the record's state are omitted; `response` is
-	// included only with `include_response=true`.
+	// included only with `include_response=true`. A status with the
+	// response is a read, counted against the tenant's read budget as a
+	// replay is (429 `rate-limited` over it).
 	//
 	// Corresponds with GET /v1/status (the `GetStatus` operationId).
 	GetStatus(ctx context.Context, params *GetStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1477,7 +1481,9 @@ func (c *APIClient) DeleteKey(ctx context.Context, params *DeleteKeyParams, reqE
 // records in `state` whose last transition is at least `older_than_s`
 // old, `limit` per page, without their responses. Follow
 // `next_cursor` until it is absent; a page may hold fewer records than
-// `limit` (even none) while more remain. A record that exists for the
+// `limit` (even none) while more remain. Each record's head (times,
+// owner, fingerprint, key, error) is read, never its stored response,
+// whatever their sizes. A record that exists for the
 // whole listing is in it at least once (rarely twice). A released
 // record (after a retryable fail) is gone, so it is not listed. On
 // Redis the listing SCANs every master (never `KEYS`); a cursor that
@@ -1501,7 +1507,9 @@ func (c *APIClient) ListKeys(ctx context.Context, params *ListKeysParams, reqEdi
 //
 // Returns the record of a key, for operators and callers. Fields that
 // do not apply to the record's state are omitted; `response` is
-// included only with `include_response=true`.
+// included only with `include_response=true`. A status with the
+// response is a read, counted against the tenant's read budget as a
+// replay is (429 `rate-limited` over it).
 //
 // Corresponds with GET /v1/status (the `GetStatus` operationId).
 func (c *APIClient) GetStatus(ctx context.Context, params *GetStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2223,7 +2231,9 @@ type ClientWithResponsesInterface interface {
 	// records in `state` whose last transition is at least `older_than_s`
 	// old, `limit` per page, without their responses. Follow
 	// `next_cursor` until it is absent; a page may hold fewer records than
-	// `limit` (even none) while more remain. A record that exists for the
+	// `limit` (even none) while more remain. Each record's head (times,
+	// owner, fingerprint, key, error) is read, never its stored response,
+	// whatever their sizes. A record that exists for the
 	// whole listing is in it at least once (rarely twice). A released
 	// record (after a retryable fail) is gone, so it is not listed. On
 	// Redis the listing SCANs every master (never `KEYS`); a cursor that
@@ -2239,7 +2249,9 @@ type ClientWithResponsesInterface interface {
 	//
 	// Returns the record of a key, for operators and callers. Fields that
 	// do not apply to the record's state are omitted; `response` is
-	// included only with `include_response=true`.
+	// included only with `include_response=true`. A status with the
+	// response is a read, counted against the tenant's read budget as a
+	// replay is (429 `rate-limited` over it).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -3083,6 +3095,11 @@ type GetStatusResponse401Headers struct {
 	WWWAuthenticate string
 }
 
+// GetStatusResponse429Headers the declared response headers of an HTTP 429 response for GetStatus
+type GetStatusResponse429Headers struct {
+	RetryAfter int
+}
+
 // GetStatusResponse503Headers the declared response headers of an HTTP 503 response for GetStatus
 type GetStatusResponse503Headers struct {
 	RetryAfter int
@@ -3101,12 +3118,16 @@ type GetStatusResponse struct {
 	ApplicationproblemJSON403 *Forbidden
 	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
 	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
 	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
 	ApplicationproblemJSON500 *Internal
 	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
 	ApplicationproblemJSON503 *StoreUnavailable
 	// Headers401 the parsed response headers for an HTTP 401 response
 	Headers401 *GetStatusResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetStatusResponse429Headers
 	// Headers503 the parsed response headers for an HTTP 503 response
 	Headers503 *GetStatusResponse503Headers
 }
@@ -3134,6 +3155,11 @@ func (r GetStatusResponse) GetApplicationproblemJSON403() *Forbidden {
 // GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
 func (r GetStatusResponse) GetApplicationproblemJSON404() *NotFound {
 	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetStatusResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
 }
 
 // GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
@@ -3435,7 +3461,9 @@ func (c *ClientWithResponses) DeleteKeyWithResponse(ctx context.Context, params 
 // records in `state` whose last transition is at least `older_than_s`
 // old, `limit` per page, without their responses. Follow
 // `next_cursor` until it is absent; a page may hold fewer records than
-// `limit` (even none) while more remain. A record that exists for the
+// `limit` (even none) while more remain. Each record's head (times,
+// owner, fingerprint, key, error) is read, never its stored response,
+// whatever their sizes. A record that exists for the
 // whole listing is in it at least once (rarely twice). A released
 // record (after a retryable fail) is gone, so it is not listed. On
 // Redis the listing SCANs every master (never `KEYS`); a cursor that
@@ -3457,7 +3485,9 @@ func (c *ClientWithResponses) ListKeysWithResponse(ctx context.Context, params *
 //
 // Returns the record of a key, for operators and callers. Fields that
 // do not apply to the record's state are omitted; `response` is
-// included only with `include_response=true`.
+// included only with `include_response=true`. A status with the
+// response is a read, counted against the tenant's read budget as a
+// replay is (429 `rate-limited` over it).
 //
 // Returns a wrapper object for the known response body format(s).
 //
@@ -4278,6 +4308,13 @@ func ParseGetStatusResponse(rsp *http.Response) (*GetStatusResponse, error) {
 		}
 		response.ApplicationproblemJSON404 = &dest
 
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
 	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
 		var dest Internal
 		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
@@ -4305,6 +4342,16 @@ func ParseGetStatusResponse(rsp *http.Response) (*GetStatusResponse, error) {
 			headers.WWWAuthenticate = value
 		}
 		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetStatusResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetStatusResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {

@@ -47,7 +47,9 @@ const (
 func TestBoundedMemory(t *testing.T) {
 	bin := idemsvcBinary(t)
 	const apiKey = "memory-test-key"
-	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "t", Key: apiKey})
+	// The read budget (read_bytes_per_s) would refuse most of the 300
+	// replays at once; raised to its most, every one is answered and held.
+	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "t", Key: apiKey, Limits: "{read_bytes_per_s: 1099511627776}"})
 	memory := []string{"IDEMSVC_TENANTS_FILE=" + tenants}
 
 	// Two waves of slow bodies: memory a process has never used is not

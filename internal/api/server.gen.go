@@ -609,7 +609,7 @@ type Problem struct {
 	// | `in-progress` | 409 | another caller holds the key (with `attempt`, `lease_expires_at`) |
 	// | `lease-lost` | 409 | the lease token is not the current attempt's |
 	// | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
-	// | `rate-limited` | 429 | begin only: the tenant is over its begin rate or its concurrent waiters (with `Retry-After`) |
+	// | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress or its read budget (with `Retry-After`) |
 	// | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
 	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
 	// | `internal` | 500 | an unexpected error |
@@ -2640,6 +2640,23 @@ func (response GetStatus404ApplicationProblemPlusJSONResponse) VisitGetStatusRes
 	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetStatus429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response GetStatus429ApplicationProblemPlusJSONResponse) VisitGetStatusResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
 	_, err := buf.WriteTo(w)
 	return err
 }

@@ -11,11 +11,11 @@ func TestParseLimits(t *testing.T) {
 	d := func(k string) string { return `["` + Digest(k) + `"]` }
 	file := `
 defaults:
-  limits: {begins_per_s: 1000, burst: 2000, stored_bytes: 1073741824, waiters: 1000}
+  limits: {begins_per_s: 1000, burst: 2000, stored_bytes: 1073741824, waiters: 1000, in_progress: 500}
 tenants:
   - name: payments
     api_key_sha256: ` + d("p") + `
-    limits: {begins_per_s: 5000, burst: 10000, stored_bytes: 10737418240}
+    limits: {begins_per_s: 5000, burst: 10000, stored_bytes: 10737418240, read_bytes_per_s: 67108864}
   - name: ops
     admin: true
     api_key_sha256: ` + d("o") + `
@@ -31,9 +31,9 @@ tenants:
 		tenant string
 		want   Limits
 	}{
-		{"payments", Limits{BeginsPerS: 5000, Burst: 10000, StoredBytes: 10737418240}}, // its own replace the defaults
-		{"ops", Limits{BeginsPerS: 1000, Burst: 2000, StoredBytes: 1 << 30, Waiters: 1000}},
-		{"unlisted", Limits{BeginsPerS: 1000, Burst: 2000, StoredBytes: 1 << 30, Waiters: 1000}},
+		{"payments", Limits{BeginsPerS: 5000, Burst: 10000, StoredBytes: 10737418240, ReadBytesPerS: 64 << 20}}, // its own replace the defaults
+		{"ops", Limits{BeginsPerS: 1000, Burst: 2000, StoredBytes: 1 << 30, Waiters: 1000, InProgress: 500}},
+		{"unlisted", Limits{BeginsPerS: 1000, Burst: 2000, StoredBytes: 1 << 30, Waiters: 1000, InProgress: 500}},
 		{"steady", Limits{BeginsPerS: 7, Burst: 7}}, // a burst of one second's worth
 	} {
 		if got := k.Limits(tt.tenant); got != tt.want {
@@ -60,6 +60,8 @@ func TestParseLimitsRefuses(t *testing.T) {
 		"zero rate":           {tenant + "    limits: {begins_per_s: 0}", "begins_per_s must be a whole number from 1"},
 		"negative bytes":      {tenant + "    limits: {stored_bytes: -1}", "stored_bytes must be a whole number from 1"},
 		"zero waiters":        {tenant + "    limits: {waiters: 0}", "waiters must be a whole number from 1"},
+		"zero in_progress":    {tenant + "    limits: {in_progress: 0}", "in_progress must be a whole number from 1"},
+		"fractional reads":    {tenant + "    limits: {read_bytes_per_s: 1.5}", "read_bytes_per_s must be a whole number from 1"},
 		"huge rate":           {tenant + "    limits: {begins_per_s: 100000000}", "begins_per_s must be a whole number from 1"},
 		"burst without rate":  {tenant + "    limits: {burst: 5}", "burst needs begins_per_s"},
 		"not a number":        {tenant + "    limits: {waiters: many}", "many"},

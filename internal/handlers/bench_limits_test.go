@@ -24,26 +24,27 @@ import (
 // BenchmarkServeBeginLimits is the cost of tenant limits on a begin of a new
 // key, in process: without limits, and with limits high enough never to
 // refuse, on the memory store and on Redis (rate taken in batches, as
-// shipped, or with one Redis call per begin).
+// shipped, or with one Redis call per begin), and with in_progress (a
+// Redis call per begin).
 func BenchmarkServeBeginLimits(b *testing.B) {
 	const limits = `{"begins_per_s":10000000,"burst":10000000,"stored_bytes":1125899906842624,"waiters":10000000}`
+	const inProgress = `{"begins_per_s":10000000,"burst":10000000,"stored_bytes":1125899906842624,"in_progress":10000000}`
 	for _, bc := range []struct {
-		name    string
-		redis   bool
-		limited bool
-		batch   int
+		name   string
+		redis  bool
+		limits string
+		batch  int
 	}{
-		{"memory/none", false, false, 0},
-		{"memory/limits", false, true, 0},
-		{"redis/none", true, false, 0},
-		{"redis/limits", true, true, 0},
-		{"redis/limits-per-call", true, true, 1},
+		{"memory/none", false, "", 0},
+		{"memory/limits", false, limits, 0},
+		{"memory/in_progress", false, inProgress, 0},
+		{"redis/none", true, "", 0},
+		{"redis/limits", true, limits, 0},
+		{"redis/limits-per-call", true, limits, 1},
+		{"redis/in_progress", true, inProgress, 0},
 	} {
 		b.Run(bc.name, func(b *testing.B) {
-			tenant := idemtest.Tenant{Name: "bench", Key: "bench-key"}
-			if bc.limited {
-				tenant.Limits = limits
-			}
+			tenant := idemtest.Tenant{Name: "bench", Key: "bench-key", Limits: bc.limits}
 			keyring := idemtest.Keyring(b, tenant)
 			var store statemachine.Store = statemachine.NewMemoryStore(statemachine.DefaultLimits())
 			limiter := quota.NewMemory(quota.Options{})

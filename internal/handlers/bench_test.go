@@ -23,6 +23,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -120,7 +121,26 @@ func BenchmarkServeCycle(b *testing.B) {
 // memory store, no network.
 func BenchmarkServeReplay(b *testing.B) {
 	store := statemachine.NewMemoryStore(statemachine.DefaultLimits())
-	svc := benchService(b, store)
+	benchServeReplay(b, store, benchService(b, store))
+}
+
+// BenchmarkServeReplayLimiter is BenchmarkServeReplay with the limiter
+// main always has, so with the read accounting: the tenant has the
+// largest read budget, so that none is refused.
+func BenchmarkServeReplayLimiter(b *testing.B) {
+	store := statemachine.NewMemoryStore(statemachine.DefaultLimits())
+	limiter := quota.NewMemory(quota.Options{})
+	b.Cleanup(limiter.Close)
+	svc := handlers.New(handlers.Config{
+		Store:   store,
+		Keyring: idemtest.Keyring(b, idemtest.Tenant{Name: "bench", Key: "bench-key", Limits: "{read_bytes_per_s: 1099511627776}"}),
+		Logger:  slog.New(slog.NewJSONHandler(io.Discard, nil)),
+		Limiter: limiter,
+	})
+	benchServeReplay(b, store, svc)
+}
+
+func benchServeReplay(b *testing.B, store statemachine.Store, svc *handlers.Service) {
 	key := fmt.Sprintf("replay-%d", benchRun.Add(1))
 	res, err := store.Begin(b.Context(), "bench", statemachine.BeginRequest{Key: key})
 	if err != nil {

@@ -121,7 +121,9 @@ export interface paths {
          * Read a key's record
          * @description Returns the record of a key, for operators and callers. Fields that
          *     do not apply to the record's state are omitted; `response` is
-         *     included only with `include_response=true`.
+         *     included only with `include_response=true`. A status with the
+         *     response is a read, counted against the tenant's read budget as a
+         *     replay is (429 `rate-limited` over it).
          */
         get: operations["getStatus"];
         put?: never;
@@ -145,7 +147,9 @@ export interface paths {
          *     records in `state` whose last transition is at least `older_than_s`
          *     old, `limit` per page, without their responses. Follow
          *     `next_cursor` until it is absent; a page may hold fewer records than
-         *     `limit` (even none) while more remain. A record that exists for the
+         *     `limit` (even none) while more remain. Each record's head (times,
+         *     owner, fingerprint, key, error) is read, never its stored response,
+         *     whatever their sizes. A record that exists for the
          *     whole listing is in it at least once (rarely twice). A released
          *     record (after a retryable fail) is gone, so it is not listed. On
          *     Redis the listing SCANs every master (never `KEYS`); a cursor that
@@ -320,7 +324,8 @@ export interface components {
          * @description What the operation produced, replayed byte for byte to every
          *     duplicate. Every part is optional: a message consumer may store only
          *     a body. The body after decoding plus every header name and value may
-         *     take at most 1 MiB (413 beyond).
+         *     take at most 1 MiB (413 beyond), in at most 100 header fields (400
+         *     `invalid-request` naming `response.headers` beyond).
          */
         StoredResponse: {
             /**
@@ -549,7 +554,7 @@ export interface components {
              *     | `in-progress` | 409 | another caller holds the key (with `attempt`, `lease_expires_at`) |
              *     | `lease-lost` | 409 | the lease token is not the current attempt's |
              *     | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
-             *     | `rate-limited` | 429 | begin only: the tenant is over its begin rate or its concurrent waiters (with `Retry-After`) |
+             *     | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress or its read budget (with `Retry-After`) |
              *     | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
              *     | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
              *     | `internal` | 500 | an unexpected error |
@@ -839,12 +844,17 @@ export interface components {
             };
         };
         /**
-         * @description The tenant is over one of its limits (begins are the only calls
-         *     refused for a limit; complete and fail never are). Problem
-         *     `rate-limited`: over its begin rate (`begins_per_s`, `burst`) or its
-         *     concurrent waiters (`waiters`). Problem `quota-exceeded`: over its
-         *     stored-bytes budget (`stored_bytes`), so a begin that would acquire
-         *     is refused, while replays of stored outcomes are still served.
+         * @description The tenant is over one of its limits (begins and statuses with the
+         *     response are the only calls refused for a limit; complete and fail
+         *     never are). Problem `rate-limited`: over its begin rate
+         *     (`begins_per_s`, `burst`), its concurrent waiters (`waiters`), the
+         *     attempts it holds at once (`in_progress`: a begin that would
+         *     acquire is refused, replays are served), or its read budget on this
+         *     instance (`read_bytes_per_s`, default 16 MiB/s: a begin that would
+         *     replay and a status with the response are refused, a begin that
+         *     acquires is not). Problem `quota-exceeded`: over its stored-bytes
+         *     budget (`stored_bytes`), so a begin that would acquire is refused,
+         *     while replays of stored outcomes are still served.
          *     Nothing changed; `Retry-After` gives the seconds after which a retry
          *     is worth making.
          */
@@ -1223,6 +1233,7 @@ export interface operations {
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
             500: components["responses"]["Internal"];
             503: components["responses"]["StoreUnavailable"];
         };
