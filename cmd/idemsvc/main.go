@@ -216,6 +216,7 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 		AllowEviction: cfg.redisAllowEviction,
 		MaxInFlight:   cfg.redisMaxInFlight,
 		ReserveBytes:  reserve,
+		ProbeKeys:     quota.ProbeKeys(),
 	})
 	log.Info("store: Redis", "mode", desc, "wait_replicas", cfg.redisWaitReplicas)
 	if cfg.redisWaitReplicas == 0 {

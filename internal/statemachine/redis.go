@@ -55,6 +55,11 @@ type RedisOptions struct {
 	// would acquire on that master fail with ErrNoRoom (see room.go).
 	// Zero is DefaultReserveBytes; negative keeps none.
 	ReserveBytes int64
+	// ProbeKeys are keys outside the records' key space that idemsvc
+	// writes through this client (the tenant limits', say) and that no
+	// write ever finds: readiness probes the ACL's write permission on
+	// each with SET ... XX, which changes nothing.
+	ProbeKeys []string
 }
 
 // DefaultMaxInFlight is RedisOptions.MaxInFlight's default. Measured on 2
@@ -77,6 +82,7 @@ type RedisStore struct {
 	timeout        time.Duration
 	attemptTimeout time.Duration
 	waitReplicas   int
+	probeKeys      []string
 	waitTimeout    time.Duration
 	// suspectUntil is when, in Unix nanoseconds, the store stops bounding
 	// tries by attemptTimeout (see retrying).
@@ -107,6 +113,7 @@ func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore 
 		timeout:        opts.Timeout,
 		attemptTimeout: opts.AttemptTimeout,
 		waitReplicas:   opts.WaitReplicas,
+		probeKeys:      opts.ProbeKeys,
 		waitTimeout:    opts.WaitTimeout,
 		scripts:        lua.Plain,
 		allowEviction:  opts.AllowEviction,

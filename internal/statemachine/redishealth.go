@@ -180,25 +180,37 @@ type permissionProbe struct {
 	cmd  redis.Cmder
 }
 
-// probePermissions queues, on p, one command of each kind that idemsvc's
-// scripts need, each in a form that changes nothing: EVALSHA of the status
-// script (@scripting; the ACL checks its key too), SET ... XX of probeKey,
-// which never exists (@write), and a PUBLISH (SPUBLISH in a Cluster) on
-// its channel, which nobody subscribes to (the ACL's channels). Redis
-// checks a command against the ACL before anything else (before a
-// redirect, NOSCRIPT or OOM), and answers NOPERM. The commands a script
-// runs are checked only as it runs them, and a refusal there comes back
-// as a plain ERR; so the probes send them directly.
+// probePermissions queues, on p, one command of each kind that idemsvc
+// sends, each in a form that changes nothing: EVALSHA of the status script
+// and EVAL of one that returns 0 (@scripting: EVAL reloads the scripts
+// after a restart empties the cache; the ACL checks the key too), SET ...
+// XX of probeKey and of each of RedisOptions.ProbeKeys, which never exist
+// (@write), a PUBLISH (SPUBLISH in a Cluster) on probeKey's channel, which
+// nobody subscribes to (the ACL's channels), and, with WaitReplicas,
+// WAIT 0 1, which returns at once. Redis checks a command against the ACL
+// before anything else (before a redirect, NOSCRIPT or OOM), and answers
+// NOPERM. The commands a script runs are checked only as it runs them, and
+// a refusal there comes back as a plain ERR; so the probes send them
+// directly. SUBSCRIBE is not probed: it would turn the pipeline's
+// connection into a subscriber's.
 func (s *RedisStore) probePermissions(ctx context.Context, p redis.Pipeliner) []permissionProbe {
 	publish := "PUBLISH"
 	if s.scripts == lua.Sharded {
 		publish = "SPUBLISH"
 	}
-	return []permissionProbe{
+	probes := []permissionProbe{
 		{"EVALSHA (scripts)", s.scripts.Status.EvalSha(ctx, p, []string{probeKey})},
+		{"EVAL (scripts, reloaded after a restart)", p.Eval(ctx, "return 0", []string{probeKey})},
 		{"SET (writes) on idem:* keys", p.Do(ctx, "SET", probeKey, "", "XX")},
 		{publish + " on idem:* channels", p.Do(ctx, publish, probeKey+endSuffix, "")},
 	}
+	for _, key := range s.probeKeys {
+		probes = append(probes, permissionProbe{"SET (writes) on " + key, p.Do(ctx, "SET", key, "", "XX")})
+	}
+	if s.waitReplicas > 0 {
+		probes = append(probes, permissionProbe{"WAIT (IDEMSVC_REDIS_WAIT_REPLICAS)", p.Do(ctx, "WAIT", 0, 1)})
+	}
+	return probes
 }
 
 // Memory is a master's memory, as INFO memory tells it.
