@@ -211,3 +211,50 @@ func setRoomInterval(t *testing.T, every time.Duration) {
 	t.Cleanup(func() { roomCheckInterval = old })
 	roomCheckInterval = every
 }
+
+// A begin refused for the reserve changed nothing, so it holds none of its
+// tenant's in_progress: after the gate opens again the tenant acquires at
+// once. A tenant at its in_progress limit while the gate is shut gets its
+// 429, which says when to come back, rather than the master's 503.
+func TestReserveRefusalsHoldNoLeases(t *testing.T) {
+	setRoomInterval(t, 50*time.Millisecond)
+	srv := redistest.NewPrivateServer(t) // its configuration changes
+	admin := srv.Client(t)
+	tenants := idemtest.WriteTenantsFile(t, idemtest.TenantsYAMLWithDefaults("",
+		idemtest.Tenant{Name: "one", Key: "key-one", Limits: "{in_progress: 1}"},
+		idemtest.Tenant{Name: "full", Key: "key-full", Limits: "{in_progress: 1}"},
+		idemtest.Tenant{Name: "probe", Key: "key-probe"}))
+	probe := newKeys()
+	in := start(t, []string{"--tenants-file", tenants}, []string{"IDEMSVC_REDIS_URL=redis://" + srv.Addr()})
+	if code, body := post(t, in.url+"/v1/begin", "key-full", `{"key":"held"}`); code != http.StatusCreated {
+		t.Fatalf("full's begin = %d %s", code, body)
+	}
+
+	if err := admin.ConfigSet(context.Background(), "maxmemory", "32mb").Err(); err != nil {
+		t.Fatal(err)
+	}
+	idemtest.Eventually(t, 5*time.Second, "begins refused under the reserve", func() bool {
+		code, _ := post(t, in.url+"/v1/begin", "key-probe", `{"key":"`+probe()+`"}`)
+		return code == http.StatusServiceUnavailable
+	})
+	if code, body := post(t, in.url+"/v1/begin", "key-one", `{"key":"refused"}`); code != http.StatusServiceUnavailable {
+		t.Fatalf("begin under the reserve = %d %s, want 503", code, body)
+	}
+	if code, body := post(t, in.url+"/v1/begin", "key-full", `{"key":"another"}`); code != http.StatusTooManyRequests {
+		t.Errorf("a tenant at its in_progress limit under the reserve = %d %s, want its 429", code, body)
+	}
+
+	if err := admin.ConfigSet(context.Background(), "maxmemory", "0").Err(); err != nil {
+		t.Fatal(err)
+	}
+	idemtest.Eventually(t, 5*time.Second, "the gate opens", func() bool {
+		code, _ := post(t, in.url+"/v1/begin", "key-full", `{"key":"another"}`)
+		return code == http.StatusTooManyRequests // full still holds its one lease; the gate no longer answers
+	})
+	// The refused begin's reservation goes with the limiter's next flush
+	// (about a second), not with its lease (30 s).
+	idemtest.Eventually(t, 5*time.Second, "the refused begin holds no in_progress", func() bool {
+		code, _ := post(t, in.url+"/v1/begin", "key-one", `{"key":"after"}`)
+		return code == http.StatusCreated
+	})
+}

@@ -168,9 +168,9 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, statemachine.ErrStoreUnavailable) {
-				// (Unavailable: the begin may have acquired with the
-				// token; its count lapses by itself.)
+			if !errors.Is(err, statemachine.ErrStoreUnavailable) || statemachine.NotApplied(err) {
+				// (Otherwise unavailable: the begin may have acquired
+				// with the token; its count lapses by itself.)
 				s.settleHold(t, lim, a.hold, nil)
 			}
 			return nil, s.beginError(t, lim, a, err)

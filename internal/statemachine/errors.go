@@ -40,6 +40,13 @@ var (
 	ErrEvicting = fmt.Errorf("%w: the eviction policy may drop records", ErrStoreUnavailable)
 )
 
+// NotApplied reports whether err refused a call before the store ran it
+// (shed, or a begin on a master that keeps no room or may evict): unlike
+// other ErrStoreUnavailable errors, the call cannot have taken effect.
+func NotApplied(err error) bool {
+	return errors.Is(err, ErrOverloaded) || errors.Is(err, ErrNoRoom) || errors.Is(err, ErrEvicting)
+}
+
 // InProgressError is ErrInProgress with the attempt that holds the key.
 type InProgressError struct {
 	Attempt        int64

@@ -202,7 +202,9 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	if err != nil {
 		return BeginResult{}, err
 	}
-	if r.code == codeRefused && refusal != nil {
+	if r.code == codeRefused && refusal != nil && !req.NoAcquire {
+		// Refused for the master alone; a tenant over its own limits
+		// gets their error (429), which says when to come back.
 		return BeginResult{}, refusal
 	}
 	switch r.code {
