@@ -202,9 +202,13 @@ func TestStalledBodiesBounded(t *testing.T) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
+	// The first line logs the version; the address follows.
 	var line struct{ Addr string }
-	if err := json.NewDecoder(stderr).Decode(&line); err != nil || line.Addr == "" {
-		t.Fatalf("no address logged: %v", err)
+	dec := json.NewDecoder(stderr)
+	for line.Addr == "" {
+		if err := dec.Decode(&line); err != nil {
+			t.Fatalf("no address logged: %v", err)
+		}
 	}
 	go func() { _, _ = io.Copy(io.Discard, stderr) }()
 	startRSS, _ := memory(t, cmd.Process.Pid)
