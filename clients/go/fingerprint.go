@@ -22,8 +22,8 @@ const fingerprintPrefix = "v2:sha256:"
 // fingerprint is a SHA-256 of the method, NUL, the path, '?', the raw
 // query, NUL, the hex digest of the caller's credentials (empty without
 // one), NUL, and the body: the RFC 8785 canonical form of a JSON body
-// (application/json, application/*+json) that is one I-JSON value, the
-// raw bytes of any other.
+// (application/json, application/*+json) that is one I-JSON value JCS
+// writes exactly (canonicalJSON), the raw bytes of any other.
 func fingerprint(r *http.Request, body, credentials []byte) string {
 	if isJSONMediaType(r.Header.Get("Content-Type")) {
 		if canonical, ok := canonicalJSON(body); ok {
@@ -35,8 +35,9 @@ func fingerprint(r *http.Request, body, credentials []byte) string {
 
 // legacyFingerprint is the fingerprint of the SDK's versions before
 // fingerprints had a version: a SHA-256 of the method, path, query and raw
-// body. The middleware begins with it after a mismatch, so that records
-// stored by those versions replay until they expire.
+// body. After a mismatch the middleware replays a record that holds it
+// (legacyAnswer), so that records stored by those versions replay until
+// they expire; it never begins with it.
 func legacyFingerprint(r *http.Request, body []byte) string {
 	return digest("sha256:", r, false, nil, body)
 }

@@ -22,10 +22,12 @@ import (
 const maxJSONDepth = 128
 
 // canonicalJSON returns the JCS form of the JSON text b, and false when b
-// is not one I-JSON value (RFC 7493): a syntax error, invalid UTF-8, a lone
-// surrogate, a number outside float64's range, or nesting deeper than
-// maxJSONDepth. Of duplicate member names the last wins, as in
-// encoding/json and JSON.parse.
+// is not one I-JSON value (RFC 7493) that JCS writes exactly: a syntax
+// error, invalid UTF-8, a lone surrogate, a member name repeated in an
+// object, a number that a float64 does not hold exactly as written (see
+// exactNumber), or nesting deeper than maxJSONDepth. Such a body is taken
+// as raw bytes, so that two requests that mean different things (accounts
+// 9007199254740993 and 9007199254740992) never share a fingerprint.
 func canonicalJSON(b []byte) ([]byte, bool) {
 	p := jcsParser{in: b, out: make([]byte, 0, len(b))}
 	p.skipSpace()
@@ -138,7 +140,8 @@ func (p *jcsParser) object(depth int) bool {
 		return true
 	}
 	// Members are written as they come; the object is rewritten in order
-	// only when they came in another order (or a name came twice).
+	// only when they came in another order (or a name came twice, which
+	// refuses the text).
 	var members []member
 	inOrder := true
 	for {
@@ -182,20 +185,17 @@ func (p *jcsParser) object(depth int) bool {
 		p.pos++
 	}
 	if !inOrder {
-		// Sorted by UTF-16 code units; of equal names the last wins (the
-		// sort is stable: it is the last of its run).
+		// Sorted by UTF-16 code units; a name that repeats is no I-JSON.
 		p.scratch = append(p.scratch[:0], p.out[base:]...)
-		slices.SortStableFunc(members, func(a, b member) int { return compareUTF16(a.name, b.name) })
+		slices.SortFunc(members, func(a, b member) int { return compareUTF16(a.name, b.name) })
 		p.out = append(p.out[:base], '{')
-		first := true
 		for i, m := range members {
-			if i+1 < len(members) && members[i+1].name == m.name {
-				continue
-			}
-			if !first {
+			if i > 0 {
+				if members[i-1].name == m.name {
+					return false
+				}
 				p.out = append(p.out, ',')
 			}
-			first = false
 			p.out = append(p.out, p.scratch[m.start-base:m.end-base]...)
 		}
 	}
@@ -369,11 +369,70 @@ func (p *jcsParser) number() bool {
 		return true
 	}
 	f, err := strconv.ParseFloat(string(lit), 64)
-	if err != nil || math.IsInf(f, 0) {
-		return false // beyond float64: JSON.parse would make it Infinity
+	if err != nil || math.IsInf(f, 0) || !exactNumber(lit, f) {
+		return false
 	}
 	p.out = appendESNumber(p.out, f)
 	return true
+}
+
+// exactNumber reports whether f, read from the JSON number lit, is exactly
+// the number lit writes, so that JCS's form of it (f's shortest digits)
+// means what lit means: lit's significant digits and exponent are f's
+// shortest ones. It is false for an integer beyond 2^53 that a float64
+// rounds (9007199254740993), more significant digits than a float64 keeps
+// (0.10000000000000001), a non-zero number that underflows to 0 (1e-400)
+// and one that overflows. A zero, in any spelling, is exact.
+func exactNumber(lit []byte, f float64) bool {
+	var buf [32]byte
+	digits, exp := buf[:0], 0
+	i := 0
+	if lit[0] == '-' {
+		i++
+	}
+	point := false
+	for ; i < len(lit) && lit[i] != 'e' && lit[i] != 'E'; i++ {
+		switch {
+		case lit[i] == '.':
+			point = true
+		case len(digits) > 0 || lit[i] != '0': // leading zeros dropped
+			digits = append(digits, lit[i])
+			if point {
+				exp--
+			}
+		case point:
+			exp--
+		}
+	}
+	if len(digits) == 0 {
+		return true // a zero
+	}
+	if i < len(lit) {
+		x, err := strconv.Atoi(string(lit[i+1:]))
+		if err != nil {
+			return false // an exponent beyond int: no float64 is that number
+		}
+		exp += x
+	}
+	for digits[len(digits)-1] == '0' {
+		digits = digits[:len(digits)-1]
+		exp++
+	}
+	if f == 0 {
+		return false // underflow
+	}
+	// f's shortest digits, d.ddde±x: the number is ddd × 10^(x-len(ddd)+1).
+	var sbuf [32]byte
+	mant, x, _ := cutByte(strconv.AppendFloat(sbuf[:0], math.Abs(f), 'e', -1, 64), 'e')
+	var short [32]byte
+	shortest := short[:0]
+	for _, c := range mant {
+		if c != '.' {
+			shortest = append(shortest, c)
+		}
+	}
+	fexp, _ := strconv.Atoi(string(x))
+	return string(digits) == string(shortest) && exp == fexp-len(shortest)+1
 }
 
 func (p *jcsParser) digits() int {

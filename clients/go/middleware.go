@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -21,9 +22,10 @@ type MiddlewareOptions struct {
 	// KeyHeader names the request header with the idempotency key
 	// (default "Idempotency-Key").
 	KeyHeader string
-	// Methods are the methods made idempotent (default POST and PATCH). A
-	// request of any other method runs every time, key or not, except one
-	// that spells a handled method in other case (post), which gets 400.
+	// Methods are the methods made idempotent (default POST and PATCH),
+	// taken in upper case. A request of any other method runs every time,
+	// key or not, except one that spells a handled method in other case
+	// (post), which gets 400.
 	Methods []string
 	// Optional lets requests of those methods without a key through, not
 	// idempotent; by default they get 400.
@@ -76,13 +78,15 @@ type MiddlewareOptions struct {
 	// Unscoped turns the scope and the credentials' digest off: any caller
 	// that knows a key and its request gets its stored answer. Only for
 	// APIs whose tenant at idemsvc has one caller (a service calling
-	// another).
+	// another). Middleware panics when Scope is set too.
 	Unscoped bool
-	// NoLegacyFingerprints stops the second begin with a fingerprint of
-	// the SDK's earlier versions (method, path, query and raw body, no
-	// credentials) after a mismatch. That begin lets records stored before
-	// an upgrade replay until they expire (a day, by default), to any
-	// caller with the same key and request, as they did before it.
+	// NoLegacyFingerprints stops the lookup of a record stored with the
+	// fingerprint of the SDK's earlier versions (method, path, query and
+	// raw body, no credentials) after a mismatch. The lookup reads the
+	// record without acquiring it, and replays it when it holds that
+	// fingerprint, so that records stored before an upgrade replay until
+	// they expire (a day, by default), to any caller with the same key and
+	// request, as they did before it.
 	NoLegacyFingerprints bool
 }
 
@@ -112,8 +116,11 @@ const ReplayedHeader = "Idempotent-Replayed"
 // one, by a keyed digest of the caller's credentials (the Authorization
 // header and CredentialCookies) in the fingerprint. Either way another
 // user's request with the same key never gets this user's answer. Unscoped
-// turns both off.
+// turns both off; it panics together with Scope, which it contradicts.
 func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handler {
+	if opts.Scope != nil && opts.Unscoped {
+		panic("idem: MiddlewareOptions.Scope and Unscoped contradict each other: set one")
+	}
 	if opts.KeyHeader == "" {
 		opts.KeyHeader = "Idempotency-Key"
 	}
@@ -132,6 +139,13 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 	if opts.Methods == nil {
 		opts.Methods = []string{http.MethodPost, http.MethodPatch}
 	}
+	// Methods are case-sensitive, and requests name them in upper case: a
+	// configured "post" would otherwise refuse every POST as a variant.
+	methods := make([]string, len(opts.Methods))
+	for i, m := range opts.Methods {
+		methods[i] = strings.ToUpper(m)
+	}
+	opts.Methods = methods
 	if opts.Budget <= 0 {
 		opts.Budget = DefaultMiddlewareBudget
 	}
@@ -139,7 +153,7 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 	if opts.CredentialSecret != nil {
 		credKey = credentialKey(opts.CredentialSecret)
 	}
-	scoped := opts.Scope != nil && !opts.Unscoped
+	scoped := opts.Scope != nil
 	allowed := make([]string, len(opts.Headers))
 	for i, h := range opts.Headers {
 		allowed[i] = http.CanonicalHeaderKey(h)
@@ -205,8 +219,9 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 			if errors.Is(err, ErrFingerprintMismatch) && !opts.NoLegacyFingerprints && !scoped {
 				// Perhaps a record stored before fingerprints had a version
 				// (a scoped key never had one).
-				params.Fingerprint = legacyFingerprint(r, body)
-				res, err = c.Begin(beginCtx, params)
+				legacyAnswer(beginCtx, w, c, key, legacyFingerprint(r, body))
+				cancel()
+				return
 			}
 			cancel()
 			if err != nil {
@@ -321,6 +336,42 @@ func writeBeginError(w http.ResponseWriter, err error) {
 	}
 }
 
+// legacyAnswer answers a request whose fingerprint key's record does not
+// hold: with the record's stored answer when it holds legacy, the request's
+// fingerprint of the SDK's earlier versions, and 422 otherwise. It reads
+// the record without acquiring it, so the legacy fingerprint never gets
+// into a new record (where it would replay to any caller): a record that
+// expired since the begin is not begun again.
+func legacyAnswer(ctx context.Context, w http.ResponseWriter, c *Client, key, legacy string) {
+	rec, err := c.Status(ctx, key, true)
+	if err != nil && !errors.Is(err, ErrNotFound) {
+		writeBeginError(w, err)
+		return
+	}
+	if err != nil || rec.Fingerprint == nil || *rec.Fingerprint != legacy {
+		writeBeginError(w, ErrFingerprintMismatch)
+		return
+	}
+	var stored StoredResponse
+	if rec.Response != nil {
+		stored = *rec.Response
+	}
+	switch {
+	case rec.State == StateCompleted:
+		writeReplay(w, &BeginReplay{Attempt: rec.Attempt, Key: rec.Key, Status: FinishedStateCompleted, Response: stored})
+	case rec.State == StateFailed && rec.Retryable != nil && !*rec.Retryable:
+		writeReplay(w, &BeginReplay{Attempt: rec.Attempt, Key: rec.Key, Status: FinishedStateFailed, Response: stored, Error: rec.Error})
+	case rec.State == StateInProgress:
+		retry := 1
+		if rec.LeaseExpiresAt != nil {
+			retry = max(1, int(math.Ceil(time.Until(rec.LeaseExpiresAt.Time).Seconds())))
+		}
+		writeProblem(w, http.StatusConflict, "in-progress", "a request with this idempotency key is in progress", retry)
+	default: // a retryable failure: a new attempt would acquire it
+		writeBeginError(w, ErrFingerprintMismatch)
+	}
+}
+
 // writeReplay answers with a stored response.
 func writeReplay(w http.ResponseWriter, replay *BeginReplay) {
 	resp, err := replay.Response.Decode()
@@ -348,13 +399,29 @@ func writeReplay(w http.ResponseWriter, replay *BeginReplay) {
 }
 
 func writeProblem(w http.ResponseWriter, status int, kind, detail string, retryAfter int) {
+	WriteProblem(w, status, kind, detail, retryAfter)
+}
+
+// WriteProblem answers with an RFC 9457 problem detail as idemsvc and the
+// middleware write them: type https://idemsvc.dev/problems/<kind>, code
+// kind, the kind's title, and Retry-After when retryAfter (seconds) is
+// positive. An empty kind is a problem that only its status describes:
+// type about:blank, the status's text as title and, in kebab case, as
+// code ("bad-gateway").
+func WriteProblem(w http.ResponseWriter, status int, kind, detail string, retryAfter int) {
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
 	}
+	p := Problem{Type: "https://idemsvc.dev/problems/" + kind, Code: kind, Title: kinds[kind].title, Status: status, Detail: detail}
+	if kind == "" || p.Title == "" {
+		p.Type, p.Title = "about:blank", http.StatusText(status)
+		if kind == "" {
+			p.Code = strings.ToLower(strings.ReplaceAll(p.Title, " ", "-"))
+		}
+	}
 	w.Header().Set("Content-Type", "application/problem+json")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(Problem{Type: "https://idemsvc.dev/problems/" + kind, Code: kind,
-		Title: kinds[kind].title, Status: status, Detail: detail})
+	_ = json.NewEncoder(w).Encode(p)
 }
 
 // recorder captures a handler's response. A body over limit is not held:

@@ -32,6 +32,9 @@ type config struct {
 	// answer: past it, 504, and the key is released.
 	upstreamTimeout time.Duration
 	middleware      idem.MiddlewareOptions
+	// scopeHeader names the header the scope is read from (canonical
+	// form), or is empty.
+	scopeHeader string
 	// The edge, as idemsvc's: the connections served at once, the bytes
 	// of keyed request bodies held at once, and how long a request may
 	// take to arrive, body included.
@@ -164,6 +167,8 @@ func parseConfig(args, env []string) (config, error) {
 			return config{}, fmt.Errorf("IDEMPROXY_SCOPE_HEADER and IDEMPROXY_UNSCOPED=true contradict each other: set one")
 		}
 		name := http.CanonicalHeaderKey(*scopeHeader)
+		cfg.scopeHeader = name
+		// Read once: a request with the header twice gets 400 (oneScope).
 		cfg.middleware.Scope = func(r *http.Request) string { return r.Header.Get(name) }
 	}
 	if len(cfg.middleware.Methods) == 0 {

@@ -81,6 +81,7 @@ func exchange(t *testing.T, addr, raw string) (*http.Response, []byte, bool) {
 
 type problem struct {
 	Type   string
+	Code   string
 	Title  string
 	Status int
 	Detail string
@@ -116,7 +117,7 @@ func TestStrictEdges(t *testing.T) {
 	resp, body, closed := exchange(t, addr, "POST /pay HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n")
 	var p problem
 	if resp.StatusCode != 400 || resp.Header.Get("Content-Type") != "application/problem+json" || json.Unmarshal(body, &p) != nil ||
-		p.Type != "https://idemsvc.dev/problems/invalid-request" || p.Title == "" || !closed {
+		p.Type != "https://idemsvc.dev/problems/invalid-request" || p.Code != "invalid-request" || p.Title == "" || !closed {
 		t.Errorf("unknown transfer coding: %d %s %s, closed %v; want a 400 problem and the connection closed", resp.StatusCode, resp.Header.Get("Content-Type"), body, closed)
 	}
 
@@ -157,7 +158,7 @@ func TestInternalProblemHasTitle(t *testing.T) {
 	defer resp.Body.Close()
 	var p problem
 	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil || resp.StatusCode != 500 || p.Title != "Internal error" ||
-		p.Type != "https://idemsvc.dev/problems/internal" {
+		p.Type != "https://idemsvc.dev/problems/internal" || p.Code != "internal" {
 		t.Errorf("%d %+v %v, want 500 internal titled \"Internal error\"", resp.StatusCode, p, err)
 	}
 }
@@ -201,9 +202,13 @@ func TestStalledBodiesBounded(t *testing.T) {
 		_ = cmd.Process.Kill()
 		_ = cmd.Wait()
 	})
+	// The first line logs the version; the address follows.
 	var line struct{ Addr string }
-	if err := json.NewDecoder(stderr).Decode(&line); err != nil || line.Addr == "" {
-		t.Fatalf("no address logged: %v", err)
+	dec := json.NewDecoder(stderr)
+	for line.Addr == "" {
+		if err := dec.Decode(&line); err != nil {
+			t.Fatalf("no address logged: %v", err)
+		}
 	}
 	go func() { _, _ = io.Copy(io.Discard, stderr) }()
 	startRSS, _ := memory(t, cmd.Process.Pid)
@@ -281,4 +286,70 @@ func memory(t *testing.T, pid int) (rss, peak float64) {
 		}
 	}
 	return rss, peak
+}
+
+// idemproxy's own problems carry their kind as code: a body over the limit
+// is too-large, and an upstream that does not answer is 502 about:blank
+// with code bad-gateway.
+func TestOwnProblemsHaveCode(t *testing.T) {
+	up := startPathsUpstream(t)
+	svc := idemtest.Serve(t, handlers.Config{})
+	url := serveProxy(t, svc.URL, up.URL, "--max-body-bytes", "4")
+	req, _ := http.NewRequest(http.MethodPost, url+"/pay", strings.NewReader("too long"))
+	req.Header.Set("Idempotency-Key", `"k"`)
+	if status, p := doProblem(t, req); status != 413 || p.Code != "too-large" || p.Type != "https://idemsvc.dev/problems/too-large" || p.Title != "Too large" {
+		t.Errorf("a body over the limit: %d %+v, want 413 too-large", status, p)
+	}
+	gone := httptest.NewServer(http.NotFoundHandler())
+	gone.Close()
+	url = serveProxy(t, svc.URL, gone.URL)
+	req, _ = http.NewRequest(http.MethodGet, url+"/pay", nil)
+	if status, p := doProblem(t, req); status != 502 || p.Code != "bad-gateway" || p.Type != "about:blank" || p.Title != "Bad Gateway" {
+		t.Errorf("no upstream: %d %+v, want 502 about:blank, code bad-gateway", status, p)
+	}
+}
+
+// A keyed request with the scope header twice (a gateway that appended its
+// header to the caller's) gets 400 and never reaches the upstream; once is
+// fine, and so is twice on a request passed through (another method).
+func TestScopeHeaderTwiceIsRefused(t *testing.T) {
+	up := startPathsUpstream(t)
+	svc := idemtest.Serve(t, handlers.Config{})
+	url := serveProxy(t, svc.URL, up.URL, "--scope-header", "X-User")
+	send := func(method, key string, users ...string) (int, problem) {
+		req, _ := http.NewRequest(method, url+"/pay", strings.NewReader("x"))
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key)
+		}
+		for _, u := range users {
+			req.Header.Add("X-User", u)
+		}
+		return doProblem(t, req)
+	}
+	before := len(up.seen())
+	if status, p := send(http.MethodPost, `"twice"`, "alice", "bob"); status != 400 || p.Code != "invalid-request" || !strings.Contains(p.Detail, "X-User") {
+		t.Errorf("X-User twice: %d %+v, want 400 invalid-request", status, p)
+	}
+	if n := len(up.seen()) - before; n != 0 {
+		t.Errorf("X-User twice reached the upstream %d times, want 0", n)
+	}
+	if status, _ := send(http.MethodPost, `"once"`, "alice"); status != http.StatusCreated {
+		t.Errorf("X-User once: %d, want the upstream's 201", status)
+	}
+	if status, _ := send(http.MethodPut, `"put"`, "alice", "bob"); status != http.StatusCreated {
+		t.Errorf("PUT with X-User twice: %d, want the upstream's 201 (passed through)", status)
+	}
+}
+
+// doProblem sends req and reads its answer as a problem (zero when it is none).
+func doProblem(t *testing.T, req *http.Request) (int, problem) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var p problem
+	_ = json.NewDecoder(resp.Body).Decode(&p)
+	return resp.StatusCode, p
 }

@@ -5,7 +5,6 @@ package main
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -86,7 +85,7 @@ func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
 		Transport:    transport,
 		ErrorHandler: p.upstreamError,
 	}
-	p.forward = p.budgeted(idem.Middleware(client, cfg.middleware)(p.timed(rp)))
+	p.forward = p.oneScope(p.budgeted(idem.Middleware(client, cfg.middleware)(p.timed(rp))))
 	return p, nil
 }
 
@@ -115,6 +114,24 @@ func ownPath(r *http.Request) bool {
 	return r.URL.RawPath == "" && (r.URL.Path == "/healthz" || r.URL.Path == "/metrics")
 }
 
+// oneScope refuses with 400 a keyed request (of a handled method, with the
+// key header) that carries the scope header more than once: a gateway that
+// appends its header rather than replacing the caller's would otherwise let
+// the caller's own value name the scope, and read another user's records.
+func (p *proxy) oneScope(next http.Handler) http.Handler {
+	if p.cfg.scopeHeader == "" {
+		return next
+	}
+	opts := p.cfg.middleware
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if len(r.Header.Values(p.cfg.scopeHeader)) > 1 && slices.Contains(opts.Methods, r.Method) && len(r.Header.Values(opts.KeyHeader)) > 0 {
+			idem.WriteProblem(w, http.StatusBadRequest, "invalid-request", "the "+p.cfg.scopeHeader+" header must appear once", 0)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
 // budgeted reads the body of a keyed request (of a handled method, with
 // the key header) under the budget of bodies in flight, before the
 // middleware copies it for the fingerprint: the body counts twice, for
@@ -129,7 +146,7 @@ func (p *proxy) budgeted(next http.Handler) http.Handler {
 			return
 		}
 		if r.ContentLength > opts.MaxBodyBytes {
-			writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
+			idem.WriteProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
 			return
 		}
 		body, taken, err := p.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), r.ContentLength)
@@ -137,44 +154,18 @@ func (p *proxy) budgeted(next http.Handler) http.Handler {
 		var tooLarge *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooLarge):
-			writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
+			idem.WriteProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
 			return
 		case errors.Is(err, httpserve.ErrOverBudget):
-			writeProblem(w, http.StatusServiceUnavailable, "store-unavailable", "idemproxy holds as many request bodies as its memory budget allows; the request did not reach the upstream", 1)
+			idem.WriteProblem(w, http.StatusServiceUnavailable, "store-unavailable", "idemproxy holds as many request bodies as its memory budget allows; the request did not reach the upstream", 1)
 			return
 		case err != nil:
-			writeProblem(w, http.StatusBadRequest, "invalid-request", "the request body could not be read", 0)
+			idem.WriteProblem(w, http.StatusBadRequest, "invalid-request", "the request body could not be read", 0)
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
 		next.ServeHTTP(w, r)
 	})
-}
-
-// problemTitles title the problems idemproxy answers itself, as idemsvc
-// and the middleware title them.
-var problemTitles = map[string]string{
-	"invalid-request":   "Invalid request",
-	"too-large":         "Too large",
-	"store-unavailable": "Store unavailable",
-}
-
-// writeProblem answers with an RFC 9457 problem detail of kind.
-func writeProblem(w http.ResponseWriter, status int, kind, detail string, retryAfter int) {
-	if retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(retryAfter))
-	}
-	typ := "about:blank"
-	if kind != "" {
-		typ = "https://idemsvc.dev/problems/" + kind
-	}
-	title := problemTitles[kind]
-	if title == "" {
-		title = http.StatusText(status)
-	}
-	w.Header().Set("Content-Type", "application/problem+json")
-	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(idem.Problem{Type: typ, Title: title, Status: status, Detail: detail})
 }
 
 // admin serves /healthz (200 while idemproxy serves; it does not ask
@@ -312,7 +303,7 @@ func (p *proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	}
 	p.upErrors.Inc()
 	p.log.Warn("upstream error", "method", r.Method, "path", r.URL.Path, "err", err)
-	writeProblem(w, status, "", detail, 0)
+	idem.WriteProblem(w, status, "", detail, 0) // about:blank, code bad-gateway or gateway-timeout
 }
 
 // statusWriter notes the status of an answer.

@@ -8,6 +8,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -703,8 +704,8 @@ func TestMiddlewareUsersNeverShareAnswers(t *testing.T) {
 }
 
 // A record stored by an earlier version, under the fingerprint without a
-// version, replays; with NoLegacyFingerprints it gets 422. The extra begin
-// happens after a mismatch only.
+// version, replays; with NoLegacyFingerprints it gets 422. The lookup (a
+// status call, never a second begin) happens after a mismatch only.
 func TestMiddlewareReplaysRecordsOfEarlierVersions(t *testing.T) {
 	t.Parallel()
 	svc := startIdemsvc(t, nil)
@@ -726,8 +727,8 @@ func TestMiddlewareReplaysRecordsOfEarlierVersions(t *testing.T) {
 	if a.status != 201 || string(a.body) != "stored before" || a.header.Get(idem.ReplayedHeader) != "true" {
 		t.Errorf("%d %q, want the record stored before replayed", a.status, a.body)
 	}
-	if n := svc.calls.get("/v1/begin") - begins; n != 2 {
-		t.Errorf("%d begins, want 2: the fingerprint, then the legacy one", n)
+	if n, m := svc.calls.get("/v1/begin")-begins, svc.calls.get("/v1/status"); n != 1 || m != 1 {
+		t.Errorf("%d begins and %d status calls, want 1 and 1: the begin, then the lookup of the legacy record", n, m)
 	}
 	begins = svc.calls.get("/v1/begin")
 	if a := sendAs(t, url+"/orders", "after-upgrade", body); a.status != 200 || svc.calls.get("/v1/begin")-begins != 1 {
@@ -737,6 +738,143 @@ func TestMiddlewareReplaysRecordsOfEarlierVersions(t *testing.T) {
 	if a := sendAs(t, strict+"/orders", "before-upgrade", body); a.status != http.StatusUnprocessableEntity {
 		t.Errorf("NoLegacyFingerprints: %d %q, want 422", a.status, a.body)
 	}
+}
+
+// The legacy fingerprint only ever finds a record, never makes one: the
+// lookup reads the record, replays a terminal failure, answers 409 while
+// one is in progress and 422 for anything else; a record deleted between
+// the begin and the lookup is not begun again under the legacy fingerprint.
+func TestMiddlewareLegacyFingerprintNeverAcquires(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	ctx := testContext(t)
+	body := `{"amount":100}`
+	sum := sha256.Sum256([]byte("POST\x00/orders?\x00" + body))
+	legacy := "sha256:" + hex.EncodeToString(sum[:])
+	ran := func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("ran")) }
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{}, ran) + "/orders"
+	auth := []string{"Content-Type", "application/json", "Authorization", "Bearer bob"}
+
+	res, err := c.Begin(ctx, idem.BeginParams{Key: "legacy-failed", Fingerprint: legacy})
+	if err != nil || res.Lease == nil {
+		t.Fatalf("begin: %+v, %v", res, err)
+	}
+	if _, err := c.Fail(ctx, "legacy-failed", res.Lease.LeaseToken, idem.FailParams{Terminal: true, Error: "declined",
+		Response: idem.Response{StatusCode: 402, Body: []byte("declined before")}}); err != nil {
+		t.Fatal(err)
+	}
+	if a := sendAs(t, url, "legacy-failed", body, auth...); a.status != 402 || string(a.body) != "declined before" || a.header.Get(idem.ReplayedHeader) != "true" {
+		t.Errorf("terminal failure: %d %q, want its 402 replayed", a.status, a.body)
+	}
+
+	if res, err = c.Begin(ctx, idem.BeginParams{Key: "legacy-running", Fingerprint: legacy, Lease: 30 * time.Second}); err != nil || res.Lease == nil {
+		t.Fatalf("begin: %+v, %v", res, err)
+	}
+	if a := sendAs(t, url, "legacy-running", body, auth...); a.status != http.StatusConflict || a.header.Get("Retry-After") == "" {
+		t.Errorf("in progress: %d %q Retry-After %q, want 409 with Retry-After", a.status, a.body, a.header.Get("Retry-After"))
+	}
+
+	// alice's record: bob's request, the same but for its credentials,
+	// gets 422, and alice's record stays as it was.
+	if a := sendAs(t, url, "alice-only", body, "Content-Type", "application/json", "Authorization", "Bearer alice"); a.status != 200 {
+		t.Fatalf("alice: %d %q", a.status, a.body)
+	}
+	before, err := c.Status(ctx, "alice-only", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	begins, statuses := svc.calls.get("/v1/begin"), svc.calls.get("/v1/status")
+	if a := sendAs(t, url, "alice-only", body, auth...); a.status != http.StatusUnprocessableEntity {
+		t.Errorf("bob: %d %q, want 422", a.status, a.body)
+	}
+	if n, m := svc.calls.get("/v1/begin")-begins, svc.calls.get("/v1/status")-statuses; n != 1 || m != 1 {
+		t.Errorf("bob: %d begins, %d status calls; want 1 and 1", n, m)
+	}
+	if after, err := c.Status(ctx, "alice-only", false); err != nil || *after.Fingerprint != *before.Fingerprint || after.Attempt != before.Attempt {
+		t.Errorf("alice's record after bob's request: %+v, %v; want it unchanged", after, err)
+	}
+
+	// Deleted between bob's begin (422) and the lookup: 422, and no record.
+	deleting := &deleteAfterMismatch{base: http.DefaultTransport, c: c}
+	dc := newClient(t, svc.URL, idem.WithHTTP(&http.Client{Transport: deleting}))
+	durl := serveIdempotent(t, dc, idem.MiddlewareOptions{}, ran) + "/orders"
+	if a := sendAs(t, durl, "alice-only", body, auth...); a.status != http.StatusUnprocessableEntity {
+		t.Errorf("deleted meanwhile: %d %q, want 422", a.status, a.body)
+	}
+	if !deleting.deleted.Load() {
+		t.Fatal("the record was not deleted between the calls")
+	}
+	if rec, err := c.Status(ctx, "alice-only", false); !errors.Is(err, idem.ErrNotFound) {
+		t.Errorf("after the lookup: %+v, %v; want no record (none made with the legacy fingerprint)", rec, err)
+	}
+}
+
+// deleteAfterMismatch deletes the key of a begin answered 422 before the
+// answer reaches the middleware: the record is gone by its lookup.
+type deleteAfterMismatch struct {
+	base    http.RoundTripper
+	c       *idem.Client
+	deleted atomic.Bool
+}
+
+func (d *deleteAfterMismatch) RoundTrip(r *http.Request) (*http.Response, error) {
+	var key struct{ Key string }
+	if r.URL.Path == "/v1/begin" && r.GetBody != nil {
+		if b, err := r.GetBody(); err == nil {
+			_ = json.NewDecoder(b).Decode(&key)
+		}
+	}
+	resp, err := d.base.RoundTrip(r)
+	if err == nil && resp.StatusCode == http.StatusUnprocessableEntity && key.Key != "" {
+		if err := d.c.Delete(r.Context(), key.Key); err == nil {
+			d.deleted.Store(true)
+		}
+	}
+	return resp, err
+}
+
+// JSON that a float64 does not hold exactly keeps its raw bytes: another
+// account number under the same key gets 422, not the first answer.
+func TestMiddlewareInexactNumbersGet422(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	url := serveIdempotent(t, newClient(t, svc.URL), idem.MiddlewareOptions{}, func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		_, _ = w.Write(b)
+	})
+	first := sendAs(t, url, "transfer", `{"to_account":9007199254740993}`, "Content-Type", "application/json")
+	if first.status != 200 {
+		t.Fatalf("first: %d %q", first.status, first.body)
+	}
+	if a := sendAs(t, url, "transfer", `{"to_account":9007199254740992}`, "Content-Type", "application/json"); a.status != http.StatusUnprocessableEntity {
+		t.Errorf("another account: %d %q, want 422", a.status, a.body)
+	}
+	if a := sendAs(t, url, "transfer", `{"to_account":9007199254740993}`, "Content-Type", "application/json"); string(a.body) != `{"to_account":9007199254740993}` || a.header.Get(idem.ReplayedHeader) != "true" {
+		t.Errorf("the same request: %d %q, want it replayed", a.status, a.body)
+	}
+}
+
+// Configured methods are taken in upper case; Scope with Unscoped panics.
+func TestMiddlewareOptionsNormalized(t *testing.T) {
+	t.Parallel()
+	svc := startIdemsvc(t, nil)
+	c := newClient(t, svc.URL)
+	var runs atomic.Int32
+	url := serveIdempotent(t, c, idem.MiddlewareOptions{Methods: []string{"post"}}, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = fmt.Fprintf(w, "run %d", runs.Add(1))
+	})
+	for i := range 2 {
+		if a := sendAs(t, url, "lower-case-methods", `{}`); a.status != 200 || string(a.body) != "run 1" {
+			t.Errorf("POST %d with Methods [post]: %d %q, want run 1", i, a.status, a.body)
+		}
+	}
+	defer func() {
+		if recover() == nil {
+			t.Error("Scope with Unscoped: no panic")
+		}
+	}()
+	idem.Middleware(c, idem.MiddlewareOptions{Scope: func(*http.Request) string { return "" }, Unscoped: true})
 }
 
 // The fingerprint idemsvc receives is conformance/fingerprints.json's,

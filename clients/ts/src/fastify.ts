@@ -75,7 +75,13 @@ const pending = new WeakMap<FastifyRequest, Pending>();
  */
 export function idempotency(fastify: FastifyInstance, options: IdempotencyPluginOptions, done: (err?: Error) => void): void {
   const { client, ...rest } = options;
-  const settings = settingsOf(client, rest);
+  let settings: Settings;
+  try {
+    settings = settingsOf(client, rest);
+  } catch (err) {
+    done(err as Error); // invalid options: register rejects
+    return;
+  }
   if (!fastify.hasRequestDecorator('idempotency')) fastify.decorateRequest('idempotency', null);
 
   fastify.addHook('preParsing', async (request: FastifyRequest, reply: FastifyReply, payload: Readable) => {

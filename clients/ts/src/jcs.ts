@@ -14,18 +14,98 @@ export const MAX_JSON_DEPTH = 128;
 
 /**
  * The JCS form of the JSON text in body, or undefined when body is not one
- * I-JSON value (RFC 7493): a syntax error, invalid UTF-8, a lone
- * surrogate, a number beyond a double's range, or nesting deeper than
- * MAX_JSON_DEPTH. Of duplicate member names the last wins, as in JSON.parse.
+ * I-JSON value (RFC 7493) that JCS writes exactly: a syntax error, invalid
+ * UTF-8, a lone surrogate, a member name repeated in an object, a number
+ * that a double does not hold exactly as written (see exactNumber), or
+ * nesting deeper than MAX_JSON_DEPTH. Such a body is taken as raw bytes, so
+ * that two requests that mean different things (accounts 9007199254740993
+ * and 9007199254740992) never share a fingerprint.
  */
 export function canonicalJson(body: Uint8Array): string | undefined {
+  let text: string;
   let value: unknown;
   try {
-    value = JSON.parse(strictUtf8.decode(body));
+    text = strictUtf8.decode(body);
+    value = JSON.parse(text);
   } catch {
     return undefined;
   }
-  return serialize(value, 0);
+  const canonical = serialize(value, 0);
+  return canonical !== undefined && exactAndUnique(text) ? canonical : undefined;
+}
+
+/**
+ * Whether the JSON text (which JSON.parse read) has only numbers that
+ * exactNumber takes and no object with a member name twice: what
+ * JSON.parse hides (it rounds numbers, and keeps the last of equal names).
+ */
+function exactAndUnique(text: string): boolean {
+  const objects: (Set<string> | undefined)[] = []; // per open value: an object's names, or undefined for an array
+  let name = false; // the next string is a member name
+  for (let i = 0; i < text.length; ) {
+    const c = text[i]!;
+    if (c === '"') {
+      let j = i + 1;
+      while (text[j] !== '"') j += text[j] === '\\' ? 2 : 1;
+      j++;
+      if (name) {
+        const names = objects[objects.length - 1]!;
+        const n = JSON.parse(text.slice(i, j)) as string;
+        if (names.has(n)) return false;
+        names.add(n);
+        name = false;
+      }
+      i = j;
+      continue;
+    }
+    if (c === '-' || (c >= '0' && c <= '9')) {
+      let j = i + 1;
+      while (j < text.length && '0123456789+-.eE'.includes(text[j]!)) j++;
+      if (!exactNumber(text.slice(i, j))) return false;
+      i = j;
+      continue;
+    }
+    if (c === '{') {
+      objects.push(new Set());
+      name = true;
+    } else if (c === '[') {
+      objects.push(undefined);
+    } else if (c === '}' || c === ']') {
+      objects.pop();
+      name = false;
+    } else if (c === ',') {
+      name = objects[objects.length - 1] !== undefined;
+    }
+    i++;
+  }
+  return true;
+}
+
+/**
+ * Whether the double that the JSON number lit reads as is exactly the
+ * number lit writes, so that JCS's form of it (its shortest digits) means
+ * what lit means: lit's significant digits and exponent are the double's
+ * shortest ones. False for an integer beyond 2^53 that a double rounds
+ * (9007199254740993), more significant digits than a double keeps
+ * (0.10000000000000001), a non-zero number that underflows to 0 (1e-400)
+ * and one that overflows. A zero, in any spelling, is exact. The Go SDK's
+ * exactNumber is the same rule.
+ */
+export function exactNumber(lit: string): boolean {
+  const m = /^-?(\d+)(?:\.(\d+))?(?:[eE]([+-]?\d+))?$/.exec(lit);
+  if (!m) return false;
+  const written = (m[1]! + (m[2] ?? '')).replace(/^0+/, '');
+  if (written === '') return true; // a zero
+  const e = m[3] === undefined ? 0 : Number(m[3]);
+  if (!Number.isSafeInteger(e)) return false; // no double is that number
+  const digits = written.replace(/0+$/, '');
+  const exp = e - (m[2]?.length ?? 0) + (written.length - digits.length);
+  const value = Math.abs(Number(lit));
+  if (value === 0 || !Number.isFinite(value)) return false; // underflow, overflow
+  // toExponential() with no argument writes the shortest digits: d.ddde±x.
+  const [mantissa, x] = value.toExponential().split('e') as [string, string];
+  const shortest = mantissa.replace('.', '');
+  return digits === shortest && exp === Number(x) - shortest.length + 1;
 }
 
 function serialize(value: unknown, depth: number): string | undefined {

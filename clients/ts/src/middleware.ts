@@ -6,7 +6,7 @@
 // itself, and which of the handler's answers are stored.
 import { createHash, createHmac } from 'node:crypto';
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
-import { apiKeyOf, type BeginAcquired, type BeginResult, type BeginReplay, type IdemClient } from './client.js';
+import { apiKeyOf, type BeginAcquired, type BeginResult, type BeginReplay, type IdemClient, type StatusRecord } from './client.js';
 import { BODY_OMITTED_HEADER, DEFAULT_LEASE_MS, runUnderLease } from './do.js';
 import { isIdemError, PROBLEM_KINDS, PROBLEM_TYPE_PREFIX, type ProblemKind } from './errors.js';
 import { canonicalJson } from './jcs.js';
@@ -19,7 +19,7 @@ import { decodeResponse, toBuffer, type IdemResponse } from './response.js';
 export interface IdempotencyOptions<Req = IncomingMessage> {
   /** The request header with the idempotency key (default `Idempotency-Key`). */
   keyHeader?: string;
-  /** The methods made idempotent (default POST and PATCH); others run every time, key or not. */
+  /** The methods made idempotent (default POST and PATCH), taken in upper case; others run every time, key or not. */
   methods?: string[];
   /** Lets requests of those methods without a key through, not idempotent; by default they get 400. */
   optional?: boolean;
@@ -73,15 +73,17 @@ export interface IdempotencyOptions<Req = IncomingMessage> {
   /**
    * Turns the scope and the credentials' digest off: any caller that knows
    * a key and its request gets its stored answer. Only for APIs whose
-   * tenant at idemsvc has one caller (a service calling another).
+   * tenant at idemsvc has one caller (a service calling another). Refused
+   * (the middleware throws) together with a scope, which it contradicts.
    */
   unscoped?: boolean;
   /**
-   * After a fingerprint mismatch, begin again with the fingerprint of
-   * earlier versions (method, path, query and raw body, no credentials), so
-   * that records stored before an upgrade replay until they expire (a day,
-   * by default), to any caller with the same key and request, as they did
-   * before it (default true).
+   * After a fingerprint mismatch, look the record up (without acquiring
+   * it) and replay it when it holds the fingerprint of earlier versions
+   * (method, path, query and raw body, no credentials), so that records
+   * stored before an upgrade replay until they expire (a day, by default),
+   * to any caller with the same key and request, as they did before it
+   * (default true).
    */
   legacyFingerprints?: boolean;
 }
@@ -118,9 +120,10 @@ export interface Settings {
 }
 
 export function settingsOf<Req>(client: IdemClient, options: IdempotencyOptions<Req> = {}): Settings {
+  if (options.scope && options.unscoped) throw new TypeError('idemsvc: the scope and unscoped options contradict each other: set one');
   const keyHeader = options.keyHeader || 'Idempotency-Key';
   return {
-    scope: options.unscoped ? undefined : (options.scope as Settings['scope']),
+    scope: options.scope as Settings['scope'],
     withCredentials: !options.unscoped,
     credentialCookies: options.credentialCookies ?? [],
     credentialKey: credentialKey(options.credentialSecret ?? apiKeyOf(client)),
@@ -348,23 +351,54 @@ function hexValue(c: number | undefined): number {
 }
 
 /**
- * Begins the request's key within the middleware's budget; after a
- * fingerprint mismatch, once more with the legacy fingerprint (a record
- * stored before fingerprints had a version).
+ * Begins the request's key within the middleware's budget. After a
+ * fingerprint mismatch, perhaps with a record stored before fingerprints
+ * had a version, the answer is legacyAnswer's.
  */
-export async function beginRequest(client: IdemClient, settings: Settings, id: RequestIdentity, requestId: string | undefined): Promise<BeginResult> {
+export async function beginRequest(
+  client: IdemClient,
+  settings: Settings,
+  id: RequestIdentity,
+  requestId: string | undefined,
+): Promise<BeginResult | Answer> {
   const signal = AbortSignal.timeout(settings.budgetMs + settings.waitMs);
-  const begin = (fingerprint: string) =>
-    client.begin(
-      { key: id.key, fingerprint, lease_ms: settings.leaseMs, retention_s: settings.retentionS, wait_ms: settings.waitMs || undefined },
+  try {
+    return await client.begin(
+      { key: id.key, fingerprint: id.fingerprint, lease_ms: settings.leaseMs, retention_s: settings.retentionS, wait_ms: settings.waitMs || undefined },
       { signal, requestId },
     );
-  try {
-    return await begin(id.fingerprint);
   } catch (err) {
     if (!id.legacyFingerprint || !isIdemError(err, 'fingerprint-mismatch')) throw err;
-    return begin(id.legacyFingerprint());
+    return legacyAnswer(client, id.key, id.legacyFingerprint(), { signal, requestId });
   }
+}
+
+/**
+ * The answer to a request whose fingerprint its key's record does not hold:
+ * the record's stored answer when it holds legacy, the request's
+ * fingerprint of earlier versions, and 422 otherwise (409 while it is in
+ * progress). It reads the record without acquiring it, so the legacy
+ * fingerprint never gets into a new record (where it would replay to any
+ * caller): a record that expired since the begin is not begun again.
+ */
+async function legacyAnswer(client: IdemClient, key: string, legacy: string, options: { signal: AbortSignal; requestId: string | undefined }): Promise<Answer> {
+  let record: StatusRecord;
+  try {
+    record = await client.status(key, { ...options, includeResponse: true });
+  } catch (err) {
+    if (isIdemError(err, 'not-found')) return mismatchAnswer();
+    throw err;
+  }
+  if (record.fingerprint !== legacy) return mismatchAnswer();
+  const response = record.response ?? {};
+  if (record.state === 'completed' || (record.state === 'failed' && record.retryable === false)) {
+    return replayAnswer({ attempt: record.attempt, key: record.key, status: record.state, response, error: record.error });
+  }
+  if (record.state === 'in_progress') {
+    const ms = record.lease_expires_at ? Date.parse(record.lease_expires_at) - Date.now() : 0;
+    return problemAnswer('in-progress', 'a request with this idempotency key is in progress', Math.max(1, Math.ceil(ms / 1000)));
+  }
+  return mismatchAnswer(); // a retryable failure: a new attempt would acquire it
 }
 
 /**
@@ -413,9 +447,7 @@ export function beginErrorAnswer(err: unknown): Answer {
     const retryAfter = err.retryAfterMs ? Math.floor(err.retryAfterMs / 1000) : 1;
     return problemAnswer('in-progress', 'a request with this idempotency key is in progress', retryAfter);
   }
-  if (isIdemError(err, 'fingerprint-mismatch')) {
-    return problemAnswer('fingerprint-mismatch', 'the idempotency key was used for another request');
-  }
+  if (isIdemError(err, 'fingerprint-mismatch')) return mismatchAnswer();
   if (isIdemError(err, 'rate-limited', 'quota-exceeded')) {
     // Over this service's limits at idemsvc: the handler did not run.
     const retryAfter = Math.max(1, Math.floor((err.retryAfterMs ?? 0) / 1000));
@@ -430,6 +462,11 @@ export function beginErrorAnswer(err: unknown): Answer {
   }
   // Fail closed: without idemsvc, nothing may run.
   return problemAnswer('store-unavailable', 'the idempotency service cannot be reached', 1);
+}
+
+/** The answer to a key used for another request. */
+function mismatchAnswer(): Answer {
+  return problemAnswer('fingerprint-mismatch', 'the idempotency key was used for another request');
 }
 
 /** The answer that replays a finished attempt's stored response. */
@@ -516,12 +553,13 @@ export async function acquire(
   requestId: unknown,
   res: ServerResponse,
 ): Promise<BeginAcquired | Answer> {
-  let begun: BeginResult;
+  let begun: BeginResult | Answer;
   try {
     begun = await beginRequest(client, settings, id, typeof requestId === 'string' ? requestId : undefined);
   } catch (err) {
     return beginErrorAnswer(err);
   }
+  if (typeof begun.status === 'number') return begun as Answer;
   if (begun.status !== 'acquired') return replayAnswer(begun);
   if (res.destroyed || res.socket?.destroyed) {
     try {

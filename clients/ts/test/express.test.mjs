@@ -50,6 +50,19 @@ describe('Express middleware', () => {
     client = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey });
   });
 
+  /** A client whose begin and status calls are counted; after(op, res, init) runs on each answer. */
+  function countingClient(after) {
+    const calls = { begin: 0, status: 0 };
+    const counted = async (input, init) => {
+      const op = new URL(String(input)).pathname.slice('/v1/'.length);
+      if (op in calls) calls[op]++;
+      const res = await fetch(input, init);
+      if (after) await after(op, res, init);
+      return res;
+    };
+    return { client: new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, fetch: counted }), calls };
+  }
+
   test('a body parser after the middleware reads the same body, and a duplicate is replayed', async () => {
     const app = express();
     let runs = 0;
@@ -372,14 +385,18 @@ describe('Express middleware', () => {
     }
   });
 
-  test('a record stored before fingerprints had a version replays; with legacyFingerprints: false it gets 422', async () => {
+  test('a record stored before fingerprints had a version replays (1 begin + 1 status); with legacyFingerprints: false it gets 422', async () => {
     const key = uniqueKey();
     const body = '{ "amount": 100 }';
     const begun = await client.begin({ key, fingerprint: `sha256:${createHash('sha256').update(`POST\0/orders?\0${body}`).digest('hex')}` });
     await client.complete({ key, lease_token: begun.lease_token, response: { status_code: 201, body: '{"stored":"before"}' } });
-    for (const [options, status, want] of [[{}, 201, '{"stored":"before"}'], [{ legacyFingerprints: false }, 422, undefined]]) {
+    for (const [options, status, want, calls] of [
+      [{}, 201, '{"stored":"before"}', { begin: 1, status: 1 }],
+      [{ legacyFingerprints: false }, 422, undefined, { begin: 1, status: 0 }],
+    ]) {
+      const counted = countingClient();
       const app = express();
-      app.use(idempotency(client, options));
+      app.use(idempotency(counted.client, options));
       app.post('/orders', (_req, res) => res.status(201).send('ran again'));
       const server = await serve(app);
       try {
@@ -393,9 +410,97 @@ describe('Express middleware', () => {
           assert.equal(await res.text(), want);
           assert.equal(res.headers.get('idempotent-replayed'), 'true');
         }
+        assert.deepEqual(counted.calls, calls);
       } finally {
         await server.close();
       }
+    }
+  });
+
+  test('the legacy fingerprint only finds a record, never makes one', async () => {
+    const body = '{"amount":100}';
+    const legacy = `sha256:${createHash('sha256').update(`POST\0/orders?\0${body}`).digest('hex')}`;
+    // Deletes the key of a begin answered 422 before the middleware reads the answer.
+    let deleting = false;
+    const counted = countingClient(async (op, res, init) => {
+      if (deleting && op === 'begin' && res.status === 422) await client.delete(JSON.parse(init.body).key);
+    });
+    const app = express();
+    app.use(idempotency(counted.client));
+    app.post('/orders', (_req, res) => res.send('ran'));
+    const server = await serve(app);
+    const post = (key, user) =>
+      fetch(`${server.url}/orders`, { method: 'POST', headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json', Authorization: `Bearer ${user}` }, body });
+    try {
+      const failed = uniqueKey();
+      let begun = await client.begin({ key: failed, fingerprint: legacy });
+      await client.fail({ key: failed, lease_token: begun.lease_token, retryable: false, error: 'declined', response: { status_code: 402, body: 'declined before' } });
+      let res = await post(failed, 'bob');
+      assert.equal(res.status, 402);
+      assert.equal(await res.text(), 'declined before');
+      assert.equal(res.headers.get('idempotent-replayed'), 'true');
+
+      const running = uniqueKey();
+      begun = await client.begin({ key: running, fingerprint: legacy, lease_ms: 30_000 });
+      res = await post(running, 'bob');
+      assert.equal(res.status, 409, await res.text());
+      assert.ok(Number(res.headers.get('retry-after')) >= 1);
+
+      // alice's record: bob, the same request but for his credentials, gets 422 and leaves it as it was.
+      const alices = uniqueKey();
+      assert.equal(await (await post(alices, 'alice')).text(), 'ran');
+      const before = await client.status(alices);
+      const calls = { ...counted.calls };
+      res = await post(alices, 'bob');
+      assert.equal(res.status, 422, await res.text());
+      assert.deepEqual(counted.calls, { begin: calls.begin + 1, status: calls.status + 1 });
+      const unchanged = await client.status(alices);
+      assert.equal(unchanged.fingerprint, before.fingerprint);
+      assert.equal(unchanged.attempt, before.attempt);
+
+      // Deleted between bob's begin and the lookup: 422, and no record made with the legacy fingerprint.
+      deleting = true;
+      res = await post(alices, 'bob');
+      assert.equal(res.status, 422, await res.text());
+      await assert.rejects(client.status(alices), (err) => err.kind === 'not-found');
+    } finally {
+      await server.close();
+    }
+  });
+
+  test('JSON a double does not hold exactly keeps its raw bytes: another account under the same key gets 422', async () => {
+    const app = express();
+    app.use(idempotency(client));
+    app.post('/transfers', (req, res) => req.pipe(res));
+    const server = await serve(app);
+    const key = uniqueKey();
+    const post = (body) => fetch(`${server.url}/transfers`, { method: 'POST', headers: { 'Idempotency-Key': key, 'Content-Type': 'application/json' }, body });
+    try {
+      assert.equal(await (await post('{"to_account":9007199254740993}')).text(), '{"to_account":9007199254740993}');
+      const other = await post('{"to_account":9007199254740992}');
+      assert.equal(other.status, 422, await other.text());
+      const again = await post('{"to_account":9007199254740993}');
+      assert.equal(again.headers.get('idempotent-replayed'), 'true');
+    } finally {
+      await server.close();
+    }
+  });
+
+  test('options: methods are taken in upper case; scope with unscoped throws', async () => {
+    assert.throws(() => idempotency(client, { scope: () => 'alice', unscoped: true }), /contradict/);
+    let runs = 0;
+    const app = express();
+    app.use(idempotency(client, { methods: ['post'] }));
+    app.post('/orders', (_req, res) => res.send(`run ${++runs}`));
+    const server = await serve(app);
+    try {
+      const key = uniqueKey();
+      for (let i = 0; i < 2; i++) {
+        const res = await fetch(`${server.url}/orders`, { method: 'POST', headers: { 'Idempotency-Key': key } });
+        assert.equal(await res.text(), 'run 1');
+      }
+    } finally {
+      await server.close();
     }
   });
 });

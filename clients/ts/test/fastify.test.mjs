@@ -209,6 +209,10 @@ describe('Fastify plugin', () => {
     }
   });
 
+  test('scope with unscoped is refused at registration', async () => {
+    await assert.rejects(serve(client, () => {}, { scope: () => 'alice', unscoped: true }), /contradict/);
+  });
+
   test('a record stored before fingerprints had a version replays', async () => {
     const key = uniqueKey();
     const body = '{"amount":100}';
