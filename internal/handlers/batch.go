@@ -21,6 +21,9 @@ const DefaultMaxBatch = 100
 type itemAnswer struct {
 	visit func(http.ResponseWriter) error
 	err   error
+	// tenant and outcome count a begin item in idemsvc_begins_total, as
+	// its single call is counted.
+	tenant, outcome string
 }
 
 // batchItems checks a batch's envelope: items present, and not more than
@@ -65,6 +68,7 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 			answers[i].err = err
 			continue
 		}
+		answers[i].tenant = t
 		lim := s.keyring.Limits(t)
 		a, err := s.admitBegin(ctx, t, lim, &breq, 0)
 		if err != nil {
@@ -83,7 +87,18 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 				continue
 			}
 			answers[d.i].visit = s.beginDone(ctx, d.t, d.lim, d.a, o.Result).VisitBeginResponse
+			answers[d.i].outcome = beginOutcome(&o.Result)
 		}
+	}
+	for _, a := range answers {
+		if a.tenant == "" {
+			continue
+		}
+		if a.err != nil {
+			kind, _ := problemOf(a.err)
+			a.outcome = kind.name
+		}
+		s.metrics.begins.WithLabelValues(s.metrics.tenantLabel(a.tenant), a.outcome).Inc()
 	}
 	batchOutcome(ctx)
 	return batchAnswer(answers), nil

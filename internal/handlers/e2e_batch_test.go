@@ -199,7 +199,7 @@ func TestE2EBatchEnvelope(t *testing.T) {
 // Every item counts against the tenant's begin rate.
 func TestE2EBatchTenantRate(t *testing.T) {
 	t.Parallel()
-	keyring, _, keys := limitedTenants(t, map[string]string{"rate": "{begins_per_s: 1, burst: 3}"})
+	keyring, names, keys := limitedTenants(t, map[string]string{"rate": "{begins_per_s: 1, burst: 3}"})
 	l := quota.NewMemory(quota.Options{FlushInterval: testFlush})
 	t.Cleanup(l.Close)
 	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: keyring, Limiter: l})
@@ -222,6 +222,12 @@ func TestE2EBatchTenantRate(t *testing.T) {
 	}
 	if r := e.as(t, keys["rate"]).begin(idem.BeginRequest{Key: unique("k")}); r.StatusCode() != http.StatusTooManyRequests {
 		t.Errorf("single begin after the batch spent the burst: %d", r.StatusCode())
+	}
+	// Each item counts in idemsvc_begins_total as a single begin does.
+	for outcome, want := range map[string]float64{"acquired": 3, "rate-limited": 3} {
+		if got := e.labelled(t, "idemsvc_begins_total", `outcome="`+outcome+`",tenant="`+names["rate"]+`"`); got != want {
+			t.Errorf("begins metric (%s) = %v, want %v", outcome, got, want)
+		}
 	}
 }
 

@@ -209,9 +209,20 @@ func (s *Service) beginDone(ctx context.Context, t string, lim auth.Limits, a ad
 	return s.beginResult(ctx, t, res)
 }
 
+// beginOutcome names a begin's answer for the log and metrics.
+func beginOutcome(res *statemachine.BeginResult) string {
+	switch {
+	case res.Acquired:
+		return "acquired"
+	case res.Record.State == statemachine.StateCompleted:
+		return "replayed-completed"
+	}
+	return "replayed-failed"
+}
+
 func (s *Service) beginResult(ctx context.Context, t string, res statemachine.BeginResult) api.BeginResponseObject {
+	setOutcome(ctx, t, beginOutcome(&res))
 	if res.Acquired {
-		setOutcome(ctx, t, "acquired")
 		return api.BeginAcquiredResponse{
 			Status:         api.BeginAcquiredStatusAcquired,
 			Key:            res.Record.Key,
@@ -228,11 +239,9 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 		Response: fromResponse(rec.Response),
 	}
 	if rec.State == statemachine.StateCompleted {
-		setOutcome(ctx, t, "replayed-completed")
 		out.Status = api.FinishedStateCompleted
 		out.CompletedAt = millis(rec.UpdatedAt)
 	} else {
-		setOutcome(ctx, t, "replayed-failed")
 		out.Status = api.FinishedStateFailed
 		out.FailedAt = millis(rec.UpdatedAt)
 		out.Error = optional(rec.Error)
