@@ -485,13 +485,24 @@ export interface components {
          *     `POST /v1/fail` (`kind: fail`); invalid, it gets a 400 result of its
          *     own.
          */
-        FinishBatchItem: (components["schemas"]["CompleteRequest"] & {
+        FinishBatchItem: {
             /** @enum {string} */
             kind: "complete";
-        }) | (components["schemas"]["FailRequest"] & {
+            key: components["schemas"]["CompleteRequest"]["key"];
+            lease_token: components["schemas"]["CompleteRequest"]["lease_token"];
+            response?: components["schemas"]["CompleteRequest"]["response"];
+            retention_s?: components["schemas"]["CompleteRequest"]["retention_s"];
+            tenant?: components["schemas"]["CompleteRequest"]["tenant"];
+        } | {
             /** @enum {string} */
             kind: "fail";
-        });
+            key: components["schemas"]["FailRequest"]["key"];
+            lease_token: components["schemas"]["FailRequest"]["lease_token"];
+            retryable?: components["schemas"]["FailRequest"]["retryable"];
+            error?: components["schemas"]["FailRequest"]["error"];
+            response?: components["schemas"]["FailRequest"]["response"];
+            tenant?: components["schemas"]["FailRequest"]["tenant"];
+        };
         BatchResponse: {
             /** @description One result per item, in request order. */
             results: components["schemas"]["BatchResult"][];
