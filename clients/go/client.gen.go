@@ -160,6 +160,23 @@ func (e State) Valid() bool {
 // Example: 1
 type Attempt = int64
 
+// BatchResponse defines model for BatchResponse.
+type BatchResponse struct {
+	// Results One result per item, in request order.
+	Results []BatchResult `json:"results"`
+}
+
+// BatchResult defines model for BatchResult.
+type BatchResult struct {
+	// Body The single call's answer, or its problem detail.
+	Body json.RawMessage `json:"body"`
+
+	// Status The HTTP status the single call would have answered.
+	//
+	// Example: 201
+	Status int `json:"status"`
+}
+
 // BeginAcquired The caller holds the key's lease.
 type BeginAcquired struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
@@ -200,6 +217,17 @@ type BeginAcquired struct {
 
 // BeginAcquiredStatus defines model for BeginAcquired.Status.
 type BeginAcquiredStatus string
+
+// BeginBatchItem The body of `POST /v1/begin`; invalid, it gets a 400 result of its own.
+type BeginBatchItem = json.RawMessage
+
+// BeginBatchRequest defines model for BeginBatchRequest.
+type BeginBatchRequest struct {
+	// Items The begins, each the body of `POST /v1/begin`: at most
+	// `IDEMSVC_MAX_BATCH` (default 100); more gets 400 for the whole
+	// batch, and nothing changes.
+	Items []BeginBatchItem `json:"items"`
+}
 
 // BeginReplay The stored outcome of a finished attempt. `completed_at` is present
 // when `status` is `completed`; `failed_at` and `error` (when the
@@ -424,6 +452,18 @@ type FailRequest struct {
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
+}
+
+// FinishBatchItem The body of `POST /v1/complete` (`kind: complete`) or
+// `POST /v1/fail` (`kind: fail`); invalid, it gets a 400 result of its
+// own.
+type FinishBatchItem = json.RawMessage
+
+// FinishBatchRequest defines model for FinishBatchRequest.
+type FinishBatchRequest struct {
+	// Items The completes and fails: at most `IDEMSVC_MAX_BATCH` (default
+	// 100); more gets 400 for the whole batch, and nothing changes.
+	Items []FinishBatchItem `json:"items"`
 }
 
 // FinishResult The result of `complete` or `fail`. `completed_at` is present when
@@ -894,6 +934,9 @@ type GetStatusParams struct {
 // BeginJSONRequestBody defines body for Begin for application/json ContentType.
 type BeginJSONRequestBody = BeginRequest
 
+// BeginBatchJSONRequestBody defines body for BeginBatch for application/json ContentType.
+type BeginBatchJSONRequestBody = BeginBatchRequest
+
 // CompleteJSONRequestBody defines body for Complete for application/json ContentType.
 type CompleteJSONRequestBody = CompleteRequest
 
@@ -902,6 +945,9 @@ type ExtendJSONRequestBody = ExtendRequest
 
 // FailJSONRequestBody defines body for Fail for application/json ContentType.
 type FailJSONRequestBody = FailRequest
+
+// FinishBatchJSONRequestBody defines body for FinishBatch for application/json ContentType.
+type FinishBatchJSONRequestBody = FinishBatchRequest
 
 // RequestEditorFn is the function signature for the RequestEditor callback function
 type RequestEditorFn func(ctx context.Context, req *http.Request) error
@@ -1070,6 +1116,48 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/begin (the `Begin` operationId).
 	Begin(ctx context.Context, body BeginJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// BeginBatchWithBody Begin many keys in one call
+	//
+	// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100) begins
+	// in one call. Each item is exactly the body of `POST /v1/begin`, and
+	// its result is what that call would have answered: `status` is the
+	// HTTP status it would have had and `body` its answer or problem.
+	// Results come in request order, and one item's problem never fails
+	// the others (an invalid item gets a 400 result). Tenant limits count
+	// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
+	// 400 result naming `wait_ms`. An in-progress result carries
+	// `attempt` and `lease_expires_at` in its problem, as the single
+	// call's 409 does; the batch answer has no `Retry-After` of its own.
+	// On Redis the items' scripts run pipelined: one round trip per
+	// master (with `IDEMSVC_REDIS_WAIT_REPLICAS`, each master's pipeline
+	// ends with its `WAIT`).
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/begin/batch (the `BeginBatch` operationId).
+	BeginBatchWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// BeginBatch Begin many keys in one call
+	//
+	// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100) begins
+	// in one call. Each item is exactly the body of `POST /v1/begin`, and
+	// its result is what that call would have answered: `status` is the
+	// HTTP status it would have had and `body` its answer or problem.
+	// Results come in request order, and one item's problem never fails
+	// the others (an invalid item gets a 400 result). Tenant limits count
+	// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
+	// 400 result naming `wait_ms`. An in-progress result carries
+	// `attempt` and `lease_expires_at` in its problem, as the single
+	// call's 409 does; the batch answer has no `Retry-After` of its own.
+	// On Redis the items' scripts run pipelined: one round trip per
+	// master (with `IDEMSVC_REDIS_WAIT_REPLICAS`, each master's pipeline
+	// ends with its `WAIT`).
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/begin/batch (the `BeginBatch` operationId).
+	BeginBatch(ctx context.Context, body BeginBatchJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// CompleteWithBody Complete the current attempt with its response
 	//
 	// Stores the response of the attempt fenced by `lease_token`; every
@@ -1141,6 +1229,36 @@ type ClientInterface interface {
 	//
 	// Corresponds with POST /v1/fail (the `Fail` operationId).
 	Fail(ctx context.Context, body FailJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// FinishBatchWithBody Complete or fail many attempts in one call
+	//
+	// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100)
+	// completes and fails in one call. Each item is the body of
+	// `POST /v1/complete` or `POST /v1/fail` with `kind` (`complete` or
+	// `fail`) added; its result is what that call would have answered
+	// (`status` and `body`), in request order. One item's problem (a lost
+	// lease, a response too large, an invalid item) never fails the
+	// others. Finishes are never refused for a tenant's limits.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/finish/batch (the `FinishBatch` operationId).
+	FinishBatchWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// FinishBatch Complete or fail many attempts in one call
+	//
+	// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100)
+	// completes and fails in one call. Each item is the body of
+	// `POST /v1/complete` or `POST /v1/fail` with `kind` (`complete` or
+	// `fail`) added; its result is what that call would have answered
+	// (`status` and `body`), in request order. One item's problem (a lost
+	// lease, a response too large, an invalid item) never fails the
+	// others. Finishes are never refused for a tenant's limits.
+	//
+	// Takes a body of the `application/json` content type.
+	//
+	// Corresponds with POST /v1/finish/batch (the `FinishBatch` operationId).
+	FinishBatch(ctx context.Context, body FinishBatchJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// DeleteKey Forget a key's record
 	//
@@ -1324,6 +1442,68 @@ func (c *APIClient) Begin(ctx context.Context, body BeginJSONRequestBody, reqEdi
 	return c.Client.Do(req)
 }
 
+// BeginBatchWithBody Begin many keys in one call
+//
+// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100) begins
+// in one call. Each item is exactly the body of `POST /v1/begin`, and
+// its result is what that call would have answered: `status` is the
+// HTTP status it would have had and `body` its answer or problem.
+// Results come in request order, and one item's problem never fails
+// the others (an invalid item gets a 400 result). Tenant limits count
+// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
+// 400 result naming `wait_ms`. An in-progress result carries
+// `attempt` and `lease_expires_at` in its problem, as the single
+// call's 409 does; the batch answer has no `Retry-After` of its own.
+// On Redis the items' scripts run pipelined: one round trip per
+// master (with `IDEMSVC_REDIS_WAIT_REPLICAS`, each master's pipeline
+// ends with its `WAIT`).
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/begin/batch (the `BeginBatch` operationId).
+func (c *APIClient) BeginBatchWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewBeginBatchRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// BeginBatch Begin many keys in one call
+//
+// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100) begins
+// in one call. Each item is exactly the body of `POST /v1/begin`, and
+// its result is what that call would have answered: `status` is the
+// HTTP status it would have had and `body` its answer or problem.
+// Results come in request order, and one item's problem never fails
+// the others (an invalid item gets a 400 result). Tenant limits count
+// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
+// 400 result naming `wait_ms`. An in-progress result carries
+// `attempt` and `lease_expires_at` in its problem, as the single
+// call's 409 does; the batch answer has no `Retry-After` of its own.
+// On Redis the items' scripts run pipelined: one round trip per
+// master (with `IDEMSVC_REDIS_WAIT_REPLICAS`, each master's pipeline
+// ends with its `WAIT`).
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/begin/batch (the `BeginBatch` operationId).
+func (c *APIClient) BeginBatch(ctx context.Context, body BeginBatchJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewBeginBatchRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // CompleteWithBody Complete the current attempt with its response
 //
 // Stores the response of the attempt fenced by `lease_token`; every
@@ -1446,6 +1626,56 @@ func (c *APIClient) FailWithBody(ctx context.Context, contentType string, body i
 // Corresponds with POST /v1/fail (the `Fail` operationId).
 func (c *APIClient) Fail(ctx context.Context, body FailJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewFailRequest(c.Server, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// FinishBatchWithBody Complete or fail many attempts in one call
+//
+// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100)
+// completes and fails in one call. Each item is the body of
+// `POST /v1/complete` or `POST /v1/fail` with `kind` (`complete` or
+// `fail`) added; its result is what that call would have answered
+// (`status` and `body`), in request order. One item's problem (a lost
+// lease, a response too large, an invalid item) never fails the
+// others. Finishes are never refused for a tenant's limits.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/finish/batch (the `FinishBatch` operationId).
+func (c *APIClient) FinishBatchWithBody(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewFinishBatchRequestWithBody(c.Server, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// FinishBatch Complete or fail many attempts in one call
+//
+// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100)
+// completes and fails in one call. Each item is the body of
+// `POST /v1/complete` or `POST /v1/fail` with `kind` (`complete` or
+// `fail`) added; its result is what that call would have answered
+// (`status` and `body`), in request order. One item's problem (a lost
+// lease, a response too large, an invalid item) never fails the
+// others. Finishes are never refused for a tenant's limits.
+//
+// Takes a body of the `application/json` content type.
+//
+// Corresponds with POST /v1/finish/batch (the `FinishBatch` operationId).
+func (c *APIClient) FinishBatch(ctx context.Context, body FinishBatchJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewFinishBatchRequest(c.Server, body)
 	if err != nil {
 		return nil, err
 	}
@@ -1645,6 +1875,46 @@ func NewBeginRequestWithBody(server string, contentType string, body io.Reader) 
 	return req, nil
 }
 
+// NewBeginBatchRequest calls the generic BeginBatch builder with application/json body
+func NewBeginBatchRequest(server string, body BeginBatchJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewBeginBatchRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewBeginBatchRequestWithBody constructs an http.Request for the BeginBatch method, with any body, and a specified content type
+func NewBeginBatchRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/begin/batch")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
 // NewCompleteRequest calls the generic Complete builder with application/json body
 func NewCompleteRequest(server string, body CompleteJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -1746,6 +2016,46 @@ func NewFailRequestWithBody(server string, contentType string, body io.Reader) (
 	}
 
 	operationPath := fmt.Sprintf("/v1/fail")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	return req, nil
+}
+
+// NewFinishBatchRequest calls the generic FinishBatch builder with application/json body
+func NewFinishBatchRequest(server string, body FinishBatchJSONRequestBody) (*http.Request, error) {
+	var bodyReader io.Reader
+	buf, err := json.Marshal(body)
+	if err != nil {
+		return nil, err
+	}
+	bodyReader = bytes.NewReader(buf)
+	return NewFinishBatchRequestWithBody(server, "application/json", bodyReader)
+}
+
+// NewFinishBatchRequestWithBody constructs an http.Request for the FinishBatch method, with any body, and a specified content type
+func NewFinishBatchRequestWithBody(server string, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/finish/batch")
 	if operationPath[0] == '/' {
 		operationPath = "." + operationPath
 	}
@@ -2142,6 +2452,48 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/begin (the `Begin` operationId).
 	BeginWithResponse(ctx context.Context, body BeginJSONRequestBody, reqEditors ...RequestEditorFn) (*BeginResponse, error)
 
+	// BeginBatchWithBodyWithResponse Begin many keys in one call
+	//
+	// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100) begins
+	// in one call. Each item is exactly the body of `POST /v1/begin`, and
+	// its result is what that call would have answered: `status` is the
+	// HTTP status it would have had and `body` its answer or problem.
+	// Results come in request order, and one item's problem never fails
+	// the others (an invalid item gets a 400 result). Tenant limits count
+	// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
+	// 400 result naming `wait_ms`. An in-progress result carries
+	// `attempt` and `lease_expires_at` in its problem, as the single
+	// call's 409 does; the batch answer has no `Retry-After` of its own.
+	// On Redis the items' scripts run pipelined: one round trip per
+	// master (with `IDEMSVC_REDIS_WAIT_REPLICAS`, each master's pipeline
+	// ends with its `WAIT`).
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/begin/batch (the `BeginBatch` operationId).
+	BeginBatchWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*BeginBatchResponse, error)
+
+	// BeginBatchWithResponse Begin many keys in one call
+	//
+	// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100) begins
+	// in one call. Each item is exactly the body of `POST /v1/begin`, and
+	// its result is what that call would have answered: `status` is the
+	// HTTP status it would have had and `body` its answer or problem.
+	// Results come in request order, and one item's problem never fails
+	// the others (an invalid item gets a 400 result). Tenant limits count
+	// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
+	// 400 result naming `wait_ms`. An in-progress result carries
+	// `attempt` and `lease_expires_at` in its problem, as the single
+	// call's 409 does; the batch answer has no `Retry-After` of its own.
+	// On Redis the items' scripts run pipelined: one round trip per
+	// master (with `IDEMSVC_REDIS_WAIT_REPLICAS`, each master's pipeline
+	// ends with its `WAIT`).
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/begin/batch (the `BeginBatch` operationId).
+	BeginBatchWithResponse(ctx context.Context, body BeginBatchJSONRequestBody, reqEditors ...RequestEditorFn) (*BeginBatchResponse, error)
+
 	// CompleteWithBodyWithResponse Complete the current attempt with its response
 	//
 	// Stores the response of the attempt fenced by `lease_token`; every
@@ -2213,6 +2565,36 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with POST /v1/fail (the `Fail` operationId).
 	FailWithResponse(ctx context.Context, body FailJSONRequestBody, reqEditors ...RequestEditorFn) (*FailResponse, error)
+
+	// FinishBatchWithBodyWithResponse Complete or fail many attempts in one call
+	//
+	// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100)
+	// completes and fails in one call. Each item is the body of
+	// `POST /v1/complete` or `POST /v1/fail` with `kind` (`complete` or
+	// `fail`) added; its result is what that call would have answered
+	// (`status` and `body`), in request order. One item's problem (a lost
+	// lease, a response too large, an invalid item) never fails the
+	// others. Finishes are never refused for a tenant's limits.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/finish/batch (the `FinishBatch` operationId).
+	FinishBatchWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*FinishBatchResponse, error)
+
+	// FinishBatchWithResponse Complete or fail many attempts in one call
+	//
+	// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100)
+	// completes and fails in one call. Each item is the body of
+	// `POST /v1/complete` or `POST /v1/fail` with `kind` (`complete` or
+	// `fail`) added; its result is what that call would have answered
+	// (`status` and `body`), in request order. One item's problem (a lost
+	// lease, a response too large, an invalid item) never fails the
+	// others. Finishes are never refused for a tenant's limits.
+	//
+	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/finish/batch (the `FinishBatch` operationId).
+	FinishBatchWithResponse(ctx context.Context, body FinishBatchJSONRequestBody, reqEditors ...RequestEditorFn) (*FinishBatchResponse, error)
 
 	// DeleteKeyWithResponse Forget a key's record
 	//
@@ -2550,6 +2932,103 @@ func (r BeginResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r BeginResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// BeginBatchResponse401Headers the declared response headers of an HTTP 401 response for BeginBatch
+type BeginBatchResponse401Headers struct {
+	WWWAuthenticate string
+}
+
+// BeginBatchResponse503Headers the declared response headers of an HTTP 503 response for BeginBatch
+type BeginBatchResponse503Headers struct {
+	RetryAfter int
+}
+
+type BeginBatchResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *BatchResponse
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *TooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *Internal
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *BeginBatchResponse401Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *BeginBatchResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r BeginBatchResponse) GetJSON200() *BatchResponse {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r BeginBatchResponse) GetApplicationproblemJSON400() *InvalidRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r BeginBatchResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r BeginBatchResponse) GetApplicationproblemJSON413() *TooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r BeginBatchResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r BeginBatchResponse) GetApplicationproblemJSON500() *Internal {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r BeginBatchResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r BeginBatchResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r BeginBatchResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r BeginBatchResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r BeginBatchResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -2904,6 +3383,103 @@ func (r FailResponse) StatusCode() int {
 
 // ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
 func (r FailResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
+// FinishBatchResponse401Headers the declared response headers of an HTTP 401 response for FinishBatch
+type FinishBatchResponse401Headers struct {
+	WWWAuthenticate string
+}
+
+// FinishBatchResponse503Headers the declared response headers of an HTTP 503 response for FinishBatch
+type FinishBatchResponse503Headers struct {
+	RetryAfter int
+}
+
+type FinishBatchResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *BatchResponse
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *TooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *Internal
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *FinishBatchResponse401Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *FinishBatchResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r FinishBatchResponse) GetJSON200() *BatchResponse {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r FinishBatchResponse) GetApplicationproblemJSON400() *InvalidRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r FinishBatchResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r FinishBatchResponse) GetApplicationproblemJSON413() *TooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r FinishBatchResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r FinishBatchResponse) GetApplicationproblemJSON500() *Internal {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r FinishBatchResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r FinishBatchResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r FinishBatchResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r FinishBatchResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r FinishBatchResponse) ContentType() string {
 	if r.HTTPResponse != nil {
 		return r.HTTPResponse.Header.Get("Content-Type")
 	}
@@ -3330,6 +3906,60 @@ func (c *ClientWithResponses) BeginWithResponse(ctx context.Context, body BeginJ
 	return ParseBeginResponse(rsp)
 }
 
+// BeginBatchWithBodyWithResponse Begin many keys in one call
+//
+// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100) begins
+// in one call. Each item is exactly the body of `POST /v1/begin`, and
+// its result is what that call would have answered: `status` is the
+// HTTP status it would have had and `body` its answer or problem.
+// Results come in request order, and one item's problem never fails
+// the others (an invalid item gets a 400 result). Tenant limits count
+// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
+// 400 result naming `wait_ms`. An in-progress result carries
+// `attempt` and `lease_expires_at` in its problem, as the single
+// call's 409 does; the batch answer has no `Retry-After` of its own.
+// On Redis the items' scripts run pipelined: one round trip per
+// master (with `IDEMSVC_REDIS_WAIT_REPLICAS`, each master's pipeline
+// ends with its `WAIT`).
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/begin/batch (the `BeginBatch` operationId).
+func (c *ClientWithResponses) BeginBatchWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*BeginBatchResponse, error) {
+	rsp, err := c.BeginBatchWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseBeginBatchResponse(rsp)
+}
+
+// BeginBatchWithResponse Begin many keys in one call
+//
+// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100) begins
+// in one call. Each item is exactly the body of `POST /v1/begin`, and
+// its result is what that call would have answered: `status` is the
+// HTTP status it would have had and `body` its answer or problem.
+// Results come in request order, and one item's problem never fails
+// the others (an invalid item gets a 400 result). Tenant limits count
+// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
+// 400 result naming `wait_ms`. An in-progress result carries
+// `attempt` and `lease_expires_at` in its problem, as the single
+// call's 409 does; the batch answer has no `Retry-After` of its own.
+// On Redis the items' scripts run pipelined: one round trip per
+// master (with `IDEMSVC_REDIS_WAIT_REPLICAS`, each master's pipeline
+// ends with its `WAIT`).
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/begin/batch (the `BeginBatch` operationId).
+func (c *ClientWithResponses) BeginBatchWithResponse(ctx context.Context, body BeginBatchJSONRequestBody, reqEditors ...RequestEditorFn) (*BeginBatchResponse, error) {
+	rsp, err := c.BeginBatch(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseBeginBatchResponse(rsp)
+}
+
 // CompleteWithBodyWithResponse Complete the current attempt with its response
 //
 // Stores the response of the attempt fenced by `lease_token`; every
@@ -3436,6 +4066,48 @@ func (c *ClientWithResponses) FailWithResponse(ctx context.Context, body FailJSO
 		return nil, err
 	}
 	return ParseFailResponse(rsp)
+}
+
+// FinishBatchWithBodyWithResponse Complete or fail many attempts in one call
+//
+// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100)
+// completes and fails in one call. Each item is the body of
+// `POST /v1/complete` or `POST /v1/fail` with `kind` (`complete` or
+// `fail`) added; its result is what that call would have answered
+// (`status` and `body`), in request order. One item's problem (a lost
+// lease, a response too large, an invalid item) never fails the
+// others. Finishes are never refused for a tenant's limits.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/finish/batch (the `FinishBatch` operationId).
+func (c *ClientWithResponses) FinishBatchWithBodyWithResponse(ctx context.Context, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*FinishBatchResponse, error) {
+	rsp, err := c.FinishBatchWithBody(ctx, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseFinishBatchResponse(rsp)
+}
+
+// FinishBatchWithResponse Complete or fail many attempts in one call
+//
+// For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100)
+// completes and fails in one call. Each item is the body of
+// `POST /v1/complete` or `POST /v1/fail` with `kind` (`complete` or
+// `fail`) added; its result is what that call would have answered
+// (`status` and `body`), in request order. One item's problem (a lost
+// lease, a response too large, an invalid item) never fails the
+// others. Finishes are never refused for a tenant's limits.
+//
+// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/finish/batch (the `FinishBatch` operationId).
+func (c *ClientWithResponses) FinishBatchWithResponse(ctx context.Context, body FinishBatchJSONRequestBody, reqEditors ...RequestEditorFn) (*FinishBatchResponse, error) {
+	rsp, err := c.FinishBatch(ctx, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseFinishBatchResponse(rsp)
 }
 
 // DeleteKeyWithResponse Forget a key's record
@@ -3739,6 +4411,97 @@ func ParseBeginResponse(rsp *http.Response) (*BeginResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers BeginResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseBeginBatchResponse parses an HTTP response from a BeginBatchWithResponse call
+func ParseBeginBatchResponse(rsp *http.Response) (*BeginBatchResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &BeginBatchResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest BatchResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest InvalidRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest TooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Internal
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest StoreUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers BeginBatchResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 503:
+		var headers BeginBatchResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {
@@ -4075,6 +4838,97 @@ func ParseFailResponse(rsp *http.Response) (*FailResponse, error) {
 		response.Headers401 = &headers
 	case rsp.StatusCode == 503:
 		var headers FailResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseFinishBatchResponse parses an HTTP response from a FinishBatchWithResponse call
+func ParseFinishBatchResponse(rsp *http.Response) (*FinishBatchResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &FinishBatchResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest BatchResponse
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest InvalidRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest TooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Internal
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest StoreUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers FinishBatchResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 503:
+		var headers FinishBatchResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {

@@ -52,6 +52,7 @@ type config struct {
 	// maxBodyBytesInFlight bounds the request bodies held at once.
 	maxBodyBytesInFlight int64
 	maxWait              time.Duration
+	maxBatch             int
 	maxConnections       int
 	// unknownVars are IDEMSVC_* variables that name no setting: typos,
 	// most likely, reported at start.
@@ -108,6 +109,7 @@ func parseConfig(args, env []string) (config, error) {
 	maxRetention := fs.Int64("max-retention-s", int64(d.MaxRetention/time.Second), "longest retention")
 	defaultRetention := fs.Int64("default-retention-s", int64(d.DefaultRetention/time.Second), "retention of a record when no call gave retention_s")
 	maxWait := fs.Int64("max-wait-ms", handlers.DefaultMaxWait.Milliseconds(), "longest wait_ms")
+	maxBatch := fs.Int("max-batch", handlers.DefaultMaxBatch, "most items of a batch call")
 	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "concurrent connections served; past it the one idle longest is closed, or else a new one gets 503")
 	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", handlers.DefaultMaxBodyBytesInFlight, "bytes of request bodies held at once; past it a body waits briefly, then 503")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + envName(f.Name) + ")" })
@@ -168,6 +170,7 @@ func parseConfig(args, env []string) (config, error) {
 		maxRequestBytes:      *maxRequest,
 		maxBodyBytesInFlight: *bodiesInFlight,
 		maxWait:              time.Duration(*maxWait) * time.Millisecond,
+		maxBatch:             *maxBatch,
 		maxConnections:       *maxConns,
 		unknownVars:          unknown,
 	}
@@ -267,6 +270,8 @@ func (c *config) check() []error {
 		problems = append(problems, errors.New("retention: need 1 <= default-retention-s <= max-retention-s"))
 	case c.maxWait <= 0:
 		problems = append(problems, errors.New("max-wait-ms must be positive"))
+	case c.maxBatch <= 0:
+		problems = append(problems, errors.New("max-batch must be positive"))
 	case c.maxConnections < 1:
 		problems = append(problems, errors.New("max-connections must be positive"))
 	case c.maxBodyBytesInFlight < 4*c.maxRequestBytes:

@@ -185,7 +185,7 @@ func start(t *testing.T, args, env []string) *instance {
 }
 
 // waitListening reads the address from the "listening" log line.
-func waitListening(t *testing.T, lines func() []string) string {
+func waitListening(t testing.TB, lines func() []string) string {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {

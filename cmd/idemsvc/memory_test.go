@@ -332,7 +332,7 @@ func readAnswer(c net.Conn) (n int, ended bool, err error) {
 
 // idemsvcBinary is IDEMSVC_TEST_BINARY, or idemsvc built from this
 // package without the race detector, which would inflate its memory.
-func idemsvcBinary(t *testing.T) string {
+func idemsvcBinary(t testing.TB) string {
 	if bin := os.Getenv("IDEMSVC_TEST_BINARY"); bin != "" {
 		return bin
 	}
@@ -353,7 +353,7 @@ type process struct {
 
 // startBinary starts bin with env and no other environment, listening on
 // a free loopback port, and kills it (by its PID) when the test ends.
-func startBinary(t *testing.T, bin string, env []string) *process {
+func startBinary(t testing.TB, bin string, env []string) *process {
 	t.Helper()
 	cmd := exec.Command(bin)
 	cmd.Env = append([]string{"IDEMSVC_LISTEN=127.0.0.1:0"}, env...)
@@ -372,7 +372,7 @@ func startBinary(t *testing.T, bin string, env []string) *process {
 }
 
 // memory is the process's resident set now and its peak, in bytes.
-func (p *process) memory(t *testing.T) (rss, peak float64) {
+func (p *process) memory(t testing.TB) (rss, peak float64) {
 	t.Helper()
 	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
 	if err != nil {

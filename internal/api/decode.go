@@ -65,6 +65,23 @@ var strict = json.JoinOptions(
 	})),
 )
 
+// DecodeItem decodes one item of a batch, the JSON object b, into v as
+// the body of its single call would be decoded.
+func DecodeItem(b []byte, v any) error { return decodeStrict(b, v) }
+
+// DecodeItemKind decodes the members of v from the JSON object b, ignoring
+// the others: a batch item's kind, before the item is decoded as its
+// kind's body.
+func DecodeItemKind(b []byte, v any) error {
+	if rest := bytes.TrimLeft(b, " \t\r\n"); len(rest) == 0 || rest[0] != '{' {
+		return &statemachine.InvalidError{Reason: "must be a JSON object"}
+	}
+	if err := json.Unmarshal(b, v, strict, json.RejectUnknownMembers(false)); err != nil {
+		return fieldError(b, err)
+	}
+	return nil
+}
+
 // decodeStrict decodes the JSON object b into v.
 func decodeStrict(b []byte, v any) error {
 	if rest := bytes.TrimLeft(b, " \t\r\n"); len(rest) == 0 || rest[0] != '{' {

@@ -160,6 +160,23 @@ func (e State) Valid() bool {
 // Example: 1
 type Attempt = int64
 
+// BatchResponse defines model for BatchResponse.
+type BatchResponse struct {
+	// Results One result per item, in request order.
+	Results []BatchResult `json:"results"`
+}
+
+// BatchResult defines model for BatchResult.
+type BatchResult struct {
+	// Body The single call's answer, or its problem detail.
+	Body json.RawMessage `json:"body"`
+
+	// Status The HTTP status the single call would have answered.
+	//
+	// Example: 201
+	Status int `json:"status"`
+}
+
 // BeginAcquired The caller holds the key's lease.
 type BeginAcquired struct {
 	// Attempt The attempt number: 1 for the first acquisition of a key, + 1 on every
@@ -200,6 +217,17 @@ type BeginAcquired struct {
 
 // BeginAcquiredStatus defines model for BeginAcquired.Status.
 type BeginAcquiredStatus string
+
+// BeginBatchItem The body of `POST /v1/begin`; invalid, it gets a 400 result of its own.
+type BeginBatchItem = json.RawMessage
+
+// BeginBatchRequest defines model for BeginBatchRequest.
+type BeginBatchRequest struct {
+	// Items The begins, each the body of `POST /v1/begin`: at most
+	// `IDEMSVC_MAX_BATCH` (default 100); more gets 400 for the whole
+	// batch, and nothing changes.
+	Items []BeginBatchItem `json:"items"`
+}
 
 // BeginReplay The stored outcome of a finished attempt. `completed_at` is present
 // when `status` is `completed`; `failed_at` and `error` (when the
@@ -424,6 +452,18 @@ type FailRequest struct {
 	//
 	// Example: payments
 	Tenant *Tenant `json:"tenant,omitempty"`
+}
+
+// FinishBatchItem The body of `POST /v1/complete` (`kind: complete`) or
+// `POST /v1/fail` (`kind: fail`); invalid, it gets a 400 result of its
+// own.
+type FinishBatchItem = json.RawMessage
+
+// FinishBatchRequest defines model for FinishBatchRequest.
+type FinishBatchRequest struct {
+	// Items The completes and fails: at most `IDEMSVC_MAX_BATCH` (default
+	// 100); more gets 400 for the whole batch, and nothing changes.
+	Items []FinishBatchItem `json:"items"`
 }
 
 // FinishResult The result of `complete` or `fail`. `completed_at` is present when
@@ -894,6 +934,9 @@ type GetStatusParams struct {
 // BeginJSONRequestBody defines body for Begin for application/json ContentType.
 type BeginJSONRequestBody = BeginRequest
 
+// BeginBatchJSONRequestBody defines body for BeginBatch for application/json ContentType.
+type BeginBatchJSONRequestBody = BeginBatchRequest
+
 // CompleteJSONRequestBody defines body for Complete for application/json ContentType.
 type CompleteJSONRequestBody = CompleteRequest
 
@@ -902,6 +945,9 @@ type ExtendJSONRequestBody = ExtendRequest
 
 // FailJSONRequestBody defines body for Fail for application/json ContentType.
 type FailJSONRequestBody = FailRequest
+
+// FinishBatchJSONRequestBody defines body for FinishBatch for application/json ContentType.
+type FinishBatchJSONRequestBody = FinishBatchRequest
 
 // ServerInterface represents all server handlers.
 type ServerInterface interface {
@@ -917,6 +963,9 @@ type ServerInterface interface {
 	// Begin Begin an attempt, or replay a finished one
 	// (POST /v1/begin)
 	Begin(w http.ResponseWriter, r *http.Request)
+	// BeginBatch Begin many keys in one call
+	// (POST /v1/begin/batch)
+	BeginBatch(w http.ResponseWriter, r *http.Request)
 	// Complete Complete the current attempt with its response
 	// (POST /v1/complete)
 	Complete(w http.ResponseWriter, r *http.Request)
@@ -926,6 +975,9 @@ type ServerInterface interface {
 	// Fail Fail the current attempt
 	// (POST /v1/fail)
 	Fail(w http.ResponseWriter, r *http.Request)
+	// FinishBatch Complete or fail many attempts in one call
+	// (POST /v1/finish/batch)
+	FinishBatch(w http.ResponseWriter, r *http.Request)
 	// DeleteKey Forget a key's record
 	// (DELETE /v1/keys)
 	DeleteKey(w http.ResponseWriter, r *http.Request, params DeleteKeyParams)
@@ -965,6 +1017,12 @@ func (_ Unimplemented) Begin(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// BeginBatch Begin many keys in one call
+// (POST /v1/begin/batch)
+func (_ Unimplemented) BeginBatch(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // Complete Complete the current attempt with its response
 // (POST /v1/complete)
 func (_ Unimplemented) Complete(w http.ResponseWriter, r *http.Request) {
@@ -980,6 +1038,12 @@ func (_ Unimplemented) Extend(w http.ResponseWriter, r *http.Request) {
 // Fail Fail the current attempt
 // (POST /v1/fail)
 func (_ Unimplemented) Fail(w http.ResponseWriter, r *http.Request) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// FinishBatch Complete or fail many attempts in one call
+// (POST /v1/finish/batch)
+func (_ Unimplemented) FinishBatch(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1066,6 +1130,20 @@ func (siw *ServerInterfaceWrapper) Begin(w http.ResponseWriter, r *http.Request)
 	handler.ServeHTTP(w, r)
 }
 
+// BeginBatch operation middleware
+func (siw *ServerInterfaceWrapper) BeginBatch(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.BeginBatch(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 // Complete operation middleware
 func (siw *ServerInterfaceWrapper) Complete(w http.ResponseWriter, r *http.Request) {
 
@@ -1099,6 +1177,20 @@ func (siw *ServerInterfaceWrapper) Fail(w http.ResponseWriter, r *http.Request) 
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.Fail(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// FinishBatch operation middleware
+func (siw *ServerInterfaceWrapper) FinishBatch(w http.ResponseWriter, r *http.Request) {
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.FinishBatch(w, r)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1419,6 +1511,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/fail", wrapper.Fail)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/begin/batch", wrapper.BeginBatch)
+	})
+	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/finish/batch", wrapper.FinishBatch)
 	})
 	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/extend", wrapper.Extend)
@@ -1823,6 +1921,126 @@ type Begin503ApplicationProblemPlusJSONResponse struct {
 }
 
 func (response Begin503ApplicationProblemPlusJSONResponse) VisitBeginResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type BeginBatchRequestObject struct {
+	Body *BeginBatchJSONRequestBody
+}
+
+type BeginBatchResponseObject interface {
+	VisitBeginBatchResponse(w http.ResponseWriter) error
+}
+
+type BeginBatch200JSONResponse BatchResponse
+
+func (response BeginBatch200JSONResponse) VisitBeginBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type BeginBatch400ApplicationProblemPlusJSONResponse struct {
+	InvalidRequestApplicationProblemPlusJSONResponse
+}
+
+func (response BeginBatch400ApplicationProblemPlusJSONResponse) VisitBeginBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type BeginBatch401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response BeginBatch401ApplicationProblemPlusJSONResponse) VisitBeginBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("WWW-Authenticate", fmt.Sprint(response.Headers.WWWAuthenticate))
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type BeginBatch413ApplicationProblemPlusJSONResponse struct {
+	TooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response BeginBatch413ApplicationProblemPlusJSONResponse) VisitBeginBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type BeginBatch415ApplicationProblemPlusJSONResponse struct {
+	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
+}
+
+func (response BeginBatch415ApplicationProblemPlusJSONResponse) VisitBeginBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type BeginBatch500ApplicationProblemPlusJSONResponse struct {
+	InternalApplicationProblemPlusJSONResponse
+}
+
+func (response BeginBatch500ApplicationProblemPlusJSONResponse) VisitBeginBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type BeginBatch503ApplicationProblemPlusJSONResponse struct {
+	StoreUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response BeginBatch503ApplicationProblemPlusJSONResponse) VisitBeginBatchResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -2339,6 +2557,126 @@ func (response Fail503ApplicationProblemPlusJSONResponse) VisitFailResponse(w ht
 	return err
 }
 
+type FinishBatchRequestObject struct {
+	Body *FinishBatchJSONRequestBody
+}
+
+type FinishBatchResponseObject interface {
+	VisitFinishBatchResponse(w http.ResponseWriter) error
+}
+
+type FinishBatch200JSONResponse BatchResponse
+
+func (response FinishBatch200JSONResponse) VisitFinishBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishBatch400ApplicationProblemPlusJSONResponse struct {
+	InvalidRequestApplicationProblemPlusJSONResponse
+}
+
+func (response FinishBatch400ApplicationProblemPlusJSONResponse) VisitFinishBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishBatch401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response FinishBatch401ApplicationProblemPlusJSONResponse) VisitFinishBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("WWW-Authenticate", fmt.Sprint(response.Headers.WWWAuthenticate))
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishBatch413ApplicationProblemPlusJSONResponse struct {
+	TooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response FinishBatch413ApplicationProblemPlusJSONResponse) VisitFinishBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishBatch415ApplicationProblemPlusJSONResponse struct {
+	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
+}
+
+func (response FinishBatch415ApplicationProblemPlusJSONResponse) VisitFinishBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishBatch500ApplicationProblemPlusJSONResponse struct {
+	InternalApplicationProblemPlusJSONResponse
+}
+
+func (response FinishBatch500ApplicationProblemPlusJSONResponse) VisitFinishBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type FinishBatch503ApplicationProblemPlusJSONResponse struct {
+	StoreUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response FinishBatch503ApplicationProblemPlusJSONResponse) VisitFinishBatchResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type DeleteKeyRequestObject struct {
 	Params DeleteKeyParams
 }
@@ -2708,6 +3046,9 @@ type StrictServerInterface interface {
 	// Begin Begin an attempt, or replay a finished one
 	// (POST /v1/begin)
 	Begin(ctx context.Context, request BeginRequestObject) (BeginResponseObject, error)
+	// BeginBatch Begin many keys in one call
+	// (POST /v1/begin/batch)
+	BeginBatch(ctx context.Context, request BeginBatchRequestObject) (BeginBatchResponseObject, error)
 	// Complete Complete the current attempt with its response
 	// (POST /v1/complete)
 	Complete(ctx context.Context, request CompleteRequestObject) (CompleteResponseObject, error)
@@ -2717,6 +3058,9 @@ type StrictServerInterface interface {
 	// Fail Fail the current attempt
 	// (POST /v1/fail)
 	Fail(ctx context.Context, request FailRequestObject) (FailResponseObject, error)
+	// FinishBatch Complete or fail many attempts in one call
+	// (POST /v1/finish/batch)
+	FinishBatch(ctx context.Context, request FinishBatchRequestObject) (FinishBatchResponseObject, error)
 	// DeleteKey Forget a key's record
 	// (DELETE /v1/keys)
 	DeleteKey(ctx context.Context, request DeleteKeyRequestObject) (DeleteKeyResponseObject, error)
@@ -2870,6 +3214,37 @@ func (sh *strictHandler) Begin(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// BeginBatch operation middleware
+func (sh *strictHandler) BeginBatch(w http.ResponseWriter, r *http.Request) {
+	var request BeginBatchRequestObject
+
+	var body BeginBatchJSONRequestBody
+	if err := decodeBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.BeginBatch(ctx, request.(BeginBatchRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "BeginBatch")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(BeginBatchResponseObject); ok {
+		if err := validResponse.VisitBeginBatchResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // Complete operation middleware
 func (sh *strictHandler) Complete(w http.ResponseWriter, r *http.Request) {
 	var request CompleteRequestObject
@@ -2956,6 +3331,37 @@ func (sh *strictHandler) Fail(w http.ResponseWriter, r *http.Request) {
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(FailResponseObject); ok {
 		if err := validResponse.VisitFailResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// FinishBatch operation middleware
+func (sh *strictHandler) FinishBatch(w http.ResponseWriter, r *http.Request) {
+	var request FinishBatchRequestObject
+
+	var body FinishBatchJSONRequestBody
+	if err := decodeBody(r, &body); err != nil {
+		sh.options.RequestErrorHandlerFunc(w, r, fmt.Errorf("can't decode JSON body: %w", err))
+		return
+	}
+	request.Body = &body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.FinishBatch(ctx, request.(FinishBatchRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "FinishBatch")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(FinishBatchResponseObject); ok {
+		if err := validResponse.VisitFinishBatchResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -72,6 +72,11 @@ func TestSpecStatesTheDefaultLimits(t *testing.T) {
 	if got := schema("Key").MaxLength; got == nil || int(*got) != l.MaxKeyBytes {
 		t.Errorf("key: the spec's maxLength is %v, the service's %d", got, l.MaxKeyBytes)
 	}
+	for _, name := range []string{"BeginBatchRequest", "FinishBatchRequest"} {
+		if got := schema(name).Properties["items"].Value.MaxItems; got == nil || int(*got) != handlers.DefaultMaxBatch {
+			t.Errorf("%s: the spec's maxItems is %v, the service's %d", name, got, handlers.DefaultMaxBatch)
+		}
+	}
 }
 
 // loadSpec loads api/openapi.yaml.

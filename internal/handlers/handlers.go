@@ -42,6 +42,8 @@ type Config struct {
 	MaxBodyBytesInFlight int64
 	// MaxWait bounds wait_ms (default 30 s).
 	MaxWait time.Duration
+	// MaxBatch bounds the items of a batch (default DefaultMaxBatch).
+	MaxBatch int
 	// Limiter enforces the tenants' limits (from Keyring) at begin; nil
 	// enforces none.
 	Limiter quota.Limiter
@@ -96,6 +98,7 @@ type Service struct {
 	limiter      quota.Limiter
 	storeTimeout time.Duration
 	maxBodyBytes int64
+	maxBatch     int
 	bodies       *httpserve.Budget
 	// limits are the store's, with MaxWait from Config: every value a
 	// request carries is checked against them.
@@ -130,6 +133,9 @@ func New(cfg Config) *Service {
 	if cfg.MaxWait <= 0 {
 		cfg.MaxWait = DefaultMaxWait
 	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = DefaultMaxBatch
+	}
 	if cfg.WriteDeadlineBase <= 0 {
 		cfg.WriteDeadlineBase = DefaultWriteDeadlineBase
 	}
@@ -149,6 +155,7 @@ func New(cfg Config) *Service {
 		registry:          cfg.Registry,
 		metrics:           newMetrics(cfg.Registry, tenantLabeller(cfg.Limiter)),
 		maxBodyBytes:      cfg.MaxBodyBytes,
+		maxBatch:          cfg.MaxBatch,
 		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, bodyCopies, cfg.Registry, "idemsvc"),
 		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,

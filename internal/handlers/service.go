@@ -110,29 +110,9 @@ func (s *Service) ListKeys(ctx context.Context, req api.ListKeysRequestObject) (
 // Begin acquires a key or replays its outcome, waiting for an attempt in
 // progress when asked to.
 func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.BeginResponseObject, error) {
-	b := req.Body
-	t, err := tenant(ctx, b.Tenant)
+	t, wait, breq, err := s.beginRequest(ctx, req.Body)
 	if err != nil {
 		return nil, err
-	}
-	wait, err := s.limits.Wait(b.WaitMs)
-	if err != nil {
-		return nil, err
-	}
-	lease, err := s.limits.Lease(b.LeaseMs)
-	if err != nil {
-		return nil, err
-	}
-	retention, err := s.limits.Retention(b.RetentionS)
-	if err != nil {
-		return nil, err
-	}
-	breq := statemachine.BeginRequest{
-		Key:         b.Key,
-		Fingerprint: deref(b.Fingerprint),
-		Owner:       deref(b.Owner),
-		Lease:       lease,
-		Retention:   retention,
 	}
 	lim := s.keyring.Limits(t)
 	// One timeout for the limits' calls and the store's together: while
@@ -147,16 +127,14 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 	if err != nil {
 		return nil, err
 	}
-	if s.limiter != nil && !s.limiter.CanRead(t, lim) {
-		breq.NoReplay = true // over the read budget: acquire or answer, but replay nothing
-	}
+	s.readBudget(t, lim, &breq)
 	deadline := time.Now().Add(wait)
 	for call := first; ; call = ctx {
 		res, err := s.store.Begin(call, t, breq)
 		var busy *statemachine.InProgressError
 		if wait > 0 && errors.As(err, &busy) {
 			if left := time.Until(deadline); left > 0 {
-				over, werr := s.waitLimited(ctx, t, lim, b.Key, busy.Attempt, busy.LeaseExpiresAt, left)
+				over, werr := s.waitLimited(ctx, t, lim, req.Body.Key, busy.Attempt, busy.LeaseExpiresAt, left)
 				if werr != nil {
 					s.settleHold(t, lim, a.hold, nil)
 					return nil, werr
@@ -168,24 +146,83 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 			}
 		}
 		if err != nil {
-			if !errors.Is(err, statemachine.ErrStoreUnavailable) || statemachine.NotApplied(err) {
-				// (Otherwise unavailable: the begin may have acquired
-				// with the token; its count lapses by itself.)
-				s.settleHold(t, lim, a.hold, nil)
-			}
-			return nil, s.beginError(t, lim, a, err)
+			return nil, s.beginFailed(t, lim, a, err)
 		}
-		s.settleHold(t, lim, a.hold, &res)
-		if !res.Acquired && s.limiter != nil {
-			s.limiter.Read(t, lim, responseSize(&res.Record.Response))
-		}
-		return s.beginResult(ctx, t, res), nil
+		return s.beginDone(ctx, t, lim, a, res), nil
 	}
 }
 
+// beginRequest checks a begin's body: the tenant it acts for, its wait,
+// and the store's request.
+func (s *Service) beginRequest(ctx context.Context, b *api.BeginRequest) (string, time.Duration, statemachine.BeginRequest, error) {
+	t, err := tenant(ctx, b.Tenant)
+	if err != nil {
+		return "", 0, statemachine.BeginRequest{}, err
+	}
+	wait, err := s.limits.Wait(b.WaitMs)
+	if err != nil {
+		return "", 0, statemachine.BeginRequest{}, err
+	}
+	lease, err := s.limits.Lease(b.LeaseMs)
+	if err != nil {
+		return "", 0, statemachine.BeginRequest{}, err
+	}
+	retention, err := s.limits.Retention(b.RetentionS)
+	if err != nil {
+		return "", 0, statemachine.BeginRequest{}, err
+	}
+	return t, wait, statemachine.BeginRequest{
+		Key:         b.Key,
+		Fingerprint: deref(b.Fingerprint),
+		Owner:       deref(b.Owner),
+		Lease:       lease,
+		Retention:   retention,
+	}, nil
+}
+
+// readBudget makes a begin of a tenant over its read budget acquire or
+// answer, but replay nothing.
+func (s *Service) readBudget(t string, lim auth.Limits, breq *statemachine.BeginRequest) {
+	if s.limiter != nil && !s.limiter.CanRead(t, lim) {
+		breq.NoReplay = true
+	}
+}
+
+// beginFailed settles the limits of a begin the store refused, and returns
+// its error.
+func (s *Service) beginFailed(t string, lim auth.Limits, a admission, err error) error {
+	if !errors.Is(err, statemachine.ErrStoreUnavailable) || statemachine.NotApplied(err) {
+		// (Otherwise unavailable: the begin may have acquired with the
+		// token; its count lapses by itself.)
+		s.settleHold(t, lim, a.hold, nil)
+	}
+	return s.beginError(t, lim, a, err)
+}
+
+// beginDone settles the limits of a begin the store answered, and returns
+// its answer.
+func (s *Service) beginDone(ctx context.Context, t string, lim auth.Limits, a admission, res statemachine.BeginResult) api.BeginResponseObject {
+	s.settleHold(t, lim, a.hold, &res)
+	if !res.Acquired && s.limiter != nil {
+		s.limiter.Read(t, lim, responseSize(&res.Record.Response))
+	}
+	return s.beginResult(ctx, t, res)
+}
+
+// beginOutcome names a begin's answer for the log and metrics.
+func beginOutcome(res *statemachine.BeginResult) string {
+	switch {
+	case res.Acquired:
+		return "acquired"
+	case res.Record.State == statemachine.StateCompleted:
+		return "replayed-completed"
+	}
+	return "replayed-failed"
+}
+
 func (s *Service) beginResult(ctx context.Context, t string, res statemachine.BeginResult) api.BeginResponseObject {
+	setOutcome(ctx, t, beginOutcome(&res))
 	if res.Acquired {
-		setOutcome(ctx, t, "acquired")
 		return api.BeginAcquiredResponse{
 			Status:         api.BeginAcquiredStatusAcquired,
 			Key:            res.Record.Key,
@@ -202,11 +239,9 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 		Response: fromResponse(rec.Response),
 	}
 	if rec.State == statemachine.StateCompleted {
-		setOutcome(ctx, t, "replayed-completed")
 		out.Status = api.FinishedStateCompleted
 		out.CompletedAt = millis(rec.UpdatedAt)
 	} else {
-		setOutcome(ctx, t, "replayed-failed")
 		out.Status = api.FinishedStateFailed
 		out.FailedAt = millis(rec.UpdatedAt)
 		out.Error = optional(rec.Error)
@@ -219,64 +254,86 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 
 // Complete stores the attempt's response.
 func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (api.CompleteResponseObject, error) {
-	b := req.Body
-	t, err := tenant(ctx, b.Tenant)
+	t, creq, err := s.completeRequest(ctx, req.Body)
 	if err != nil {
 		return nil, err
+	}
+	rec, err := s.store.Complete(ctx, t, creq)
+	if err != nil {
+		return nil, err
+	}
+	return s.completed(ctx, t, &creq, &rec), nil
+}
+
+// completeRequest checks a complete's body: the tenant it acts for and the
+// store's request.
+func (s *Service) completeRequest(ctx context.Context, b *api.CompleteRequest) (string, statemachine.CompleteRequest, error) {
+	t, err := tenant(ctx, b.Tenant)
+	if err != nil {
+		return "", statemachine.CompleteRequest{}, err
 	}
 	resp, err := toResponse(b.Response)
 	if err != nil {
-		return nil, err
+		return "", statemachine.CompleteRequest{}, err
 	}
 	retention, err := s.limits.Retention(b.RetentionS)
 	if err != nil {
-		return nil, err
+		return "", statemachine.CompleteRequest{}, err
 	}
-	rec, err := s.store.Complete(ctx, t, statemachine.CompleteRequest{
-		Key:       b.Key,
-		Token:     b.LeaseToken,
-		Response:  resp,
-		Retention: retention,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.stored(t, &resp, rec.ExpiresAt)
-	s.leaseEnded(t, b.LeaseToken, time.Time{})
+	return t, statemachine.CompleteRequest{Key: b.Key, Token: b.LeaseToken, Response: resp, Retention: retention}, nil
+}
+
+// completed counts a stored complete and returns its answer.
+func (s *Service) completed(ctx context.Context, t string, req *statemachine.CompleteRequest, rec *statemachine.Record) api.FinishResponse {
+	s.stored(t, &req.Response, rec.ExpiresAt)
+	s.leaseEnded(t, req.Token, time.Time{})
 	setOutcome(ctx, t, "completed")
-	return api.FinishResponse(finishResult(&rec)), nil
+	return api.FinishResponse(finishResult(rec))
 }
 
 // Fail ends the attempt with a failure, terminal or retryable.
 func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.FailResponseObject, error) {
-	b := req.Body
-	t, err := tenant(ctx, b.Tenant)
+	t, freq, err := s.failRequest(ctx, req.Body)
 	if err != nil {
 		return nil, err
+	}
+	rec, err := s.store.Fail(ctx, t, freq)
+	if err != nil {
+		return nil, err
+	}
+	return s.failed(ctx, t, &freq, &rec), nil
+}
+
+// failRequest checks a fail's body: the tenant it acts for and the store's
+// request.
+func (s *Service) failRequest(ctx context.Context, b *api.FailRequest) (string, statemachine.FailRequest, error) {
+	t, err := tenant(ctx, b.Tenant)
+	if err != nil {
+		return "", statemachine.FailRequest{}, err
 	}
 	resp, err := toResponse(b.Response)
 	if err != nil {
-		return nil, err
+		return "", statemachine.FailRequest{}, err
 	}
-	retryable := b.Retryable == nil || *b.Retryable
-	rec, err := s.store.Fail(ctx, t, statemachine.FailRequest{
+	return t, statemachine.FailRequest{
 		Key:       b.Key,
 		Token:     b.LeaseToken,
-		Retryable: retryable,
+		Retryable: b.Retryable == nil || *b.Retryable,
 		Error:     deref(b.Error),
 		Response:  resp,
-	})
-	if err != nil {
-		return nil, err
-	}
-	s.leaseEnded(t, b.LeaseToken, time.Time{})
-	if retryable {
+	}, nil
+}
+
+// failed counts a stored fail and returns its answer.
+func (s *Service) failed(ctx context.Context, t string, req *statemachine.FailRequest, rec *statemachine.Record) api.FinishResponse {
+	s.leaseEnded(t, req.Token, time.Time{})
+	if req.Retryable {
 		setOutcome(ctx, t, "released")
 	} else {
-		s.stored(t, &resp, rec.ExpiresAt)
+		s.stored(t, &req.Response, rec.ExpiresAt)
 		setOutcome(ctx, t, "failed")
 	}
-	return api.FinishResponse(finishResult(&rec)), nil
+	return api.FinishResponse(finishResult(rec))
 }
 
 func finishResult(rec *statemachine.Record) api.FinishResult {

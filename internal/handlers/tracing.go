@@ -132,3 +132,23 @@ func (t tracedStore) List(ctx context.Context, tenant string, req statemachine.L
 	end(span, "listed", err)
 	return page, err
 }
+
+// BeginBatch gives a batch of begins one span: the items' scripts travel
+// together. Its tenant is the first item's.
+func (t tracedStore) BeginBatch(ctx context.Context, items []statemachine.BatchBegin) []statemachine.BeginOutcome {
+	ctx, span := t.start(ctx, "begin.lua batch", items[0].Tenant)
+	out := t.Store.BeginBatch(ctx, items)
+	span.SetAttributes(attribute.Int("idemsvc.batch.items", len(items)))
+	end(span, "batch", nil)
+	return out
+}
+
+// FinishBatch gives a batch of completes and fails one span, as
+// BeginBatch does.
+func (t tracedStore) FinishBatch(ctx context.Context, items []statemachine.BatchFinish) []statemachine.FinishOutcome {
+	ctx, span := t.start(ctx, "finish batch", items[0].Tenant)
+	out := t.Store.FinishBatch(ctx, items)
+	span.SetAttributes(attribute.Int("idemsvc.batch.items", len(items)))
+	end(span, "batch", nil)
+	return out
+}

@@ -180,13 +180,34 @@ func (s *RedisStore) Limits() Limits { return s.limits }
 // keeps no room for new attempts (room.go) it acquires nothing, and fails
 // with ErrNoRoom or ErrEvicting where it would have acquired.
 func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest) (BeginResult, error) {
-	lease, retention, err := s.limits.checkBegin(tenant, &req)
+	c, err := s.beginCall(ctx, tenant, &req)
 	if err != nil {
 		return BeginResult{}, err
 	}
-	tok, err := beginToken(&req)
+	r, err := s.run(ctx, "begin", !req.Waited, c.script, c.key, c.args...)
 	if err != nil {
 		return BeginResult{}, err
+	}
+	return c.beginResult(tenant, &r)
+}
+
+// scriptCall is one script run on one key, and how to read its reply.
+type scriptCall struct {
+	script  *redis.Script
+	key     string
+	args    []any
+	refusal error // Begin: why the key's master refuses new attempts, if it does
+}
+
+// beginCall checks req and builds its script call.
+func (s *RedisStore) beginCall(ctx context.Context, tenant string, req *BeginRequest) (scriptCall, error) {
+	lease, retention, err := s.limits.checkBegin(tenant, req)
+	if err != nil {
+		return scriptCall{}, err
+	}
+	tok, err := beginToken(req)
+	if err != nil {
+		return scriptCall{}, err
 	}
 	key := RedisKey(tenant, req.Key)
 	noAcquire, noReplay := "", ""
@@ -197,15 +218,20 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	if req.NoReplay {
 		noReplay = "1"
 	}
-	r, err := s.run(ctx, "begin", !req.Waited, s.scripts.Begin, key,
-		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention/time.Second), req.Key, noAcquire, noReplay)
-	if err != nil {
-		return BeginResult{}, err
+	if req.NoAcquire {
+		// A tenant over its own limits gets their error (429), which
+		// says when to come back, rather than the master's refusal.
+		refusal = nil
 	}
-	if r.code == codeRefused && refusal != nil && !req.NoAcquire {
-		// Refused for the master alone; a tenant over its own limits
-		// gets their error (429), which says when to come back.
-		return BeginResult{}, refusal
+	return scriptCall{script: s.scripts.Begin, key: key, refusal: refusal, args: []any{
+		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention / time.Second), req.Key, noAcquire, noReplay,
+	}}, nil
+}
+
+// beginResult reads a begin script's reply.
+func (c *scriptCall) beginResult(tenant string, r *reply) (BeginResult, error) {
+	if r.code == codeRefused && c.refusal != nil {
+		return BeginResult{}, c.refusal
 	}
 	switch r.code {
 	case codeOK:
@@ -221,28 +247,48 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 
 // Complete implements Store; see internal/lua/complete.lua.
 func (s *RedisStore) Complete(ctx context.Context, tenant string, req CompleteRequest) (Record, error) {
-	tok, err := s.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, "")
+	c, err := s.completeCall(tenant, &req)
 	if err != nil {
 		return Record{}, err
 	}
-	r, err := s.run(ctx, "complete", false, s.scripts.Complete, RedisKey(tenant, req.Key),
-		string(tok[:]), encodeResponse(&req.Response), retentionArg(req.Retention))
+	r, err := s.run(ctx, "complete", false, c.script, c.key, c.args...)
 	return s.finished(tenant, "complete", r, err)
+}
+
+// completeCall checks req and builds its script call.
+func (s *RedisStore) completeCall(tenant string, req *CompleteRequest) (scriptCall, error) {
+	tok, err := s.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, "")
+	if err != nil {
+		return scriptCall{}, err
+	}
+	return scriptCall{script: s.scripts.Complete, key: RedisKey(tenant, req.Key), args: []any{
+		string(tok[:]), encodeResponse(&req.Response), retentionArg(req.Retention),
+	}}, nil
 }
 
 // Fail implements Store; see internal/lua/fail.lua.
 func (s *RedisStore) Fail(ctx context.Context, tenant string, req FailRequest) (Record, error) {
-	tok, err := s.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, req.Error)
+	c, err := s.failCall(tenant, &req)
 	if err != nil {
 		return Record{}, err
+	}
+	r, err := s.run(ctx, "fail", false, c.script, c.key, c.args...)
+	return s.finished(tenant, "fail", r, err)
+}
+
+// failCall checks req and builds its script call.
+func (s *RedisStore) failCall(tenant string, req *FailRequest) (scriptCall, error) {
+	tok, err := s.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, req.Error)
+	if err != nil {
+		return scriptCall{}, err
 	}
 	retryable := "0"
 	if req.Retryable {
 		retryable = "1"
 	}
-	r, err := s.run(ctx, "fail", false, s.scripts.Fail, RedisKey(tenant, req.Key),
-		string(tok[:]), retryable, req.Error, encodeResponse(&req.Response), retentionArg(req.Retention))
-	return s.finished(tenant, "fail", r, err)
+	return scriptCall{script: s.scripts.Fail, key: RedisKey(tenant, req.Key), args: []any{
+		string(tok[:]), retryable, req.Error, encodeResponse(&req.Response), retentionArg(req.Retention),
+	}}, nil
 }
 
 func (s *RedisStore) finished(tenant, op string, r reply, err error) (Record, error) {

@@ -173,4 +173,5 @@ type Store interface {
 	// Readiness reports every failed readiness check, within 500 ms:
 	// none when the store can serve.
 	Readiness(ctx context.Context) []Failure
+	Batcher
 }

@@ -89,6 +89,64 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/begin/batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Begin many keys in one call
+         * @description For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100) begins
+         *     in one call. Each item is exactly the body of `POST /v1/begin`, and
+         *     its result is what that call would have answered: `status` is the
+         *     HTTP status it would have had and `body` its answer or problem.
+         *     Results come in request order, and one item's problem never fails
+         *     the others (an invalid item gets a 400 result). Tenant limits count
+         *     every item. A batch does not wait: an item with `wait_ms` > 0 gets a
+         *     400 result naming `wait_ms`. An in-progress result carries
+         *     `attempt` and `lease_expires_at` in its problem, as the single
+         *     call's 409 does; the batch answer has no `Retry-After` of its own.
+         *     On Redis the items' scripts run pipelined: one round trip per
+         *     master (with `IDEMSVC_REDIS_WAIT_REPLICAS`, each master's pipeline
+         *     ends with its `WAIT`).
+         */
+        post: operations["beginBatch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/finish/batch": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Complete or fail many attempts in one call
+         * @description For queue consumers: up to `IDEMSVC_MAX_BATCH` (default 100)
+         *     completes and fails in one call. Each item is the body of
+         *     `POST /v1/complete` or `POST /v1/fail` with `kind` (`complete` or
+         *     `fail`) added; its result is what that call would have answered
+         *     (`status` and `body`), in request order. One item's problem (a lost
+         *     lease, a response too large, an invalid item) never fails the
+         *     others. Finishes are never refused for a tenant's limits.
+         */
+        post: operations["finishBatch"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/extend": {
         parameters: {
             query?: never;
@@ -408,6 +466,60 @@ export interface components {
             error?: string;
             response?: components["schemas"]["StoredResponse"];
             tenant?: components["schemas"]["Tenant"];
+        };
+        BeginBatchRequest: {
+            /**
+             * @description The begins, each the body of `POST /v1/begin`: at most
+             *     `IDEMSVC_MAX_BATCH` (default 100); more gets 400 for the whole
+             *     batch, and nothing changes.
+             */
+            items: components["schemas"]["BeginBatchItem"][];
+        };
+        /** @description The body of `POST /v1/begin`; invalid, it gets a 400 result of its own. */
+        BeginBatchItem: components["schemas"]["BeginRequest"];
+        FinishBatchRequest: {
+            /**
+             * @description The completes and fails: at most `IDEMSVC_MAX_BATCH` (default
+             *     100); more gets 400 for the whole batch, and nothing changes.
+             */
+            items: components["schemas"]["FinishBatchItem"][];
+        };
+        /**
+         * @description The body of `POST /v1/complete` (`kind: complete`) or
+         *     `POST /v1/fail` (`kind: fail`); invalid, it gets a 400 result of its
+         *     own.
+         */
+        FinishBatchItem: {
+            /** @enum {string} */
+            kind: "complete";
+            key: components["schemas"]["CompleteRequest"]["key"];
+            lease_token: components["schemas"]["CompleteRequest"]["lease_token"];
+            response?: components["schemas"]["CompleteRequest"]["response"];
+            retention_s?: components["schemas"]["CompleteRequest"]["retention_s"];
+            tenant?: components["schemas"]["CompleteRequest"]["tenant"];
+        } | {
+            /** @enum {string} */
+            kind: "fail";
+            key: components["schemas"]["FailRequest"]["key"];
+            lease_token: components["schemas"]["FailRequest"]["lease_token"];
+            retryable?: components["schemas"]["FailRequest"]["retryable"];
+            error?: components["schemas"]["FailRequest"]["error"];
+            response?: components["schemas"]["FailRequest"]["response"];
+            tenant?: components["schemas"]["FailRequest"]["tenant"];
+        };
+        BatchResponse: {
+            /** @description One result per item, in request order. */
+            results: components["schemas"]["BatchResult"][];
+        };
+        BatchResult: {
+            /**
+             * Format: int32
+             * @description The HTTP status the single call would have answered.
+             * @example 201
+             */
+            status: number;
+            /** @description The single call's answer, or its problem detail. */
+            body: components["schemas"]["BeginAcquired"] | components["schemas"]["BeginReplay"] | components["schemas"]["FinishResult"] | components["schemas"]["Problem"];
         };
         ExtendRequest: {
             key: components["schemas"]["Key"];
@@ -1143,6 +1255,130 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             409: components["responses"]["LeaseLost"];
+            413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailable"];
+        };
+    };
+    beginBatch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "items": [
+                 *         {
+                 *           "key": "msg-1",
+                 *           "owner": "consumer-a"
+                 *         },
+                 *         {
+                 *           "key": "msg-2",
+                 *           "owner": "consumer-a"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["BeginBatchRequest"];
+            };
+        };
+        responses: {
+            /** @description One result per item, in request order. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "results": [
+                     *         {
+                     *           "status": 201,
+                     *           "body": {
+                     *             "status": "acquired",
+                     *             "key": "msg-1",
+                     *             "attempt": 1,
+                     *             "lease_token": "3f2a9c0d5b7e41c8a6d09e2f7b1c4a55",
+                     *             "lease_expires_at": "2026-11-21T12:00:30.123Z",
+                     *             "recovered": false
+                     *           }
+                     *         },
+                     *         {
+                     *           "status": 409,
+                     *           "body": {
+                     *             "type": "https://idemsvc.dev/problems/in-progress",
+                     *             "code": "in-progress",
+                     *             "title": "In progress",
+                     *             "status": 409,
+                     *             "detail": "another attempt holds the key's lease",
+                     *             "attempt": 1,
+                     *             "lease_expires_at": "2026-11-21T12:00:29.000Z"
+                     *           }
+                     *         }
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["BatchResponse"];
+                };
+            };
+            400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailable"];
+        };
+    };
+    finishBatch: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                /**
+                 * @example {
+                 *       "items": [
+                 *         {
+                 *           "kind": "complete",
+                 *           "key": "msg-1",
+                 *           "lease_token": "3f2a9c0d5b7e41c8a6d09e2f7b1c4a55",
+                 *           "response": {
+                 *             "body": "ok"
+                 *           }
+                 *         },
+                 *         {
+                 *           "kind": "fail",
+                 *           "key": "msg-2",
+                 *           "lease_token": "9d1e0c7b6a5f44e38b2a1c0d9e8f7a6b",
+                 *           "retryable": false,
+                 *           "error": "poison message"
+                 *         }
+                 *       ]
+                 *     }
+                 */
+                "application/json": components["schemas"]["FinishBatchRequest"];
+            };
+        };
+        responses: {
+            /** @description One result per item, in request order. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["BatchResponse"];
+                };
+            };
+            400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
             413: components["responses"]["TooLarge"];
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["Internal"];
