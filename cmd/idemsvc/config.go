@@ -53,6 +53,8 @@ type config struct {
 	maxBodyBytesInFlight int64
 	maxWait              time.Duration
 	maxConnections       int
+	// console serves the operators' console under /console/.
+	console bool
 	// unknownVars are IDEMSVC_* variables that name no setting: typos,
 	// most likely, reported at start.
 	unknownVars []string
@@ -110,6 +112,7 @@ func parseConfig(args, env []string) (config, error) {
 	maxWait := fs.Int64("max-wait-ms", handlers.DefaultMaxWait.Milliseconds(), "longest wait_ms")
 	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "concurrent connections served; past it the one idle longest is closed, or else a new one gets 503")
 	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", handlers.DefaultMaxBodyBytesInFlight, "bytes of request bodies held at once; past it a body waits briefly, then 503")
+	consoleOn := fs.String("console", "on", "on or off: serve the operators' console at /console/")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + envName(f.Name) + ")" })
 
 	if err := fs.Parse(args); err != nil {
@@ -170,6 +173,10 @@ func parseConfig(args, env []string) (config, error) {
 		maxWait:              time.Duration(*maxWait) * time.Millisecond,
 		maxConnections:       *maxConns,
 		unknownVars:          unknown,
+		console:              *consoleOn != "off",
+	}
+	if *consoleOn != "on" && *consoleOn != "off" {
+		problems = append(problems, fmt.Errorf("console: %q is neither on nor off", *consoleOn))
 	}
 	// Development mode (no Redis, no tenants: every call accepted) listens
 	// on loopback only, unless told where to listen.
