@@ -162,6 +162,8 @@ async function showKeys(params) {
   $('f-older').value = f.older_than_s;
   $('f-limit').value = f.limit;
   cursors = [params.get('cursor') || ''];
+  $('key-rows').replaceChildren();
+  $('key-caption').textContent = '';
   await loadKeys();
   if ($('auto').checked) autoTimer = setInterval(() => loadKeys().catch(showError), AUTO_MS);
 }
