@@ -3,6 +3,8 @@
 package main
 
 import (
+	"io"
+	"net/http"
 	"strings"
 	"testing"
 )
@@ -21,5 +23,40 @@ func TestConsoleConfig(t *testing.T) {
 	}
 	if _, err := parseConfig(nil, []string{"IDEMSVC_CONSOLE=maybe"}); err == nil || !strings.Contains(err.Error(), "console") {
 		t.Errorf("IDEMSVC_CONSOLE=maybe: %v, want an error naming console", err)
+	}
+}
+
+// The binary serves the console on the memory store, with its headers,
+// and not with IDEMSVC_CONSOLE=off; the API is served either way.
+func TestConsoleServed(t *testing.T) {
+	bin := idemsvcBinary(t)
+	for _, on := range []bool{true, false} {
+		env := []string{}
+		if !on {
+			env = append(env, "IDEMSVC_CONSOLE=off")
+		}
+		p := startBinary(t, bin, env)
+		resp, err := http.Get("http://" + p.addr + "/console/")
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		_ = resp.Body.Close()
+		if on {
+			if resp.StatusCode != http.StatusOK || !strings.Contains(string(body), "idemsvc console") ||
+				!strings.Contains(resp.Header.Get("Content-Security-Policy"), "frame-ancestors 'none'") {
+				t.Errorf("console on: %d %v", resp.StatusCode, resp.Header)
+			}
+		} else if resp.StatusCode != http.StatusNotFound {
+			t.Errorf("IDEMSVC_CONSOLE=off: /console/ answered %d, want 404", resp.StatusCode)
+		}
+		resp, err = http.Get("http://" + p.addr + "/v1/usage")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("console %v: /v1/usage answered %d", on, resp.StatusCode)
+		}
 	}
 }
