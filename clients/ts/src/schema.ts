@@ -542,34 +542,20 @@ export interface components {
              */
             begins_per_s: number;
             rejections: components["schemas"]["LimitCounts"];
-            /**
-             * Format: int64
-             * @description Response bytes the tenant's records hold within their retention (shared by every instance).
-             */
+            /** @description Response bytes the tenant's records hold within their retention (shared by every instance). */
             stored_bytes: number;
-            /**
-             * Format: int64
-             * @description Begins of the tenant waiting on an attempt in progress now (shared by every instance; counted only with a `waiters` limit).
-             */
+            /** @description Begins of the tenant waiting on an attempt in progress now (shared by every instance; counted only with a `waiters` limit). */
             waiters: number;
-            /**
-             * Format: int64
-             * @description Attempts the tenant holds now (shared by every instance; counted only with an `in_progress` limit).
-             */
+            /** @description Attempts the tenant holds now (shared by every instance; counted only with an `in_progress` limit). */
             in_progress: number;
             limits: components["schemas"]["TenantLimits"];
         };
         /** @description Requests refused by this instance since it started, by the limit they were over. */
         LimitCounts: {
-            /** Format: int64 */
             begins_per_s: number;
-            /** Format: int64 */
             stored_bytes: number;
-            /** Format: int64 */
             waiters: number;
-            /** Format: int64 */
             in_progress: number;
-            /** Format: int64 */
             read_bytes_per_s: number;
         };
         /**
@@ -578,17 +564,11 @@ export interface components {
          *     budget of each instance).
          */
         TenantLimits: {
-            /** Format: int64 */
             begins_per_s?: number;
-            /** Format: int64 */
             burst?: number;
-            /** Format: int64 */
             stored_bytes?: number;
-            /** Format: int64 */
             waiters?: number;
-            /** Format: int64 */
             in_progress?: number;
-            /** Format: int64 */
             read_bytes_per_s?: number;
         };
         /** @description The answer of a health or readiness check. */
