@@ -15,6 +15,9 @@ import (
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // GET /v1/usage: a tenant key sees its own tenant, an admin every tenant
@@ -136,4 +139,20 @@ func TestE2EUsageBeginRate(t *testing.T) {
 	if got := r.JSON200.Tenants; len(got) != 1 || got[0].Tenant != handlers.DefaultTenant || got[0].BeginsPerS != 0.5 {
 		t.Errorf("usage = %+v, want tenant default at 0.5 begins/s", got)
 	}
+}
+
+// With the store's Redis gone, usage is 503 store-unavailable, not 500.
+func TestE2EUsageStoreDown(t *testing.T) {
+	t.Parallel()
+	srv := redistest.NewServer(t)
+	rdb := srv.Client(t)
+	l := quota.NewRedis(rdb, quota.Options{Timeout: 200 * time.Millisecond})
+	t.Cleanup(l.Close)
+	e := start(t, handlers.Config{Store: statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}), Limiter: l})
+	srv.Stop(t)
+	r, err := e.as(t, "").c.GetUsageWithResponse(context.Background(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	requireProblem(t, r.HTTPResponse, r.Body, http.StatusServiceUnavailable, "store-unavailable")
 }

@@ -4,11 +4,13 @@ package handlers
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // GetUsage reports each tenant's usage against its limits: a tenant key's
@@ -32,7 +34,8 @@ func (s *Service) GetUsage(ctx context.Context, req api.GetUsageRequestObject) (
 		if s.limiter != nil {
 			q, err := s.limiter.Usage(ctx, name)
 			if err != nil {
-				return nil, err
+				// The counts live in the store: 503, retried as any read.
+				return nil, fmt.Errorf("usage of %s: %w: %w", name, statemachine.ErrStoreUnavailable, err)
 			}
 			u.StoredBytes, u.Waiters, u.InProgress = q.StoredBytes, q.Waiters, q.InProgress
 			u.Rejections = api.LimitCounts{
