@@ -33,6 +33,11 @@ if go list -deps ./cmd/idemsvc | grep -E '^github.com/idemsvc/idemsvc/clients/go
   echo "cmd/idemsvc links the packages above" >&2
   exit 1
 fi
+# The console's browser tests drive Chromium with chromedp: test-only.
+if go list -deps ./cmd/... | grep -E '^github.com/chromedp/'; then
+  echo "a binary under cmd/ links chromedp, which only the tests may use" >&2
+  exit 1
+fi
 before=$(git ls-files -co --exclude-standard '*.gen.go' | xargs -r sha256sum)
 go generate ./... ./clients/go/...
 after=$(git ls-files -co --exclude-standard '*.gen.go' | xargs -r sha256sum)

@@ -29,6 +29,10 @@ if ! command -v nats-server >/dev/null; then
   apt_install nats-server
 fi
 
+# Chromium: the console's tests (internal/console) drive Debian's headless
+# Chromium from Go (chromedp).
+[ -x /usr/bin/chromium ] || apt_install chromium
+
 # Node.js: idemproxy's tests put a Node upstream behind it. The TypeScript
 # SDK: npm ci when its node_modules is missing or stale, then its build and
 # node --test suite against a real idemsvc and Redis; arguments for go test

@@ -270,6 +270,26 @@ func (c *Client) Delete(ctx context.Context, key string) error {
 	})
 }
 
+// Usage reports tenants' usage against their limits: the client's tenant
+// (WithTenant's, or its key's), or, for an admin key without WithTenant,
+// every tenant. Begins per second and rejections are those of the idemsvc
+// instance that answered; stored bytes, waiters and attempts in progress
+// are shared by every instance.
+func (c *Client) Usage(ctx context.Context) ([]TenantUsage, error) {
+	var out []TenantUsage
+	err := c.call(ctx, "usage", c.callTimeout, func(ctx context.Context) (*http.Response, []byte, error) {
+		r, err := c.api.GetUsageWithResponse(ctx, &GetUsageParams{Tenant: c.tenant})
+		if err != nil {
+			return nil, nil, err
+		}
+		if r.JSON200 != nil {
+			out = r.JSON200.Tenants
+		}
+		return r.HTTPResponse, r.Body, nil
+	})
+	return out, err
+}
+
 func nonEmpty(s string) *string {
 	if s == "" {
 		return nil

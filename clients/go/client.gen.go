@@ -583,6 +583,15 @@ type LeaseMs = int64
 // Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
 type LeaseToken = string
 
+// LimitCounts Requests refused by this instance since it started, by the limit they were over.
+type LimitCounts struct {
+	BeginsPerS    int64 `json:"begins_per_s"`
+	InProgress    int64 `json:"in_progress"`
+	ReadBytesPerS int64 `json:"read_bytes_per_s"`
+	StoredBytes   int64 `json:"stored_bytes"`
+	Waiters       int64 `json:"waiters"`
+}
+
 // Problem An RFC 9457 problem detail, served as `application/problem+json`.
 // Extension members appear only with the kinds that state them.
 type Problem struct {
@@ -831,10 +840,58 @@ type StoredResponse struct {
 // Example: payments
 type Tenant = string
 
+// TenantLimits The tenant's limits from the tenants file (its own, or `defaults`);
+// an absent field is unlimited (for `read_bytes_per_s`: the default
+// budget of each instance).
+type TenantLimits struct {
+	BeginsPerS    *int64 `json:"begins_per_s,omitempty"`
+	Burst         *int64 `json:"burst,omitempty"`
+	InProgress    *int64 `json:"in_progress,omitempty"`
+	ReadBytesPerS *int64 `json:"read_bytes_per_s,omitempty"`
+	StoredBytes   *int64 `json:"stored_bytes,omitempty"`
+	Waiters       *int64 `json:"waiters,omitempty"`
+}
+
+// TenantUsage One tenant's usage and limits.
+type TenantUsage struct {
+	// BeginsPerS Begins per second over the last full minute, on this instance.
+	BeginsPerS float64 `json:"begins_per_s"`
+
+	// InProgress Attempts the tenant holds now (shared by every instance; counted only with an `in_progress` limit).
+	InProgress int64 `json:"in_progress"`
+
+	// Limits The tenant's limits from the tenants file (its own, or `defaults`);
+	// an absent field is unlimited (for `read_bytes_per_s`: the default
+	// budget of each instance).
+	Limits TenantLimits `json:"limits"`
+
+	// Rejections Requests refused by this instance since it started, by the limit they were over.
+	Rejections LimitCounts `json:"rejections"`
+
+	// StoredBytes Response bytes the tenant's records hold within their retention (shared by every instance).
+	StoredBytes int64 `json:"stored_bytes"`
+
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
+	//
+	// Example: payments
+	Tenant Tenant `json:"tenant"`
+
+	// Waiters Begins of the tenant waiting on an attempt in progress now (shared by every instance; counted only with a `waiters` limit).
+	Waiters int64 `json:"waiters"`
+}
+
 // Timestamp An instant, RFC 3339 in UTC with millisecond precision.
 //
 // Example: 2026-11-21T12:00:00.123Z
 type Timestamp = millitime.Time
+
+// UsageList The usage of the tenants a key may see.
+type UsageList struct {
+	Tenants []TenantUsage `json:"tenants"`
+}
 
 // IncludeResponseQuery defines model for IncludeResponseQuery.
 type IncludeResponseQuery = bool
@@ -926,6 +983,13 @@ type GetStatusParams struct {
 	// IncludeResponse Include the stored `response` of a finished record. Default false.
 	IncludeResponse *IncludeResponseQuery `form:"include_response,omitempty" json:"include_response,omitempty"`
 
+	// Tenant The tenant to act for; only an admin key may name a tenant other
+	// than its own (403 otherwise). Defaults to the tenant of the API key.
+	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
+}
+
+// GetUsageParams defines parameters for GetUsage.
+type GetUsageParams struct {
 	// Tenant The tenant to act for; only an admin key may name a tenant other
 	// than its own (403 otherwise). Defaults to the tenant of the API key.
 	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
@@ -1297,6 +1361,28 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/status (the `GetStatus` operationId).
 	GetStatus(ctx context.Context, params *GetStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetUsage Each tenant's usage against its limits
+	//
+	// For operators and the console: per tenant, the begins per second
+	// over the last minute, the limit rejections by limit, the stored
+	// bytes, the waiters and the attempts in progress, with the tenant's
+	// configured limits. A tenant key sees its own tenant only (naming
+	// another gets 403); an admin key sees every tenant of the tenants
+	// file, or the one it names in `tenant`.
+	//
+	// What is shared and what is per instance: `stored_bytes`, `waiters`
+	// and `in_progress` are read from the store at the time of the
+	// request, and are the same on every idemsvc instance sharing it
+	// (`in_progress` is counted only for a tenant with an `in_progress`
+	// limit, and is 0 otherwise). `begins_per_s` and `rejections` are
+	// this instance's own, since it started: behind a load balancer, sum
+	// them over the instances (or use the metrics
+	// `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
+	// Prometheus sums).
+	//
+	// Corresponds with GET /v1/usage (the `GetUsage` operationId).
+	GetUsage(ctx context.Context, params *GetUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 }
 
 // Healthz Liveness
@@ -1744,6 +1830,38 @@ func (c *APIClient) ListKeys(ctx context.Context, params *ListKeysParams, reqEdi
 // Corresponds with GET /v1/status (the `GetStatus` operationId).
 func (c *APIClient) GetStatus(ctx context.Context, params *GetStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewGetStatusRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetUsage Each tenant's usage against its limits
+//
+// For operators and the console: per tenant, the begins per second
+// over the last minute, the limit rejections by limit, the stored
+// bytes, the waiters and the attempts in progress, with the tenant's
+// configured limits. A tenant key sees its own tenant only (naming
+// another gets 403); an admin key sees every tenant of the tenants
+// file, or the one it names in `tenant`.
+//
+// What is shared and what is per instance: `stored_bytes`, `waiters`
+// and `in_progress` are read from the store at the time of the
+// request, and are the same on every idemsvc instance sharing it
+// (`in_progress` is counted only for a tenant with an `in_progress`
+// limit, and is 0 otherwise). `begins_per_s` and `rejections` are
+// this instance's own, since it started: behind a load balancer, sum
+// them over the instances (or use the metrics
+// `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
+// Prometheus sums).
+//
+// Corresponds with GET /v1/usage (the `GetUsage` operationId).
+func (c *APIClient) GetUsage(ctx context.Context, params *GetUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetUsageRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2309,6 +2427,60 @@ func NewGetStatusRequest(server string, params *GetStatusParams) (*http.Request,
 	return req, nil
 }
 
+// NewGetUsageRequest constructs an http.Request for the GetUsage method
+func NewGetUsageRequest(server string, params *GetUsageParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/usage")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if params.Tenant != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "tenant", *params.Tenant, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
 func (c *APIClient) applyEditors(ctx context.Context, req *http.Request, additionalEditors []RequestEditorFn) error {
 	for _, r := range c.RequestEditors {
 		if err := r(ctx, req); err != nil {
@@ -2639,6 +2811,30 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/status (the `GetStatus` operationId).
 	GetStatusWithResponse(ctx context.Context, params *GetStatusParams, reqEditors ...RequestEditorFn) (*GetStatusResponse, error)
+
+	// GetUsageWithResponse Each tenant's usage against its limits
+	//
+	// For operators and the console: per tenant, the begins per second
+	// over the last minute, the limit rejections by limit, the stored
+	// bytes, the waiters and the attempts in progress, with the tenant's
+	// configured limits. A tenant key sees its own tenant only (naming
+	// another gets 403); an admin key sees every tenant of the tenants
+	// file, or the one it names in `tenant`.
+	//
+	// What is shared and what is per instance: `stored_bytes`, `waiters`
+	// and `in_progress` are read from the store at the time of the
+	// request, and are the same on every idemsvc instance sharing it
+	// (`in_progress` is counted only for a tenant with an `in_progress`
+	// limit, and is 0 otherwise). `begins_per_s` and `rejections` are
+	// this instance's own, since it started: behind a load balancer, sum
+	// them over the instances (or use the metrics
+	// `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
+	// Prometheus sums).
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/usage (the `GetUsage` operationId).
+	GetUsageWithResponse(ctx context.Context, params *GetUsageParams, reqEditors ...RequestEditorFn) (*GetUsageResponse, error)
 }
 
 type HealthzResponse struct {
@@ -3777,6 +3973,103 @@ func (r GetStatusResponse) ContentType() string {
 	return ""
 }
 
+// GetUsageResponse401Headers the declared response headers of an HTTP 401 response for GetUsage
+type GetUsageResponse401Headers struct {
+	WWWAuthenticate string
+}
+
+// GetUsageResponse503Headers the declared response headers of an HTTP 503 response for GetUsage
+type GetUsageResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetUsageResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *UsageList
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *Internal
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *StoreUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetUsageResponse401Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetUsageResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r GetUsageResponse) GetJSON200() *UsageList {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetUsageResponse) GetApplicationproblemJSON400() *InvalidRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetUsageResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetUsageResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetUsageResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetUsageResponse) GetApplicationproblemJSON500() *Internal {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetUsageResponse) GetApplicationproblemJSON503() *StoreUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetUsageResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetUsageResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetUsageResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetUsageResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // HealthzWithResponse Liveness
 //
 // Answers 200 while the process is alive; it does not consult the store.
@@ -4170,6 +4463,36 @@ func (c *ClientWithResponses) GetStatusWithResponse(ctx context.Context, params 
 		return nil, err
 	}
 	return ParseGetStatusResponse(rsp)
+}
+
+// GetUsageWithResponse Each tenant's usage against its limits
+//
+// For operators and the console: per tenant, the begins per second
+// over the last minute, the limit rejections by limit, the stored
+// bytes, the waiters and the attempts in progress, with the tenant's
+// configured limits. A tenant key sees its own tenant only (naming
+// another gets 403); an admin key sees every tenant of the tenants
+// file, or the one it names in `tenant`.
+//
+// What is shared and what is per instance: `stored_bytes`, `waiters`
+// and `in_progress` are read from the store at the time of the
+// request, and are the same on every idemsvc instance sharing it
+// (`in_progress` is counted only for a tenant with an `in_progress`
+// limit, and is 0 otherwise). `begins_per_s` and `rejections` are
+// this instance's own, since it started: behind a load balancer, sum
+// them over the instances (or use the metrics
+// `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
+// Prometheus sums).
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/usage (the `GetUsage` operationId).
+func (c *ClientWithResponses) GetUsageWithResponse(ctx context.Context, params *GetUsageParams, reqEditors ...RequestEditorFn) (*GetUsageResponse, error) {
+	rsp, err := c.GetUsage(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetUsageResponse(rsp)
 }
 
 // ParseHealthzResponse parses an HTTP response from a HealthzWithResponse call
@@ -5208,6 +5531,97 @@ func ParseGetStatusResponse(rsp *http.Response) (*GetStatusResponse, error) {
 		response.Headers429 = &headers
 	case rsp.StatusCode == 503:
 		var headers GetStatusResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetUsageResponse parses an HTTP response from a GetUsageWithResponse call
+func ParseGetUsageResponse(rsp *http.Response) (*GetUsageResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetUsageResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest UsageList
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest InvalidRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Internal
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest StoreUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers GetUsageResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetUsageResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {

@@ -9,6 +9,7 @@
 //	idemctl list --state S [--older-than D] [--limit N] [--tenant T] [--json]
 //	idemctl status KEY [--tenant T] [--show-response] [--json]
 //	idemctl delete KEY [--tenant T] [--json]
+//	idemctl usage [--tenant T] [--json]
 //
 // Common flags, which may come before or after KEY (use -- before a key
 // that starts with "-"):
@@ -40,6 +41,13 @@
 // for a key with no record, with exit status 3 as status has. With --json
 // it prints {"deleted":true,"key":KEY} ("deleted":false when there was no
 // record; "tenant" when --tenant is given).
+//
+// usage prints each tenant's usage against its limits, a line each: begins
+// per second over the last minute and the limit rejections (both of the
+// instance that answered), stored bytes, waiters and attempts in progress
+// (shared), each "/ limit" when the tenant has one. A tenant key sees its
+// own tenant; an admin key every tenant, or the one --tenant names. With
+// --json it prints one tenant per line as the API gives it.
 //
 // Exit status: 0 when the record was found (status) or deleted (delete),
 // 3 when status or delete finds no record for the key, 1 on any error:
@@ -94,6 +102,7 @@ const usage = `usage:
   idemctl list --state S [--older-than D] [--limit N] [--tenant T] [--json]
   idemctl status KEY [--tenant T] [--show-response] [--json]
   idemctl delete KEY [--tenant T] [--json]
+  idemctl usage [--tenant T] [--json]
   idemctl --version
 
 flags (before or after KEY; use -- before a key starting with "-"):
@@ -179,6 +188,8 @@ func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int 
 		return list(ctx, client, opts, stdout, stderr)
 	case "status":
 		return status(ctx, client, opts, stdout, stderr)
+	case "usage":
+		return usageOf(ctx, client, opts, stdout, stderr)
 	default: // "delete"; parseArgs accepts no other command
 		return deleteKey(ctx, client, opts, stdout, stderr)
 	}
@@ -238,12 +249,15 @@ func parseArgs(args, env []string) (options, error) {
 	switch opts.command {
 	case "help":
 		return opts, flag.ErrHelp
-	case "status", "delete", "list":
+	case "status", "delete", "list", "usage":
 	default:
 		return opts, fmt.Errorf("unknown command %q", opts.command)
 	}
 	if opts.command == "list" {
 		return opts, checkList(opts, positional[1:])
+	}
+	if opts.command == "usage" {
+		return opts, checkUsage(opts, positional[1:])
 	}
 	if opts.state != "" || opts.olderThan != 0 || opts.limit != 0 {
 		return opts, fmt.Errorf("%s: --state, --older-than and --limit are flags of list", opts.command)
@@ -289,6 +303,52 @@ func checkList(opts options, args []string) error {
 		return fmt.Errorf("--timeout %v: must be positive", opts.timeout)
 	}
 	return nil
+}
+
+// checkUsage checks the arguments of usage.
+func checkUsage(opts options, args []string) error {
+	switch {
+	case len(args) > 0:
+		return fmt.Errorf("usage: takes no KEY, got %q", args)
+	case opts.state != "" || opts.olderThan != 0 || opts.limit != 0:
+		return errors.New("usage: --state, --older-than and --limit are flags of list")
+	case opts.showResponse:
+		return errors.New("usage: --show-response is a flag of status")
+	case opts.timeout <= 0:
+		return fmt.Errorf("--timeout %v: must be positive", opts.timeout)
+	}
+	return nil
+}
+
+// usageOf prints each tenant's usage, a line (or a JSON object) each.
+func usageOf(ctx context.Context, client *idem.Client, opts options, stdout, stderr io.Writer) int {
+	tenants, err := client.Usage(ctx)
+	if err != nil {
+		return fail(ctx, client, stderr, opts, err)
+	}
+	for _, u := range tenants {
+		if opts.json {
+			if err := writeJSON(stdout, u); err != nil {
+				fmt.Fprintf(stderr, "idemctl: %v\n", err)
+				return exitError
+			}
+			continue
+		}
+		l, r := u.Limits, u.Rejections
+		line := fmt.Sprintf("%s  begins/s %.2f%s  stored_bytes %d%s  waiters %d%s  in_progress %d%s  rejections begins_per_s %d, stored_bytes %d, waiters %d, in_progress %d, read_bytes_per_s %d",
+			u.Tenant, u.BeginsPerS, ofLimit(l.BeginsPerS), u.StoredBytes, ofLimit(l.StoredBytes), u.Waiters, ofLimit(l.Waiters),
+			u.InProgress, ofLimit(l.InProgress), r.BeginsPerS, r.StoredBytes, r.Waiters, r.InProgress, r.ReadBytesPerS)
+		fmt.Fprintln(stdout, line)
+	}
+	return exitOK
+}
+
+// ofLimit is " / N" for a limit N, "" for none.
+func ofLimit(limit *int64) string {
+	if limit == nil {
+		return ""
+	}
+	return " / " + strconv.FormatInt(*limit, 10)
 }
 
 // list prints the records in opts.state, a line (or a JSON object) each.

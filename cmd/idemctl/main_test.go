@@ -630,3 +630,32 @@ func TestClientCertificates(t *testing.T) {
 		t.Errorf("without the CA: exit %d, want %d", code, exitError)
 	}
 }
+
+// usage prints a line per tenant the key may see; --json the API's objects.
+func TestUsageCommand(t *testing.T) {
+	url := startIdemsvc(t)
+	begin(t, sdk(t, url, paymentsKey), "order-60/charge", "req-60", "")
+
+	r := idemctl(t, as(url, adminKey), "usage")
+	r.want(t, exitOK)
+	var tenants []string
+	for line := range strings.Lines(r.stdout) {
+		name, _, _ := strings.Cut(line, " ")
+		tenants = append(tenants, name)
+		if !strings.Contains(line, "begins/s ") || !strings.Contains(line, "stored_bytes ") || !strings.Contains(line, "rejections ") {
+			t.Errorf("usage line %q", line)
+		}
+	}
+	if strings.Join(tenants, ",") != "ops,payments,shipping" {
+		t.Errorf("admin usage lists %v, want every tenant\n%s", tenants, r.stdout)
+	}
+
+	r = idemctl(t, as(url, paymentsKey), "usage", "--json")
+	r.want(t, exitOK)
+	var u idem.TenantUsage
+	if err := json.Unmarshal([]byte(r.stdout), &u); err != nil || u.Tenant != "payments" {
+		t.Errorf("tenant usage --json = %q (%v), want payments alone", r.stdout, err)
+	}
+	idemctl(t, as(url, paymentsKey), "usage", "--tenant", "shipping").want(t, exitError)
+	idemctl(t, as(url, paymentsKey), "usage", "order-60/charge").want(t, exitError)
+}

@@ -54,6 +54,8 @@ type config struct {
 	maxWait              time.Duration
 	maxBatch             int
 	maxConnections       int
+	// console serves the operators' console under /console/.
+	console bool
 	// unknownVars are IDEMSVC_* variables that name no setting: typos,
 	// most likely, reported at start.
 	unknownVars []string
@@ -112,6 +114,7 @@ func parseConfig(args, env []string) (config, error) {
 	maxBatch := fs.Int("max-batch", handlers.DefaultMaxBatch, "most items of a batch call")
 	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "concurrent connections served; past it the one idle longest is closed, or else a new one gets 503")
 	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", handlers.DefaultMaxBodyBytesInFlight, "bytes of request bodies held at once; past it a body waits briefly, then 503")
+	consoleOn := fs.String("console", "on", "on or off: serve the operators' console at /console/")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + envName(f.Name) + ")" })
 
 	if err := fs.Parse(args); err != nil {
@@ -173,6 +176,10 @@ func parseConfig(args, env []string) (config, error) {
 		maxBatch:             *maxBatch,
 		maxConnections:       *maxConns,
 		unknownVars:          unknown,
+		console:              *consoleOn != "off",
+	}
+	if *consoleOn != "on" && *consoleOn != "off" {
+		problems = append(problems, fmt.Errorf("console: %q is neither on nor off", *consoleOn))
 	}
 	// Development mode (no Redis, no tenants: every call accepted) listens
 	// on loopback only, unless told where to listen.

@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/signal"
 	"strings"
@@ -25,6 +26,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/buildinfo"
+	"github.com/idemsvc/idemsvc/internal/console"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
 	"github.com/idemsvc/idemsvc/internal/quota"
@@ -158,7 +160,12 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	} else {
 		log.Warn("TLS is off: API keys and stored responses cross the network in clear; set IDEMSVC_TLS_CERT_FILE and IDEMSVC_TLS_KEY_FILE to serve HTTPS")
 	}
-	srv, err := httpserve.Listen(edge, svc)
+	var handler http.Handler = svc
+	if cfg.console {
+		handler = console.Handler(svc)
+		log.Info("console: serving the operators' console", "path", console.Path)
+	}
+	srv, err := httpserve.Listen(edge, handler)
 	if err != nil {
 		return err
 	}

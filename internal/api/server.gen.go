@@ -583,6 +583,15 @@ type LeaseMs = int64
 // Example: 3f2a9c0d5b7e41c8a6d09e2f7b1c4a55
 type LeaseToken = string
 
+// LimitCounts Requests refused by this instance since it started, by the limit they were over.
+type LimitCounts struct {
+	BeginsPerS    int64 `json:"begins_per_s"`
+	InProgress    int64 `json:"in_progress"`
+	ReadBytesPerS int64 `json:"read_bytes_per_s"`
+	StoredBytes   int64 `json:"stored_bytes"`
+	Waiters       int64 `json:"waiters"`
+}
+
 // Problem An RFC 9457 problem detail, served as `application/problem+json`.
 // Extension members appear only with the kinds that state them.
 type Problem struct {
@@ -831,10 +840,58 @@ type StoredResponse struct {
 // Example: payments
 type Tenant = string
 
+// TenantLimits The tenant's limits from the tenants file (its own, or `defaults`);
+// an absent field is unlimited (for `read_bytes_per_s`: the default
+// budget of each instance).
+type TenantLimits struct {
+	BeginsPerS    *int64 `json:"begins_per_s,omitempty"`
+	Burst         *int64 `json:"burst,omitempty"`
+	InProgress    *int64 `json:"in_progress,omitempty"`
+	ReadBytesPerS *int64 `json:"read_bytes_per_s,omitempty"`
+	StoredBytes   *int64 `json:"stored_bytes,omitempty"`
+	Waiters       *int64 `json:"waiters,omitempty"`
+}
+
+// TenantUsage One tenant's usage and limits.
+type TenantUsage struct {
+	// BeginsPerS Begins per second over the last full minute, on this instance.
+	BeginsPerS float64 `json:"begins_per_s"`
+
+	// InProgress Attempts the tenant holds now (shared by every instance; counted only with an `in_progress` limit).
+	InProgress int64 `json:"in_progress"`
+
+	// Limits The tenant's limits from the tenants file (its own, or `defaults`);
+	// an absent field is unlimited (for `read_bytes_per_s`: the default
+	// budget of each instance).
+	Limits TenantLimits `json:"limits"`
+
+	// Rejections Requests refused by this instance since it started, by the limit they were over.
+	Rejections LimitCounts `json:"rejections"`
+
+	// StoredBytes Response bytes the tenant's records hold within their retention (shared by every instance).
+	StoredBytes int64 `json:"stored_bytes"`
+
+	// Tenant A tenant's name. Only an admin key may name a tenant other than its
+	// own, and only one the tenants file lists (another gets 404
+	// `not-found` naming it).
+	//
+	//
+	// Example: payments
+	Tenant Tenant `json:"tenant"`
+
+	// Waiters Begins of the tenant waiting on an attempt in progress now (shared by every instance; counted only with a `waiters` limit).
+	Waiters int64 `json:"waiters"`
+}
+
 // Timestamp An instant, RFC 3339 in UTC with millisecond precision.
 //
 // Example: 2026-11-21T12:00:00.123Z
 type Timestamp = millitime.Time
+
+// UsageList The usage of the tenants a key may see.
+type UsageList struct {
+	Tenants []TenantUsage `json:"tenants"`
+}
 
 // IncludeResponseQuery defines model for IncludeResponseQuery.
 type IncludeResponseQuery = bool
@@ -931,6 +988,13 @@ type GetStatusParams struct {
 	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
 }
 
+// GetUsageParams defines parameters for GetUsage.
+type GetUsageParams struct {
+	// Tenant The tenant to act for; only an admin key may name a tenant other
+	// than its own (403 otherwise). Defaults to the tenant of the API key.
+	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
+}
+
 // BeginJSONRequestBody defines body for Begin for application/json ContentType.
 type BeginJSONRequestBody = BeginRequest
 
@@ -987,6 +1051,9 @@ type ServerInterface interface {
 	// GetStatus Read a key's record
 	// (GET /v1/status)
 	GetStatus(w http.ResponseWriter, r *http.Request, params GetStatusParams)
+	// GetUsage Each tenant's usage against its limits
+	// (GET /v1/usage)
+	GetUsage(w http.ResponseWriter, r *http.Request, params GetUsageParams)
 }
 
 // Unimplemented server implementation that returns http.StatusNotImplemented for each endpoint.
@@ -1062,6 +1129,12 @@ func (_ Unimplemented) ListKeys(w http.ResponseWriter, r *http.Request, params L
 // GetStatus Read a key's record
 // (GET /v1/status)
 func (_ Unimplemented) GetStatus(w http.ResponseWriter, r *http.Request, params GetStatusParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetUsage Each tenant's usage against its limits
+// (GET /v1/usage)
+func (_ Unimplemented) GetUsage(w http.ResponseWriter, r *http.Request, params GetUsageParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1390,6 +1463,39 @@ func (siw *ServerInterfaceWrapper) GetStatus(w http.ResponseWriter, r *http.Requ
 	handler.ServeHTTP(w, r)
 }
 
+// GetUsage operation middleware
+func (siw *ServerInterfaceWrapper) GetUsage(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetUsageParams
+
+	// ------------- Optional query parameter "tenant" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "tenant", r.URL.Query(), &params.Tenant, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "tenant"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetUsage(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
 type UnescapedCookieParamError struct {
 	ParamName string
 	Err       error
@@ -1529,6 +1635,9 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/v1/keys", wrapper.ListKeys)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/usage", wrapper.GetUsage)
 	})
 	r.Group(func(r chi.Router) {
 		r.Get(options.BaseURL+"/healthz", wrapper.Healthz)
@@ -3032,6 +3141,126 @@ func (response GetStatus503ApplicationProblemPlusJSONResponse) VisitGetStatusRes
 	return err
 }
 
+type GetUsageRequestObject struct {
+	Params GetUsageParams
+}
+
+type GetUsageResponseObject interface {
+	VisitGetUsageResponse(w http.ResponseWriter) error
+}
+
+type GetUsage200JSONResponse UsageList
+
+func (response GetUsage200JSONResponse) VisitGetUsageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetUsage400ApplicationProblemPlusJSONResponse struct {
+	InvalidRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetUsage400ApplicationProblemPlusJSONResponse) VisitGetUsageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetUsage401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetUsage401ApplicationProblemPlusJSONResponse) VisitGetUsageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("WWW-Authenticate", fmt.Sprint(response.Headers.WWWAuthenticate))
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetUsage403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetUsage403ApplicationProblemPlusJSONResponse) VisitGetUsageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetUsage404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetUsage404ApplicationProblemPlusJSONResponse) VisitGetUsageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetUsage500ApplicationProblemPlusJSONResponse struct {
+	InternalApplicationProblemPlusJSONResponse
+}
+
+func (response GetUsage500ApplicationProblemPlusJSONResponse) VisitGetUsageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetUsage503ApplicationProblemPlusJSONResponse struct {
+	StoreUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetUsage503ApplicationProblemPlusJSONResponse) VisitGetUsageResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 // StrictServerInterface represents all server handlers.
 type StrictServerInterface interface {
 	// Healthz Liveness
@@ -3070,6 +3299,9 @@ type StrictServerInterface interface {
 	// GetStatus Read a key's record
 	// (GET /v1/status)
 	GetStatus(ctx context.Context, request GetStatusRequestObject) (GetStatusResponseObject, error)
+	// GetUsage Each tenant's usage against its limits
+	// (GET /v1/usage)
+	GetUsage(ctx context.Context, request GetUsageRequestObject) (GetUsageResponseObject, error)
 }
 
 type StrictHandlerFunc func(ctx context.Context, w http.ResponseWriter, r *http.Request, request any) (any, error)
@@ -3440,6 +3672,32 @@ func (sh *strictHandler) GetStatus(w http.ResponseWriter, r *http.Request, param
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(GetStatusResponseObject); ok {
 		if err := validResponse.VisitGetStatusResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetUsage operation middleware
+func (sh *strictHandler) GetUsage(w http.ResponseWriter, r *http.Request, params GetUsageParams) {
+	var request GetUsageRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetUsage(ctx, request.(GetUsageRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetUsage")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetUsageResponseObject); ok {
+		if err := validResponse.VisitGetUsageResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

@@ -22,6 +22,7 @@ type metrics struct {
 	begins      *prometheus.CounterVec
 
 	seriesOf   sync.Map // seriesKey → *requestSeries
+	windows    sync.Map // tenant → *beginWindow
 	seriesKept atomic.Int32
 	// tenantLabel is a tenant's label: bounded by quota.MaxTenantLabels,
 	// the limiter's when there is one.
@@ -43,6 +44,7 @@ type requestSeries struct {
 	duration  prometheus.Observer
 	beginTime prometheus.Observer // begins only
 	begins    prometheus.Counter  // begins for a tenant only
+	window    *beginWindow        // begins for a tenant only
 }
 
 type seriesKey struct {
@@ -67,6 +69,7 @@ func (m *metrics) series(route, outcome string, status int, tenant string) *requ
 		s.beginTime = m.beginTime.WithLabelValues(outcome)
 		if tenant != "" {
 			s.begins = m.begins.WithLabelValues(m.tenantLabel(tenant), outcome)
+			s.window = m.window(tenant)
 		}
 	}
 	if m.seriesKept.Load() >= maxSeriesKept {
@@ -77,6 +80,49 @@ func (m *metrics) series(route, outcome string, status int, tenant string) *requ
 		m.seriesKept.Add(1)
 	}
 	return got.(*requestSeries)
+}
+
+// window returns tenant's begins of the last minute, made on first use.
+func (m *metrics) window(tenant string) *beginWindow {
+	if w, ok := m.windows.Load(tenant); ok {
+		return w.(*beginWindow)
+	}
+	w, _ := m.windows.LoadOrStore(tenant, new(beginWindow))
+	return w.(*beginWindow)
+}
+
+// beginWindow counts one tenant's begins by second over the last minute,
+// for GET /v1/usage: a ring of 60 one-second buckets, two atomic
+// operations per begin. A bucket is reset by the first begin of its new
+// second; a begin counted between that reset's two steps may be lost,
+// which a rate for display can afford.
+type beginWindow struct {
+	buckets [windowSeconds]struct {
+		second atomic.Int64 // the Unix second the bucket counts
+		n      atomic.Int64
+	}
+}
+
+const windowSeconds = 60
+
+func (w *beginWindow) add(second int64) {
+	b := &w.buckets[second%windowSeconds]
+	if old := b.second.Load(); old != second && b.second.CompareAndSwap(old, second) {
+		b.n.Store(0)
+	}
+	b.n.Add(1)
+}
+
+// perSecond is the mean rate over the last full minute before now.
+func (w *beginWindow) perSecond(now int64) float64 {
+	var sum int64
+	for i := range w.buckets {
+		b := &w.buckets[i]
+		if s := b.second.Load(); s < now && s >= now-windowSeconds {
+			sum += b.n.Load()
+		}
+	}
+	return float64(sum) / windowSeconds
 }
 
 // newMetrics registers the collectors, and the Go runtime's and the

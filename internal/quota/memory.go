@@ -123,6 +123,12 @@ func (m *memoryBackend) removeSlot(_ context.Context, tenant, set, id string) er
 	return nil
 }
 
+func (m *memoryBackend) countSlots(_ context.Context, tenant, set string) (int64, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return int64(len(m.set(tenant, set, time.Now()))), nil
+}
+
 func (m *memoryBackend) settleLeases(_ context.Context, tenant string, ends map[string]int64) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()

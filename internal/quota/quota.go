@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -108,6 +109,10 @@ type Limiter interface {
 	// Known creates the rejection counters of tenants at zero, so that a
 	// rate over them sees the first rejection.
 	Known(tenants ...string)
+	// Usage is tenant's usage now: its stored bytes, waiters and leases
+	// held as the backend counts them (shared by every instance), and the
+	// begins this instance refused since it started, by limit.
+	Usage(ctx context.Context, tenant string) (Usage, error)
 	// Close stops the background flushes and flushes what is pending.
 	Close()
 	// Collector exports idemsvc_limit_rejections_total{tenant,limit} and
@@ -128,6 +133,8 @@ type backend interface {
 	// for up to ttl if it has fewer than limit; removeSlot uncounts it.
 	addSlot(ctx context.Context, tenant, set, id string, limit int64, ttl time.Duration) (bool, error)
 	removeSlot(ctx context.Context, tenant, set, id string) error
+	// countSlots counts the members of tenant's set not over yet.
+	countSlots(ctx context.Context, tenant, set string) (int64, error)
 	// settleLeases moves each lease of tenant still counted to end at the
 	// given Unix ms, or uncounts it for 0.
 	settleLeases(ctx context.Context, tenant string, ends map[string]int64) error
@@ -236,6 +243,53 @@ type tenantState struct {
 	readAt   time.Time
 
 	labels tenantMetrics
+	// rejected counts the refusals of this instance by limit (the
+	// metrics' counters may be shared with other tenants past
+	// MaxTenantLabels).
+	rejected rejections
+}
+
+// rejections count refusals by limit.
+type rejections struct {
+	rate, storedBytes, waiters, inProgress, reads atomic.Int64
+}
+
+// Usage is one tenant's usage, as the console and GET /v1/usage show it.
+type Usage struct {
+	// StoredBytes, Waiters and InProgress are the backend's counts, shared
+	// by every instance (InProgress is counted only for a tenant with an
+	// in_progress limit).
+	StoredBytes, Waiters, InProgress int64
+	// Rejections are this instance's refusals since it started, by limit
+	// (LimitRate...).
+	Rejections map[string]int64
+}
+
+// Usage implements Limiter.
+func (l *limiter) Usage(ctx context.Context, tenant string) (Usage, error) {
+	ctx, cancel := context.WithTimeout(ctx, l.timeout)
+	defer cancel()
+	var u Usage
+	var err error
+	if u.StoredBytes, _, err = l.backend.addBytes(ctx, tenant, nil); err != nil {
+		return u, err
+	}
+	if u.Waiters, err = l.backend.countSlots(ctx, tenant, setWaiters); err != nil {
+		return u, err
+	}
+	if u.InProgress, err = l.backend.countSlots(ctx, tenant, setLeases); err != nil {
+		return u, err
+	}
+	u.Rejections = map[string]int64{LimitRate: 0, LimitStoredBytes: 0, LimitWaiters: 0, LimitInProgress: 0, LimitReadBytes: 0}
+	if v, ok := l.tenants.Load(tenant); ok {
+		r := &v.(*tenantState).rejected
+		u.Rejections[LimitRate] = r.rate.Load()
+		u.Rejections[LimitStoredBytes] = r.storedBytes.Load()
+		u.Rejections[LimitWaiters] = r.waiters.Load()
+		u.Rejections[LimitInProgress] = r.inProgress.Load()
+		u.Rejections[LimitReadBytes] = r.reads.Load()
+	}
+	return u, nil
 }
 
 func newLimiter(b backend, opts Options) *limiter {
@@ -314,6 +368,7 @@ func (l *limiter) Begin(ctx context.Context, tenant string, lim auth.Limits) (bo
 	ts.mu.Unlock()
 	if err := l.takeRate(ctx, tenant, ts, lim); err != nil {
 		ts.labels.rejectedRate.Inc()
+		ts.rejected.rate.Add(1)
 		return false, err
 	}
 	ts.mu.Lock()
@@ -437,6 +492,7 @@ func rateError(lim auth.Limits, wait time.Duration) error {
 func (l *limiter) Refused(tenant string, lim auth.Limits) error {
 	ts := l.tenant(tenant)
 	ts.labels.rejectedBytes.Inc()
+	ts.rejected.storedBytes.Add(1)
 	ts.mu.Lock()
 	wait := min(time.Until(ts.firstExpiry), maxQuotaRetryAfter)
 	ts.mu.Unlock()
@@ -472,7 +528,9 @@ func (l *limiter) Wait(ctx context.Context, tenant string, lim auth.Limits, d ti
 		return func() {}, nil
 	}
 	if !ok {
-		l.tenant(tenant).labels.rejectedWaiters.Inc()
+		ts := l.tenant(tenant)
+		ts.labels.rejectedWaiters.Inc()
+		ts.rejected.waiters.Add(1)
 		return nil, &Error{Limit: LimitWaiters, RetryAfter: time.Second,
 			Detail: fmt.Sprintf("the tenant has %d begins waiting already, its limit", lim.Waiters)}
 	}
@@ -521,7 +579,9 @@ func (l *limiter) Held(tenant string, lim auth.Limits, token string, ends time.T
 
 // HoldRefused implements Limiter.
 func (l *limiter) HoldRefused(tenant string, lim auth.Limits) error {
-	l.tenant(tenant).labels.rejectedInProgress.Inc()
+	ts := l.tenant(tenant)
+	ts.labels.rejectedInProgress.Inc()
+	ts.rejected.inProgress.Add(1)
 	return &Error{Limit: LimitInProgress, RetryAfter: time.Second,
 		Detail: fmt.Sprintf("the tenant holds %d attempts in progress, its limit (in_progress): a begin that would start another is refused until one completes, fails or its lease expires", lim.InProgress)}
 }
@@ -657,6 +717,7 @@ func (l *limiter) Read(tenant string, lim auth.Limits, n int64) {
 func (l *limiter) ReadRefused(tenant string, lim auth.Limits) error {
 	ts := l.tenant(tenant)
 	ts.labels.rejectedReads.Inc()
+	ts.rejected.reads.Add(1)
 	rate := readRate(lim)
 	ts.mu.Lock()
 	owed := -ts.readLeftNow(rate, time.Now())

@@ -114,6 +114,16 @@ func (r *redisBackend) removeSlot(ctx context.Context, tenant, set, id string) e
 	return nil
 }
 
+func (r *redisBackend) countSlots(ctx context.Context, tenant, set string) (int64, error) {
+	// Members are scored by the Unix ms they are over at; this instance's
+	// clock stands in for Redis's, a count for display only.
+	n, err := r.client.ZCount(ctx, limitKey(tenant, set), strconv.FormatInt(time.Now().UnixMilli(), 10), "+inf").Result()
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", set, err)
+	}
+	return n, nil
+}
+
 func (r *redisBackend) settleLeases(ctx context.Context, tenant string, ends map[string]int64) error {
 	args := make([]any, 0, 2*len(ends))
 	for token, ms := range ends {

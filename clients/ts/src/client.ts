@@ -27,6 +27,8 @@ export type KeyList = Schemas['KeyList'];
 export type State = Schemas['State'];
 export type Health = Schemas['Health'];
 export type Readiness = Schemas['Readiness'];
+/** One tenant's usage against its limits; see {@link IdemClient.usage}. */
+export type TenantUsage = Schemas['TenantUsage'];
 
 /** The parameters of one page of a listing. */
 export interface ListParams {
@@ -220,6 +222,18 @@ export class IdemClient {
       if (failures?.status === 'unavailable') return failures;
       throw err;
     }
+  }
+
+  /**
+   * The usage of the client's tenant against its limits, or, for an admin
+   * key without a tenant, of every tenant. Begins per second and rejections
+   * are those of the idemsvc instance that answered; stored bytes, waiters
+   * and attempts in progress are shared by every instance.
+   */
+  async usage(options?: CallOptions): Promise<TenantUsage[]> {
+    const q = this.query({});
+    const list = await this.call('usage', 'GET', q ? `/v1/usage?${q}` : '/v1/usage', undefined, options, this.callTimeoutMs, json<Schemas['UsageList']>);
+    return list.tenants;
   }
 
   /** The Prometheus metrics, as text. Not retried. */

@@ -36,6 +36,7 @@ export {
   type State,
   type Health,
   type Readiness,
+  type TenantUsage,
 } from './client.js';
 export { doOnce, DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, BODY_OMITTED_HEADER, type DoOptions, type DoResult, type Operation } from './do.js';
 export {

@@ -229,6 +229,41 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/usage": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Each tenant's usage against its limits
+         * @description For operators and the console: per tenant, the begins per second
+         *     over the last minute, the limit rejections by limit, the stored
+         *     bytes, the waiters and the attempts in progress, with the tenant's
+         *     configured limits. A tenant key sees its own tenant only (naming
+         *     another gets 403); an admin key sees every tenant of the tenants
+         *     file, or the one it names in `tenant`.
+         *
+         *     What is shared and what is per instance: `stored_bytes`, `waiters`
+         *     and `in_progress` are read from the store at the time of the
+         *     request, and are the same on every idemsvc instance sharing it
+         *     (`in_progress` is counted only for a tenant with an `in_progress`
+         *     limit, and is 0 otherwise). `begins_per_s` and `rejections` are
+         *     this instance's own, since it started: behind a load balancer, sum
+         *     them over the instances (or use the metrics
+         *     `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
+         *     Prometheus sums).
+         */
+        get: operations["getUsage"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/healthz": {
         parameters: {
             query?: never;
@@ -609,6 +644,48 @@ export interface components {
             items: components["schemas"]["StatusRecord"][];
             /** @description Present while more records may remain; pass it as `cursor` for the next page. */
             next_cursor?: string;
+        };
+        /** @description The usage of the tenants a key may see. */
+        UsageList: {
+            tenants: components["schemas"]["TenantUsage"][];
+        };
+        /** @description One tenant's usage and limits. */
+        TenantUsage: {
+            tenant: components["schemas"]["Tenant"];
+            /**
+             * Format: double
+             * @description Begins per second over the last full minute, on this instance.
+             */
+            begins_per_s: number;
+            rejections: components["schemas"]["LimitCounts"];
+            /** @description Response bytes the tenant's records hold within their retention (shared by every instance). */
+            stored_bytes: number;
+            /** @description Begins of the tenant waiting on an attempt in progress now (shared by every instance; counted only with a `waiters` limit). */
+            waiters: number;
+            /** @description Attempts the tenant holds now (shared by every instance; counted only with an `in_progress` limit). */
+            in_progress: number;
+            limits: components["schemas"]["TenantLimits"];
+        };
+        /** @description Requests refused by this instance since it started, by the limit they were over. */
+        LimitCounts: {
+            begins_per_s: number;
+            stored_bytes: number;
+            waiters: number;
+            in_progress: number;
+            read_bytes_per_s: number;
+        };
+        /**
+         * @description The tenant's limits from the tenants file (its own, or `defaults`);
+         *     an absent field is unlimited (for `read_bytes_per_s`: the default
+         *     budget of each instance).
+         */
+        TenantLimits: {
+            begins_per_s?: number;
+            burst?: number;
+            stored_bytes?: number;
+            waiters?: number;
+            in_progress?: number;
+            read_bytes_per_s?: number;
         };
         /** @description The answer of a health or readiness check. */
         Health: {
@@ -1565,6 +1642,65 @@ export interface operations {
             400: components["responses"]["InvalidRequest"];
             401: components["responses"]["Unauthorized"];
             403: components["responses"]["Forbidden"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["StoreUnavailable"];
+        };
+    };
+    getUsage: {
+        parameters: {
+            query?: {
+                /**
+                 * @description The tenant to act for; only an admin key may name a tenant other
+                 *     than its own (403 otherwise). Defaults to the tenant of the API key.
+                 * @example payments
+                 */
+                tenant?: components["parameters"]["TenantQuery"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The usage of each tenant the key may see, sorted by tenant. */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    /**
+                     * @example {
+                     *       "tenants": [
+                     *         {
+                     *           "tenant": "payments",
+                     *           "begins_per_s": 12.5,
+                     *           "rejections": {
+                     *             "begins_per_s": 3,
+                     *             "stored_bytes": 0,
+                     *             "waiters": 0,
+                     *             "in_progress": 0,
+                     *             "read_bytes_per_s": 0
+                     *           },
+                     *           "stored_bytes": 1048576,
+                     *           "waiters": 2,
+                     *           "in_progress": 7,
+                     *           "limits": {
+                     *             "begins_per_s": 100,
+                     *             "burst": 200,
+                     *             "stored_bytes": 1073741824,
+                     *             "waiters": 50
+                     *           }
+                     *         }
+                     *       ]
+                     *     }
+                     */
+                    "application/json": components["schemas"]["UsageList"];
+                };
+            };
+            400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
             500: components["responses"]["Internal"];
             503: components["responses"]["StoreUnavailable"];
         };

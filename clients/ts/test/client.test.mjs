@@ -132,6 +132,30 @@ for (const store of stores) {
       assert.equal(gone.status, 404);
     });
 
+    test('usage reports the tenant alone, with the bytes it stored and its limits', async () => {
+      const key = uniqueKey();
+      const lease = await idem.begin({ key });
+      await idem.complete({ key, lease_token: lease.lease_token, response: { status_code: 200, body: 'x'.repeat(1000) } });
+      let usage;
+      const deadline = Date.now() + 5000; // stored bytes reach the store with the next flush (1 s)
+      do {
+        usage = await idem.usage();
+        if (usage[0].stored_bytes >= 1000) break;
+        await new Promise((r) => setTimeout(r, 200));
+      } while (Date.now() < deadline);
+      assert.deepEqual(usage.map((u) => u.tenant), ['ts']);
+      assert.ok(usage[0].stored_bytes >= 1000, `stored_bytes ${usage[0].stored_bytes}`);
+      assert.deepEqual(usage[0].limits, {});
+      assert.equal(usage[0].rejections.begins_per_s, 0);
+
+      const limited = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.limitedKey });
+      const [own] = await limited.usage();
+      assert.equal(own.tenant, 'limited');
+      assert.deepEqual(own.limits, { begins_per_s: 1, burst: 1 });
+      const other = await new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.limitedKey, tenant: 'ts' }).usage().catch((e) => e);
+      assert.equal(other.kind, 'forbidden');
+    });
+
     test('status includes the stored response when asked, and binary bodies come back byte for byte', async () => {
       const key = uniqueKey();
       const bytes = Uint8Array.from({ length: 256 }, (_, i) => i);
