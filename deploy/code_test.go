@@ -200,7 +200,7 @@ func TestDefinedMetrics(t *testing.T) {
 		"idemsvc_limit_rejections_total":        {"tenant", "limit"},
 		"idemsvc_build_info":                    {"version", "revision", "goversion"},
 		"idemsvc_store_calls_in_flight":         nil,
-		"idemproxy_requests_total":              {"outcome", "code"},
+		"idemproxy_requests_total":              {"outcome", "status"},
 		"idemproxy_upstream_duration_seconds":   nil,
 	} {
 		def, ok := defs[name]

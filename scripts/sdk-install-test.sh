@@ -3,13 +3,14 @@
 # The README's "Installing the SDKs", tried as a new user would: each SDK
 # is installed into a scratch project in a temporary folder by the
 # README's own commands (the shell blocks after <!-- install: go --> and
-# <!-- install: ts -->, run as they are, with IDEMSVC the checkout), the
-# project is built, and it runs a begin, a complete and a replay against
-# an idemsvc built from the checkout, on its in-memory store. Run by
-# scripts/test.sh (make test).
+# <!-- install: ts -->, run as they are), the project is built, and it
+# runs a begin, a complete and a replay against an idemsvc built from the
+# checkout, on its in-memory store. IDEMSVC, the checkout the commands
+# install from, is a copy of this one's files as a fresh clone has them
+# (with their changes not yet committed): no node_modules or dist, and
+# this checkout's are left alone. Run by scripts/test.sh (make test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export IDEMSVC=$PWD
 
 work=$(mktemp -d)
 idemsvc_pid=""
@@ -57,6 +58,11 @@ replayed 201 {\"charge\":\"ch_1\"}"
   fi
   echo "$1: begin, complete and replay through the installed SDK: ok"
 }
+
+export IDEMSVC=$work/checkout
+mkdir "$IDEMSVC"
+git ls-files -z --cached --others --exclude-standard | xargs -0 sh -c 'for f; do [ -e "$f" ] && printf "%s\0" "$f"; done' sh |
+  tar --null -T - -cf - | tar -xf - -C "$IDEMSVC"
 
 # idemsvc, from the checkout, on a free loopback port (memory store, no
 # tenants: development mode).

@@ -219,10 +219,10 @@ func TestHealthAndMetrics(t *testing.T) {
 		t.Fatalf("/healthz: %v %v", resp, err)
 	}
 	for _, want := range []string{
-		`idemproxy_requests_total{code="201",outcome="executed"} 1`,
-		`idemproxy_requests_total{code="201",outcome="replayed"} 1`,
-		`idemproxy_requests_total{code="400",outcome="refused"} 1`,
-		`idemproxy_requests_total{code="200",outcome="passed"} 1`,
+		`idemproxy_requests_total{outcome="executed",status="201"} 1`,
+		`idemproxy_requests_total{outcome="replayed",status="201"} 1`,
+		`idemproxy_requests_total{outcome="refused",status="400"} 1`,
+		`idemproxy_requests_total{outcome="passed",status="200"} 1`,
 		`idemproxy_upstream_duration_seconds_count 2`,
 	} {
 		if got := metrics(t, url); !strings.Contains(got, want+"\n") {

@@ -58,7 +58,7 @@ func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
 	p.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "idemproxy_requests_total",
 		Help: "Requests answered, by outcome (passed, executed, replayed, refused) and status code.",
-	}, []string{"outcome", "code"})
+	}, []string{"outcome", "status"}) // "status", as idemsvc_http_requests_total names it
 	p.upstream = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Name:    "idemproxy_upstream_duration_seconds",
 		Help:    "Time from forwarding a request to the upstream's answer, its body included.",
