@@ -69,7 +69,7 @@ func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
 		Name: "idemproxy_upstream_errors_total",
 		Help: "Requests the upstream did not answer (refused, reset, timed out): 502 to the caller, and the key released.",
 	})
-	p.bodies = httpserve.NewBudget(cfg.maxBodyBytesInFlight, 2, p.registry, "idemproxy") // idemproxy's copy and the middleware's
+	p.bodies = httpserve.NewBudget(cfg.maxBodyBytesInFlight, 2, false, p.registry, "idemproxy") // idemproxy's copy and the middleware's
 	p.registry.MustRegister(p.requests, p.upstream, p.upErrors,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 
@@ -132,8 +132,8 @@ func (p *proxy) budgeted(next http.Handler) http.Handler {
 			writeProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
 			return
 		}
-		body, taken, err := p.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), r.ContentLength)
-		defer p.bodies.Give(taken)
+		body, taken, err := p.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), r.ContentLength, opts.MaxBodyBytes, httpserve.Claim{})
+		defer p.bodies.Give(taken, httpserve.Claim{})
 		var tooLarge *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooLarge):

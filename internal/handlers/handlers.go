@@ -149,7 +149,7 @@ func New(cfg Config) *Service {
 		registry:          cfg.Registry,
 		metrics:           newMetrics(cfg.Registry, tenantLabeller(cfg.Limiter)),
 		maxBodyBytes:      cfg.MaxBodyBytes,
-		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, bodyCopies, cfg.Registry, "idemsvc"),
+		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, bodyCopies, true, cfg.Registry, "idemsvc"),
 		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,

@@ -93,7 +93,10 @@ func Listen(cfg Config, handler http.Handler) (*Server, error) {
 	ln = &edgeListener{Listener: ln, handshakes: newHandshakeLog(cfg.Log, m.handshakeFailures)}
 	s := &Server{ln: ln, conns: conns}
 	s.srv = &http.Server{
-		Handler:           closeAfterChunked(handler),
+		Handler: markHandling(closeAfterChunked(handler)),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,
