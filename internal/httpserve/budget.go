@@ -156,6 +156,12 @@ func (b *Budget) TakeBytes(ctx context.Context, n int64, c Claim) error {
 	}
 }
 
+// Hold counts n bytes, copies included, without waiting or refusing: for
+// memory a request already holds and must not be cut short for (an
+// answer under way), so that new bodies wait while it is held. Give them
+// back with GiveBytes.
+func (b *Budget) Hold(n int64) { b.held.Add(n) }
+
 // Give gives back n bytes of a body taken for c.
 func (b *Budget) Give(n int64, c Claim) { b.GiveBytes(n*b.copies, c) }
 
