@@ -320,7 +320,8 @@ export interface components {
          * @description What the operation produced, replayed byte for byte to every
          *     duplicate. Every part is optional: a message consumer may store only
          *     a body. The body after decoding plus every header name and value may
-         *     take at most 1 MiB (413 beyond).
+         *     take at most 1 MiB (413 beyond), in at most 100 header fields (400
+         *     `invalid-request` naming `response.headers` beyond).
          */
         StoredResponse: {
             /**
@@ -870,6 +871,11 @@ export interface components {
          *     call that did not take effect, answers a request body refused
          *     because the bodies idemsvc holds at once are at their budget
          *     (`IDEMSVC_MAX_BODY_BYTES_IN_FLIGHT`), after a brief wait for room.
+         *     A quarter of that budget is kept for the bodies of complete, fail and
+         *     extend, and one tenant's bodies hold at most half of it. (A body that,
+         *     not all sent with its request's head, then arrives slower than 64 KiB/s
+         *     after its first second, or pauses for 2 s, gets 400 `invalid-request`
+         *     instead, and its connection is closed.)
          *     A begin that would start an operation also gets it, having changed
          *     nothing, while the Redis master of its key has less free memory
          *     under `maxmemory` than `IDEMSVC_REDIS_RESERVE_BYTES` (kept for the
