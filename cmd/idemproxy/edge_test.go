@@ -202,10 +202,13 @@ func TestStalledBodiesBounded(t *testing.T) {
 		_ = cmd.Wait()
 	})
 	var line struct{ Addr string }
-	if err := json.NewDecoder(stderr).Decode(&line); err != nil || line.Addr == "" {
-		t.Fatalf("no address logged: %v", err)
+	logs := json.NewDecoder(stderr)
+	for line.Addr == "" { // the line "idemproxy serving" has it
+		if err := logs.Decode(&line); err != nil {
+			t.Fatalf("no address logged: %v", err)
+		}
 	}
-	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	go func() { _, _ = io.Copy(io.Discard, logs.Buffered()); _, _ = io.Copy(io.Discard, stderr) }()
 	startRSS, _ := memory(t, cmd.Process.Pid)
 
 	body := bytes.Repeat([]byte("x"), stalledBodyBytes-64)
