@@ -311,6 +311,13 @@ func TestBudgetShares(t *testing.T) {
 	}
 }
 
+// openConns counts the connections the server serves.
+func (s *Server) openConns() int {
+	s.conns.mu.Lock()
+	defer s.conns.mu.Unlock()
+	return len(s.conns.conns)
+}
+
 // idleConns counts the connections the server sees idle.
 func (s *Server) idleConns() int {
 	s.conns.mu.Lock()
@@ -339,7 +346,7 @@ func TestConnectionActiveFromFirstByte(t *testing.T) {
 	if _, err := io.WriteString(c, "GET / HTTP/1.1\r\nHost: x\r\n"); err != nil {
 		t.Fatal(err)
 	}
-	for s.idleConns() != 0 { // the server has read the first bytes
+	for s.openConns() != 1 || s.idleConns() != 0 { // the server has the connection, and has read its first bytes
 		time.Sleep(time.Millisecond)
 	}
 	other, err := net.Dial("tcp", s.Addr().String())
