@@ -204,13 +204,13 @@ func TestStalledBodiesBounded(t *testing.T) {
 	})
 	// The first line logs the version; the address follows.
 	var line struct{ Addr string }
-	dec := json.NewDecoder(stderr)
-	for line.Addr == "" {
-		if err := dec.Decode(&line); err != nil {
+	logs := json.NewDecoder(stderr)
+	for line.Addr == "" { // the line "idemproxy serving" has it
+		if err := logs.Decode(&line); err != nil {
 			t.Fatalf("no address logged: %v", err)
 		}
 	}
-	go func() { _, _ = io.Copy(io.Discard, stderr) }()
+	go func() { _, _ = io.Copy(io.Discard, logs.Buffered()); _, _ = io.Copy(io.Discard, stderr) }()
 	startRSS, _ := memory(t, cmd.Process.Pid)
 
 	body := bytes.Repeat([]byte("x"), stalledBodyBytes-64)
@@ -352,4 +352,100 @@ func doProblem(t *testing.T, req *http.Request) (int, problem) {
 	var p problem
 	_ = json.NewDecoder(resp.Body).Decode(&p)
 	return resp.StatusCode, p
+}
+
+// fakeErrorBody is a body of 72 KiB holding, at offset 32768 (where the
+// reverse proxy's second write of 32 KiB may begin) and at every 4 KiB
+// before and after it (where other writes may begin), what looks like
+// net/http's own error answer.
+func fakeErrorBody() []byte {
+	body := bytes.Repeat([]byte("a"), 72<<10)
+	for at := 0; at < len(body); at += 4 << 10 {
+		copy(body[at:], "HTTP/1.1 400 Bad Request\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n400 Bad Request")
+	}
+	return body
+}
+
+// An upstream's answer, passed through, executed under a key, and
+// replayed from its record, reaches the caller byte for byte, whatever it
+// holds: also bytes that look like net/http's own error answer where a
+// write to the connection begins.
+func TestAnswersPassedByteForByte(t *testing.T) {
+	body := fakeErrorBody()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Length", strconv.Itoa(len(body)))
+		for rest := body; len(rest) > 0; { // in writes of 32 KiB, each flushed
+			n := min(len(rest), 32<<10)
+			_, _ = w.Write(rest[:n])
+			http.NewResponseController(w).Flush()
+			rest = rest[n:]
+		}
+	}))
+	t.Cleanup(up.Close)
+	svc := idemtest.Serve(t, handlers.Config{})
+	proxy := serveProxy(t, svc.URL, up.URL)
+	for i, want := range []string{"", "", "true"} { // passed through, executed, replayed
+		req, _ := http.NewRequest(http.MethodPost, proxy+"/pay", strings.NewReader(`{"amount":1}`))
+		if i == 0 {
+			req.Method = http.MethodPut // not a handled method
+		} else {
+			req.Header["idempotency-key"] = []string{`"byte-for-byte"`}
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if replayed := resp.Header.Get("Idempotent-Replayed"); err != nil || !bytes.Equal(got, body) || (want == "true") != (replayed == "true") {
+			t.Errorf("answer %d: %d bytes (%v), replayed %q; want the upstream's %d bytes as they are, replayed %q", i, len(got), err, replayed, len(body), want)
+		}
+	}
+}
+
+// The upstream's answer to a keyed request is counted in the budget of
+// bodies in flight while the middleware holds it, and given back when the
+// request ends.
+func TestRecordedAnswerCountedInBudget(t *testing.T) {
+	const size = 512 << 10
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(bytes.Repeat([]byte("b"), size))
+		http.NewResponseController(w).Flush()
+		<-release
+	}))
+	t.Cleanup(up.Close)
+	svc := idemtest.Serve(t, handlers.Config{})
+	proxy := serveProxy(t, svc.URL, up.URL)
+	done := make(chan int, 1)
+	go func() {
+		code, _, _ := post(t, proxy+"/pay", `"counted"`, `{}`)
+		done <- code
+	}()
+	inFlight := func() float64 {
+		line := strings.Fields(grep(metrics(t, proxy), "idemproxy_body_bytes_in_flight "))
+		if len(line) != 2 {
+			t.Fatalf("idemproxy_body_bytes_in_flight: %q", line)
+		}
+		v, _ := strconv.ParseFloat(line[1], 64)
+		return v
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for inFlight() < size*answerCopies && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := inFlight(); got < size*answerCopies {
+		t.Errorf("while the answer of %d bytes is recorded, %v bytes in flight, want at least %d", size, got, size*answerCopies)
+	}
+	close(release)
+	if code := <-done; code != 200 {
+		t.Fatalf("the keyed request: %d", code)
+	}
+	for inFlight() != 0 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := inFlight(); got != 0 {
+		t.Errorf("%v bytes in flight after the request ended, want 0", got)
+	}
 }

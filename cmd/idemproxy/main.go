@@ -55,9 +55,10 @@ func main() {
 	}
 }
 
-// Server timeouts. A keyed request may wait upstream-timeout-ms for the
-// upstream, so writes get that and writeMargin on top; reads, idle
-// connections and request heads are bounded as idemsvc bounds them
+// Server timeouts. A keyed request may wait for a duplicate (wait-ms) and
+// upstream-timeout-ms for the upstream, so its answer gets those, its
+// read timeout and writeMargin (for the calls to idemsvc) to be written;
+// idle connections and request heads are bounded as idemsvc bounds them
 // (internal/httpserve).
 const (
 	writeMargin     = 15 * time.Second
@@ -110,11 +111,12 @@ func listen(cfg config, proxy *proxy, log *slog.Logger) ([]*httpserve.Server, er
 	edge := httpserve.Config{
 		Addr:           cfg.listen,
 		MaxConnections: cfg.maxConnections,
-		ReadTimeout:    cfg.readTimeout,
-		WriteTimeout:   cfg.upstreamTimeout + writeMargin,
-		Log:            log,
-		Registry:       proxy.registry,
-		MetricPrefix:   "idemproxy",
+		// Keyed requests get their read and write deadlines per request
+		// (proxy.budgeted); requests passed through, none.
+		ReadTimeout:  -1,
+		Log:          log,
+		Registry:     proxy.registry,
+		MetricPrefix: "idemproxy",
 	}
 	public, err := httpserve.Listen(edge, proxy.handler())
 	if err != nil {

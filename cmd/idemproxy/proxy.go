@@ -15,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,7 +69,7 @@ func newProxy(cfg config, log *slog.Logger) (*proxy, error) {
 		Name: "idemproxy_upstream_errors_total",
 		Help: "Requests the upstream did not answer (refused, reset, timed out): 502 to the caller, and the key released.",
 	})
-	p.bodies = httpserve.NewBudget(cfg.maxBodyBytesInFlight, 2, p.registry, "idemproxy") // idemproxy's copy and the middleware's
+	p.bodies = httpserve.NewBudget(cfg.maxBodyBytesInFlight, 2, false, p.registry, "idemproxy") // idemproxy's copy and the middleware's
 	p.registry.MustRegister(p.requests, p.upstream, p.upErrors,
 		prometheus.NewGoCollector(), prometheus.NewProcessCollector(prometheus.ProcessCollectorOpts{}))
 
@@ -138,10 +139,43 @@ func (p *proxy) oneScope(next http.Handler) http.Handler {
 // the two copies. Past the budget the request waits briefly, then gets
 // 503 with Retry-After, and the upstream does not see it. Other requests
 // stream their bodies to the upstream and hold none.
+//
+// A keyed request also gets its own read and write deadlines: the read
+// timeout for its body, and for its answer the read timeout, the wait
+// for a duplicate, the upstream timeout and writeMargin. Requests passed
+// through have none but the server's header and idle timeouts, so that
+// slow uploads, long downloads and event streams pass untouched.
+//
+// The answer of a keyed request is counted in the same budget as it is
+// written (see answerHold): the upstream's, as the middleware records it,
+// and a replay, as it is written to the caller.
 func (p *proxy) budgeted(next http.Handler) http.Handler {
 	opts := p.cfg.middleware
+	writeLimit := p.cfg.readTimeout + opts.Wait + p.cfg.upstreamTimeout + writeMargin
+	storedBodyBytes := int64(opts.MaxStoredBodyBytes)
+	if storedBodyBytes <= 0 {
+		storedBodyBytes = 1 << 20 // the middleware's default
+	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !slices.Contains(opts.Methods, r.Method) || len(r.Header.Values(opts.KeyHeader)) == 0 || r.ContentLength == 0 {
+		if !slices.Contains(opts.Methods, r.Method) || len(r.Header.Values(opts.KeyHeader)) == 0 {
+			next.ServeHTTP(w, r)
+			return
+		}
+		rc := http.NewResponseController(w)
+		now := time.Now()
+		_ = rc.SetReadDeadline(now.Add(p.cfg.readTimeout))
+		_ = rc.SetWriteDeadline(now.Add(writeLimit))
+		defer func() {
+			// The answer's last bytes go out under the deadline; then the
+			// connection's next request, perhaps passed through, has none.
+			_ = rc.Flush()
+			_ = rc.SetWriteDeadline(time.Time{})
+		}()
+		hold := &answerHold{budget: p.bodies, left: storedBodyBytes}
+		defer hold.release()
+		w = &answerWriter{ResponseWriter: w, hold: hold}
+		r = r.WithContext(context.WithValue(r.Context(), answerHoldKey{}, hold))
+		if r.ContentLength == 0 {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -149,8 +183,8 @@ func (p *proxy) budgeted(next http.Handler) http.Handler {
 			idem.WriteProblem(w, http.StatusRequestEntityTooLarge, "too-large", "the request body is too large to be made idempotent", 0)
 			return
 		}
-		body, taken, err := p.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), r.ContentLength)
-		defer p.bodies.Give(taken)
+		body, taken, err := p.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, opts.MaxBodyBytes), r.ContentLength, opts.MaxBodyBytes, httpserve.Claim{})
+		defer p.bodies.Give(taken, httpserve.Claim{})
 		var tooLarge *http.MaxBytesError
 		switch {
 		case errors.As(err, &tooLarge):
@@ -167,6 +201,60 @@ func (p *proxy) budgeted(next http.Handler) http.Handler {
 		next.ServeHTTP(w, r)
 	})
 }
+
+// answerCopies is what a keyed request holds per byte of its answer, up
+// to the largest body stored: as the middleware records the upstream's,
+// its buffer (which may double as it grows) and the base64 of it in the
+// complete sent to idemsvc; for a replay, the base64 read from idemsvc
+// and its decoding.
+const answerCopies = 4
+
+// answerHold counts the bytes of one keyed request's answer in the
+// budget, up to the largest body stored (past it, the middleware streams
+// the answer and holds none of it). They are counted, never refused: an
+// answer under way is not cut, as the upstream has run. So recorded and
+// replayed answers do not wait for room, but while they are held new
+// keyed bodies do, and get 503 past BudgetWait. They are given back when
+// the request ends.
+type answerHold struct {
+	budget *httpserve.Budget
+	mu     sync.Mutex
+	left   int64 // bytes of the answer still to count
+	held   int64 // bytes counted, copies included
+}
+
+type answerHoldKey struct{}
+
+func (h *answerHold) count(n int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if m := min(int64(n), h.left); m > 0 {
+		h.left -= m
+		h.held += m * answerCopies
+		h.budget.Hold(m * answerCopies)
+	}
+}
+
+func (h *answerHold) release() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.budget.GiveBytes(h.held, httpserve.Claim{})
+	h.held = 0
+}
+
+// answerWriter counts what is written through it in its answerHold.
+type answerWriter struct {
+	http.ResponseWriter
+	hold *answerHold
+}
+
+func (w *answerWriter) Write(b []byte) (int, error) {
+	w.hold.count(len(b))
+	return w.ResponseWriter.Write(b)
+}
+
+// Unwrap lets http.ResponseController reach the connection's writer.
+func (w *answerWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
 // admin serves /healthz (200 while idemproxy serves; it does not ask
 // idemsvc, so that pass-through traffic keeps flowing when idemsvc is
@@ -280,6 +368,10 @@ func (p *proxy) timed(rp http.Handler) http.Handler {
 			ctx, cancel := context.WithTimeout(r.Context(), p.cfg.upstreamTimeout)
 			defer cancel()
 			r = r.WithContext(ctx)
+			if hold, ok := r.Context().Value(answerHoldKey{}).(*answerHold); ok {
+				// What the middleware records, counted as it comes.
+				w = &answerWriter{ResponseWriter: w, hold: hold}
+			}
 		}
 		start := time.Now()
 		rp.ServeHTTP(w, r)

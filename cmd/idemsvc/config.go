@@ -281,10 +281,11 @@ func (c *config) check() []error {
 		problems = append(problems, errors.New("max-batch must be positive"))
 	case c.maxConnections < 1:
 		problems = append(problems, errors.New("max-connections must be positive"))
-	case c.maxBodyBytesInFlight < 4*c.maxRequestBytes:
+	case c.maxBodyBytesInFlight < 6*c.maxRequestBytes:
 		// A body counts twice (read, and decoded), and its buffer doubles
-		// as it grows: room for the old and the new.
-		problems = append(problems, errors.New("max-body-bytes-in-flight must be at least 4 times max-request-bytes"))
+		// as it grows: room for the old and the new, 3 times its size,
+		// within one tenant's share, half the budget.
+		problems = append(problems, errors.New("max-body-bytes-in-flight must be at least 6 times max-request-bytes"))
 	}
 	return problems
 }

@@ -78,7 +78,12 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	if err != nil {
 		return err
 	}
-	limitMemory(cfg.maxBodyBytesInFlight, env)
+	if cfg.usesRedis() {
+		// Not with the in-memory store (development only): its records
+		// live on the heap, beyond the budget, and a limit near the
+		// budget would have the collector run without pause.
+		limitMemory(cfg.maxBodyBytesInFlight, env)
+	}
 	logs := newLogWriter(logOut, logFlushInterval)
 	defer logs.Close()
 	log := slog.New(flushingHandler{slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}), logs})

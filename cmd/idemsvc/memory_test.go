@@ -5,6 +5,7 @@ package main
 import (
 	"bufio"
 	"bytes"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -72,12 +73,13 @@ func TestBoundedMemory(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			time.Sleep(3 * time.Second) // for every request to reach its handler
 			for i, c := range conns {
-				// Each connection is still held, its body being read.
-				_ = c.SetReadDeadline(time.Now().Add(time.Millisecond))
-				if _, err := c.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
-					t.Fatalf("connection %d: read %v, want it held open", i, err)
+				// Each body, far slower than the minimum body rate, is
+				// cut within seconds: its connection answered and closed,
+				// not held until the read timeout (30 s).
+				_ = c.SetReadDeadline(time.Now().Add(15 * time.Second))
+				if _, err := io.ReadAll(c); errors.Is(err, os.ErrDeadlineExceeded) {
+					t.Fatalf("connection %d: still held open after 15 s", i)
 				}
 			}
 			rss, peak := p.memory(t)
@@ -154,6 +156,65 @@ func TestBoundedMemory(t *testing.T) {
 			}
 		})
 	}
+
+	// Valid completes, each storing a response of 1 MiB sent as base64,
+	// on Redis: read, decoded, encoded into the record and sent to the
+	// store, each body's copies stay within what the budget counts
+	// (bodyCopies), and the resident set under the budget plus 100 MB.
+	t.Run("completes", func(t *testing.T) {
+		const budget, completes = 64 << 20, 150
+		p := startBinary(t, bin, append([]string{"IDEMSVC_MAX_BODY_BYTES_IN_FLIGHT=" + strconv.Itoa(budget),
+			"IDEMSVC_REDIS_URL=redis://" + redistest.NewServer(t).Addr(), "IDEMSVC_REDIS_TIMEOUT_MS=30000"}, memory...))
+		url := "http://" + p.addr
+		prefix := fmt.Sprintf("complete-%d-", time.Now().UnixNano())
+		tokens := make([]string, completes)
+		for i := range tokens {
+			code, lease := post(t, url+"/v1/begin", apiKey, fmt.Sprintf(`{"key":"%s%d","lease_ms":600000}`, prefix, i))
+			if code != 201 {
+				t.Fatalf("begin = %d %v", code, lease)
+			}
+			tokens[i] = lease["lease_token"].(string)
+		}
+		response := base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0xfe, 0x01, 0x7f}, (1<<20)/3))
+		var wg sync.WaitGroup
+		var mu sync.Mutex
+		statuses := map[string]int{}
+		for i, token := range tokens {
+			c, err := net.Dial("tcp", p.addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			wg.Go(func() {
+				body := fmt.Sprintf(`{"key":"%s%d","lease_token":"%s","response":{"status_code":200,"body":"%s","body_encoding":"base64"}}`, prefix, i, token, response)
+				_ = c.SetDeadline(time.Now().Add(60 * time.Second))
+				_, _ = io.WriteString(c, "POST /v1/complete HTTP/1.1\r\nHost: idemsvc\r\nAuthorization: Bearer "+apiKey+
+					"\r\nContent-Type: application/json\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+				status := make([]byte, len("HTTP/1.1 200"))
+				_, err := io.ReadFull(c, status)
+				mu.Lock()
+				defer mu.Unlock()
+				if err != nil {
+					statuses["no answer"]++
+				} else {
+					statuses[string(status[9:])]++
+				}
+			})
+		}
+		wg.Wait()
+		rss, peak := p.memory(t)
+		t.Logf("%d completes of %d bytes of base64 at once, budget %d MiB: answers %v; VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)",
+			completes, len(response), budget>>20, statuses, rss/1e6, peak/1e6, p.startRSS/1e6)
+		if limit := float64(budget) + 100e6; peak > limit {
+			t.Errorf("VmHWM = %.0f MB, want under the budget plus 100 MB, %.0f MB", peak/1e6, limit/1e6)
+		}
+		// A body refused while it is still being sent is answered 503 and
+		// its connection closed, which may reset it before the answer is
+		// read: "no answer".
+		if statuses["200"] == 0 || statuses["200"]+statuses["503"]+statuses["no answer"] != completes {
+			t.Errorf("answers %v: want completes stored (200), the others refused over the budget (503)", statuses)
+		}
+	})
 
 	// A stored body of 1 MiB of '<' replays as 1 MiB of JSON (it would be
 	// 6 MiB with <, > and & escaped for HTML), which the socket buffers take

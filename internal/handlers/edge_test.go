@@ -51,9 +51,9 @@ func TestConnectionProblemKindsAgree(t *testing.T) {
 func TestAuthenticationBeforeBody(t *testing.T) {
 	t.Parallel()
 	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: tenantsKeyring(t),
-		MaxBodyBytes: 1 << 20, MaxBodyBytesInFlight: 4 << 20})
+		MaxBodyBytes: 1 << 20, MaxBodyBytesInFlight: 6 << 20})
 	pad := strings.Repeat("x", 900<<10)
-	for range 4 { // enough to fill the budget, were their bodies read
+	for range 6 { // enough to fill the budget, were their bodies read
 		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
 		if err != nil {
 			t.Fatal(err)
@@ -81,5 +81,63 @@ func TestAuthenticationBeforeBody(t *testing.T) {
 	complete := `{"key":"auth-first","lease_token":"` + lease.LeaseToken + `","response":{"body":"` + pad + `"}}`
 	if resp, out := e.raw(t, http.MethodPost, "/v1/complete", "application/json", strings.NewReader(complete), "Authorization", "Bearer "+keyPayments); resp.StatusCode != http.StatusOK {
 		t.Errorf("an authenticated complete of %d bytes: %d %.200s, want 200", len(complete), resp.StatusCode, out)
+	}
+}
+
+// One tenant whose bodies stall holds at most its share of the budget of
+// bodies in flight, and another tenant's complete still gets in: it may
+// use the part kept for outcomes, which no begin of anyone takes.
+func TestStalledTenantLeavesRoomForCompletes(t *testing.T) {
+	t.Parallel()
+	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: tenantsKeyring(t),
+		MaxBodyBytes: 1 << 20, MaxBodyBytesInFlight: 8 << 20})
+	pad := strings.Repeat("x", 900<<10)
+	stop := make(chan struct{})
+	defer close(stop)
+	for range 4 { // enough to fill the whole budget, were a tenant's bodies not held to its half
+		conn, err := net.Dial("tcp", strings.TrimPrefix(e.url, "http://"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		go func() {
+			_, _ = io.WriteString(conn, "POST /v1/begin HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "+keyBilling+"\r\n"+
+				"Content-Type: application/json\r\nContent-Length: 1048576\r\n\r\n"+pad)
+			for { // a byte now and then: the body is stalled, but never cut
+				select {
+				case <-stop:
+					return
+				case <-time.After(200 * time.Millisecond):
+					if _, err := conn.Write([]byte("x")); err != nil {
+						return
+					}
+				}
+			}
+		}()
+	}
+	// One body of 1 MiB holds 2 MiB (it counts twice), 3 MiB while its
+	// buffer grows: the tenant's half has room for one and part of another.
+	const half, one = 4 << 20, 2 << 20
+	deadline := time.Now().Add(10 * time.Second)
+	for e.metricValue(t, "idemsvc_body_bytes_in_flight") < one && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if held := e.metricValue(t, "idemsvc_body_bytes_in_flight"); held < one || held > half {
+		t.Fatalf("the stalled bodies hold %v bytes, want at least one body's %d, up to the tenant's half, %d", held, one, half)
+	}
+
+	begin, out := e.raw(t, http.MethodPost, "/v1/begin", "application/json", strings.NewReader(`{"key":"beside-a-hog"}`), "Authorization", "Bearer "+keyPayments)
+	var lease struct {
+		LeaseToken string `json:"lease_token"`
+	}
+	if begin.StatusCode != http.StatusCreated || json.Unmarshal(out, &lease) != nil {
+		t.Fatalf("another tenant's begin: %d %s", begin.StatusCode, out)
+	}
+	complete := `{"key":"beside-a-hog","lease_token":"` + lease.LeaseToken + `","response":{"body":"` + pad + `"}}`
+	if resp, out := e.raw(t, http.MethodPost, "/v1/complete", "application/json", strings.NewReader(complete), "Authorization", "Bearer "+keyPayments); resp.StatusCode != http.StatusOK {
+		t.Errorf("another tenant's complete of %d bytes: %d %.200s, want 200", len(complete), resp.StatusCode, out)
+	}
+	if held := e.metricValue(t, "idemsvc_body_bytes_in_flight"); held < one {
+		t.Errorf("the stalled bodies were let go (%v bytes held) before the complete was checked", held)
 	}
 }

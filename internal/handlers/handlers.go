@@ -156,7 +156,7 @@ func New(cfg Config) *Service {
 		metrics:           newMetrics(cfg.Registry, tenantLabeller(cfg.Limiter)),
 		maxBodyBytes:      cfg.MaxBodyBytes,
 		maxBatch:          cfg.MaxBatch,
-		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, bodyCopies, cfg.Registry, "idemsvc"),
+		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, bodyCopies, true, cfg.Registry, "idemsvc"),
 		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,

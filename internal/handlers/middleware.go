@@ -343,8 +343,12 @@ func (s *Service) readBody(next http.Handler) http.Handler {
 			writeProblem(w, r, bodyTooLarge(s.maxBodyBytes))
 			return
 		}
-		body, taken, err := s.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, s.maxBodyBytes), r.ContentLength)
-		defer s.bodies.Give(taken) // once the handler is done with the body
+		claim := httpserve.Claim{Finish: finishes(r.URL.Path)}
+		if s.keyring != nil { // one tenant's bodies hold at most its share of the budget
+			claim.Tenant = infoFrom(r.Context()).principal.Tenant
+		}
+		body, taken, err := s.bodies.ReadBody(r.Context(), http.MaxBytesReader(w, r.Body, s.maxBodyBytes), r.ContentLength, s.maxBodyBytes, claim)
+		defer s.bodies.Give(taken, claim) // once the handler is done with the body
 		if err != nil {
 			var tooLarge *http.MaxBytesError
 			switch {
@@ -361,6 +365,14 @@ func (s *Service) readBody(next http.Handler) http.Handler {
 		r.Body = api.NewBody(body) // the generated handler decodes it, strictly
 		next.ServeHTTP(w, r)
 	})
+}
+
+// finishes reports whether a path's call finishes an operation (complete,
+// fail) or keeps its lease (extend): their bodies may use the part of the
+// budget kept for them, so that an outcome never loses its place to other
+// bodies (httpserve.Budget).
+func finishes(path string) bool {
+	return path == "/v1/complete" || path == "/v1/fail" || path == "/v1/extend"
 }
 
 // isJSON reports whether a Content-Type names application/json.

@@ -169,15 +169,17 @@ const storeRetryAfter = "1"
 // writeProblem answers err as an RFC 9457 problem detail.
 func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	kind, detail := problemOf(err)
-	if (kind.status >= 500 || kind == kindInProgress) && r.Context().Err() != nil {
-		// The caller left (a waiting begin, say, whose client gave up):
-		// nobody reads an answer, and what the call came to (a 503 for a
-		// store call cut short, a 409 for a wait cut short) is no fault.
-		// A request refused for itself keeps its answer and outcome.
+	gone := (kind.status >= 500 || kind == kindInProgress) && r.Context().Err() != nil
+	if gone {
+		// The caller left (a waiting begin, say, whose client gave up), or
+		// half-closed its connection: what the call came to (a 503 for a
+		// store call cut short, a 409 for a wait cut short) is no fault,
+		// and is logged as client-gone. The answer is still written, for
+		// a client that half-closed and still reads. A request refused
+		// for itself keeps its outcome.
 		if info := infoFrom(r.Context()); info != nil && info.status == 0 {
 			info.status, info.outcome, info.err = statusClientGone, outcomeClientGone, err
 		}
-		return
 	}
 	p := api.Problem{
 		Type:   ProblemBaseURI + kind.name,
@@ -208,7 +210,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	case kindStoreUnavailable:
 		h.Set("Retry-After", storeRetryAfter)
 	}
-	if info := infoFrom(r.Context()); info != nil {
+	if info := infoFrom(r.Context()); info != nil && !gone {
 		info.outcome = kind.name
 		info.err = err
 	}

@@ -27,7 +27,13 @@ type capListener struct {
 	conns   *connSet
 	metrics *edgeMetrics
 	refusal []byte // written to a refused connection; nil to close it only
+	// refusing counts the refused connections lingering for their answer.
+	refusing atomic.Int32
 }
+
+// maxRefusing caps the refused connections given their answer at once:
+// past it, under a flood of connections, a refused one is closed at once.
+const maxRefusing = 64
 
 func (l *capListener) Accept() (net.Conn, error) {
 	for {
@@ -40,6 +46,11 @@ func (l *capListener) Accept() (net.Conn, error) {
 		}
 		l.open.Add(-1)
 		l.metrics.refused.Inc()
+		if l.refusing.Add(1) > maxRefusing {
+			l.refusing.Add(-1)
+			_ = c.Close()
+			continue
+		}
 		go l.refuse(c)
 	}
 }
@@ -52,6 +63,7 @@ const refuseLinger = time.Second
 // sent is read and dropped first, for a moment, so that the close does
 // not reset the connection before the client has read the answer.
 func (l *capListener) refuse(c net.Conn) {
+	defer l.refusing.Add(-1)
 	defer c.Close()
 	_ = c.SetDeadline(time.Now().Add(refuseLinger))
 	if l.refusal == nil {
@@ -99,7 +111,9 @@ type connSet struct {
 
 // track is the server's ConnState hook. A connection is idle from its
 // accept until its first request, and between requests; a request's
-// first byte makes it active. Per request it costs two atomic stores.
+// first byte makes it active (conn.Read: net/http reports StateActive
+// only once the request's head is read). Per request it costs a few
+// atomic stores.
 func (s *connSet) track(nc net.Conn, state http.ConnState) {
 	c, ok := nc.(*conn)
 	if !ok {
@@ -112,6 +126,7 @@ func (s *connSet) track(nc net.Conn, state http.ConnState) {
 		s.conns[c] = struct{}{}
 		s.mu.Unlock()
 	case http.StateIdle:
+		c.handling.Store(false)
 		c.idleSince.Store(s.seq.Add(1))
 	case http.StateActive:
 		c.idleSince.Store(0)
@@ -167,7 +182,10 @@ func (l *edgeListener) Accept() (net.Conn, error) {
 // malformed request line or header (400), headers over the limit (431),
 // an unknown transfer coding (501, answered 400). net/http offers no hook
 // for them, so the connection recognises their fixed form as it is
-// written.
+// written, but only while no handler has run for the request: what is
+// written from a handler's start until the connection is idle again is
+// the handler's answer (an upstream's body, a stored one), passed on
+// byte for byte whatever it holds.
 //
 // Over TLS the connection it wraps is a *tls.Conn, which net/http then no
 // longer sees as one: so the connection also does what net/http would do
@@ -180,11 +198,52 @@ type conn struct {
 	// idleSince orders the moments it became idle; 0 while a request is
 	// being served (see connSet).
 	idleSince atomic.Int64
+	// handling is set when a handler starts on the connection, and
+	// cleared when it is idle again (see markHandling).
+	handling atomic.Bool
+	// readDeadline is the read deadline net/http last set, in Unix
+	// nanoseconds (0 for none), which a paced body read restores.
+	readDeadline atomic.Int64
 }
 
-// Read reads, and when it is a TLS handshake that failed, says so.
+// connKey is the context key of a request's *conn.
+type connKey struct{}
+
+// markHandling tells the request's connection that a handler runs: from
+// now on what is written on it is the handler's answer.
+func markHandling(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if c, ok := r.Context().Value(connKey{}).(*conn); ok {
+			c.handling.Store(true)
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func (c *conn) SetReadDeadline(t time.Time) error {
+	c.readDeadline.Store(unixNano(t))
+	return c.Conn.SetReadDeadline(t)
+}
+
+func (c *conn) SetDeadline(t time.Time) error {
+	c.readDeadline.Store(unixNano(t))
+	return c.Conn.SetDeadline(t)
+}
+
+func unixNano(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixNano()
+}
+
+// Read reads, marks the connection active when a request's first bytes
+// come, and when it is a TLS handshake that failed, says so.
 func (c *conn) Read(b []byte) (int, error) {
 	n, err := c.Conn.Read(b)
+	if n > 0 && c.idleSince.Load() != 0 {
+		c.idleSince.Store(0)
+	}
 	if err == nil || c.handshook {
 		return n, err
 	}
@@ -224,6 +283,9 @@ func looksLikeHTTP(head []byte) bool {
 const netHTTPErrorHeaders = "\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\n\r\n"
 
 func (c *conn) Write(b []byte) (int, error) {
+	if c.handling.Load() {
+		return c.Conn.Write(b)
+	}
 	if status, detail, ok := netHTTPError(b); ok {
 		if _, err := c.Conn.Write(ConnectionProblem(status, detail)); err != nil {
 			return 0, err

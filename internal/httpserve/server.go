@@ -32,7 +32,9 @@ type Config struct {
 	// and closed at once.
 	MaxConnections int
 	// ReadHeaderTimeout bounds the reading of a request's head,
-	// ReadTimeout the reading of the whole request, body included.
+	// ReadTimeout the reading of the whole request, body included; a
+	// negative ReadTimeout leaves it unbounded (for deadlines set per
+	// request, with http.ResponseController).
 	ReadHeaderTimeout time.Duration
 	ReadTimeout       time.Duration
 	// WriteTimeout bounds a request from the end of its head to the end
@@ -60,7 +62,10 @@ func Listen(cfg Config, handler http.Handler) (*Server, error) {
 	if cfg.ReadHeaderTimeout <= 0 {
 		cfg.ReadHeaderTimeout = DefaultReadHeaderTimeout
 	}
-	if cfg.ReadTimeout <= 0 {
+	switch {
+	case cfg.ReadTimeout < 0:
+		cfg.ReadTimeout = 0
+	case cfg.ReadTimeout == 0:
 		cfg.ReadTimeout = DefaultReadTimeout
 	}
 	if cfg.IdleTimeout <= 0 {
@@ -93,7 +98,10 @@ func Listen(cfg Config, handler http.Handler) (*Server, error) {
 	ln = &edgeListener{Listener: ln, handshakes: newHandshakeLog(cfg.Log, m.handshakeFailures)}
 	s := &Server{ln: ln, conns: conns}
 	s.srv = &http.Server{
-		Handler:           closeAfterChunked(handler),
+		Handler: markHandling(closeAfterChunked(handler)),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, connKey{}, c)
+		},
 		ReadHeaderTimeout: cfg.ReadHeaderTimeout,
 		ReadTimeout:       cfg.ReadTimeout,
 		WriteTimeout:      cfg.WriteTimeout,

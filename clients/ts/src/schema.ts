@@ -1069,6 +1069,11 @@ export interface components {
          *     call that did not take effect, answers a request body refused
          *     because the bodies idemsvc holds at once are at their budget
          *     (`IDEMSVC_MAX_BODY_BYTES_IN_FLIGHT`), after a brief wait for room.
+         *     A quarter of that budget is kept for the bodies of complete, fail and
+         *     extend, and one tenant's bodies hold at most half of it. (A body that,
+         *     not all sent with its request's head, then arrives slower than 64 KiB/s
+         *     after its first second, or pauses for 2 s, gets 400 `invalid-request`
+         *     instead, and its connection is closed.)
          *     A begin that would start an operation also gets it, having changed
          *     nothing, while the Redis master of its key has less free memory
          *     under `maxmemory` than `IDEMSVC_REDIS_RESERVE_BYTES` (kept for the
