@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The Python SDK's cost in the caller, beside raw http.client:
 
     /usr/bin/python3 benchmarks/python-client.py [runs] [calls]   (default 3 runs of 2000 calls)

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A queue consumer that applies each message once, whatever the broker
 redelivers: SQS-shaped records keyed by their messageId, Kafka-shaped ones
 by topic, partition and offset, and a payload keyed by its own digest.

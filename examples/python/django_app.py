@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A Django payment API, in one file, made idempotent by the WSGI middleware
 around Django's WSGI application (in a project: in its wsgi.py).
 

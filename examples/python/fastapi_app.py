@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A FastAPI payment API made idempotent by the ASGI middleware.
 
     PYTHONPATH=clients/python/src IDEMSVC_URL=http://127.0.0.1:8080 python3 examples/python/fastapi_app.py

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """A Flask payment API made idempotent by the WSGI middleware.
 
     PYTHONPATH=clients/python/src IDEMSVC_URL=http://127.0.0.1:8080 python3 examples/python/flask_app.py

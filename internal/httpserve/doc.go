@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // Package httpserve is the HTTP edge shared by idemsvc and idemproxy: one
 // listener and server with the same timeouts, a connection cap that closes
 // idle connections before it refuses new ones (and then refuses them at

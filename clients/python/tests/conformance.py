@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The shared middleware conformance suite (conformance/cases.json, its
 format in conformance/README.md), run against the WSGI and ASGI middleware
 in front of the conformance app, with a real idemsvc behind them."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Real parts for the tests: an idemsvc binary built from this repository,
 Redis servers on free loopback ports, and a proxy that loses answers. Every
 process started here is killed by its own PID."""

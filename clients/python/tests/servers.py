@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """WSGI and ASGI servers on free loopback ports, in threads of the test process."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The asyncio client and @idempotent on coroutine functions."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The synchronous client and @idempotent against a real idemsvc."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """conformance/cases.json against the WSGI and the ASGI middleware."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The examples in examples/python, run as a user runs them, against idemsvc."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The middleware's request identity (the fingerprint, the credentials'
 digest, the scoped key), byte for byte the Go SDK's, and the end-user
 scoping it gives, on WSGI and ASGI against a real idemsvc."""

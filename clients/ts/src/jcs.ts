@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The RFC 8785 JSON Canonicalization Scheme (JCS), for the middleware's
 // fingerprint of a JSON body. It is written here rather than taken from the
 // `canonicalize` package: JSON.parse and JSON.stringify already do the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // The middleware's request identity against conformance/fingerprints.json,
 // which the Go SDK's tests hold to the same bytes: the RFC 8785 canonical
 // form of JSON bodies, the fingerprint, the credentials' digest and the

@@ -1,3 +1,5 @@
+// SPDX-License-Identifier: Apache-2.0
+
 // conformance/fingerprints.json: the fingerprints and stored keys that the
 // Go SDK's tests hold it to as well.
 import { readFileSync } from 'node:fs';

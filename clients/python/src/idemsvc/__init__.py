@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """idemsvc's Python SDK: a client of the idempotency service (sync and
 asyncio), the ``@idempotent`` decorator, and WSGI and ASGI middleware.
 

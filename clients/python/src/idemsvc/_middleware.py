@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """What the WSGI and ASGI middleware share, as the Go SDK's middleware has
 it (clients/go/middleware.go): the settings, the key header's parsing, the
 fingerprint, the answers the middleware writes itself, and which of the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The values calls take and give, shared by the sync and asyncio clients."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The asyncio client: :class:`AsyncClient` has :class:`idemsvc.Client`'s
 API, with coroutines. It calls idemsvc through httpx when httpx is
 installed (a well-kept asyncio HTTP client with pooled keep-alive

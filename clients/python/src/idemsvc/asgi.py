@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """ASGI middleware: the contract's "one middleware behaviour everywhere" for
 FastAPI, Starlette and any ASGI application.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """JSON in its canonical form, RFC 8785 (JCS): members sorted by their
 names' UTF-16 code units, no whitespace, strings escaped as ECMAScript's
 JSON.stringify escapes them, numbers written as ECMAScript writes a double."""

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The synchronous client: the standard library's http.client, keep-alive
 connections pooled per client, safe to share between threads."""
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """``@idempotent``: any function, sync or async, run at most once per key."""
 
 from __future__ import annotations

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The exceptions of idemsvc calls: one class per problem kind idemsvc answers.
 
 Every answer of idemsvc that is an error is a :class:`ProblemError` of its

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """WSGI middleware: the contract's "one middleware behaviour everywhere" for
 Flask, Django and any WSGI application.
 
