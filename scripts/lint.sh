@@ -18,6 +18,15 @@ if [ -n "$unformatted" ]; then
   echo "gofmt would change:" $unformatted >&2
   exit 1
 fi
+# Every hand-written source file says its licence (generated ones are
+# their generators').
+unlicensed=$(git ls-files '*.go' '*.ts' '*.mjs' '*.js' '*.sh' '*.py' .ci/run |
+  grep -v -E '\.gen\.go$|(^|/)schema\.ts$' |
+  while read -r f; do head -3 "$f" | grep -q 'SPDX-License-Identifier: Apache-2.0' || echo "$f"; done)
+if [ -n "$unlicensed" ]; then
+  echo "no SPDX-License-Identifier line at the top of:" $unlicensed >&2
+  exit 1
+fi
 # Two modules, one workspace (go.work): idemsvc and its Go client.
 go vet ./... ./clients/go/...
 go mod tidy -diff
