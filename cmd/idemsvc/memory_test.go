@@ -151,8 +151,12 @@ func TestBoundedMemory(t *testing.T) {
 			if limit := float64(budget) + 100e6; peak > limit {
 				t.Errorf("VmHWM = %.0f MB, want under the budget plus 100 MB, %.0f MB", peak/1e6, limit/1e6)
 			}
-			if statuses["503"] == 0 || (!stall && statuses["400"] == 0) {
-				t.Errorf("answers %v: want some bodies refused over the budget (503), and unless stalled some read (400: the owner is too long)", statuses)
+			// A body refused while it is still arriving gets its 503 and
+			// then its connection closed; a client still sending may see
+			// the reset before the answer ("no answer"), more so on a
+			// loaded machine.
+			if statuses["503"]+statuses["no answer"] == 0 || (!stall && statuses["400"] == 0) {
+				t.Errorf("answers %v: want some bodies refused over the budget (503, or the connection closed while sending), and unless stalled some read (400: the owner is too long)", statuses)
 			}
 		})
 	}
