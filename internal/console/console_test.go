@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -52,13 +53,21 @@ type site struct {
 	// others, in progress recently, completed, failed.
 	old, fresh, completed, failed map[string]string
 	script                        string // tenant a's key whose stored body holds markup
-	freshAt                       time.Time
-	browser                       context.Context
+	// tenantFree's key in progress since oldAt, never freed.
+	oldFree string
+	oldAt   time.Time
+	browser context.Context
 }
 
 const (
 	tenantA, tenantB, tenantBulk, admin = "acme", "globex", "bulk", "ops"
-	bulkKeys                            = 1000
+	// tenantFree is the tenant of TestConsoleFilterRecordFree alone, whose
+	// keys no other test lists.
+	tenantFree = "initech"
+	// ageGap is the age filter of TestConsoleFilterRecordFree: its old key
+	// is older, and the key it begins stays younger, by seconds of margin.
+	ageGap   = 10
+	bulkKeys = 1000
 	// markup is a stored body that would run script if it were rendered
 	// as HTML.
 	markup = `<script>window.__ran = 1</script><img src=x onerror="window.__ran = 2"><b>bold</b>`
@@ -104,7 +113,7 @@ func newSite() (*site, error) {
 		completed: map[string]string{}, failed: map[string]string{}}
 	var yaml strings.Builder
 	yaml.WriteString("tenants:\n")
-	for _, name := range []string{tenantA, tenantB, tenantBulk, admin} {
+	for _, name := range []string{tenantA, tenantB, tenantBulk, tenantFree, admin} {
 		s.keys[name] = "sk-console-" + name
 		fmt.Fprintf(&yaml, "  - name: %s\n    api_key_sha256: [%q]\n", name, auth.Digest(s.keys[name]))
 		switch name {
@@ -140,6 +149,11 @@ func newSite() (*site, error) {
 			return nil, fmt.Errorf("%s: not acquired", key)
 		}
 		return r.Lease, nil
+	}
+	s.oldAt = time.Now()
+	s.oldFree = tenantFree + "/order-1/charge"
+	if _, err := begin(client(tenantFree), s.oldFree); err != nil {
+		return nil, err
 	}
 	for _, tenant := range []string{tenantA, tenantB} {
 		c := client(tenant)
@@ -183,7 +197,6 @@ func newSite() (*site, error) {
 	}
 	// The old keys are 2 s old before the fresh ones begin.
 	time.Sleep(2100 * time.Millisecond)
-	s.freshAt = time.Now()
 	for _, tenant := range []string{tenantA, tenantB} {
 		s.fresh[tenant] = tenant + "/order-4/charge"
 		if _, err := begin(client(tenant), s.fresh[tenant]); err != nil {
@@ -196,20 +209,20 @@ func newSite() (*site, error) {
 		return nil, err
 	}
 	closers = append(closers, func() { _ = os.RemoveAll(dir) })
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+	// chromedp's defaults keep a headless Chromium steady on a busy
+	// machine (no /dev/shm, no throttled timers or backgrounded pages).
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium),
-		chromedp.Flag("headless", true),
-		chromedp.Flag("no-sandbox", true), // as root
-		chromedp.Flag("disable-gpu", true),
+		chromedp.NoSandbox, // as root
+		chromedp.DisableGPU,
 		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("no-default-browser-check", true),
+		chromedp.NoFirstRun,
 		chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(dir),
+		chromedp.UserDataDir(dir), // fresh for each run
 		chromedp.WindowSize(1280, 900),
-	)
+	)...)
 	closers = append(closers, cancelAlloc)
 	// chromedp logs the events of newer protocol versions it does not
 	// know (e.g. a dialog's top layer) as errors; they are not.
@@ -463,7 +476,7 @@ func TestConsoleAccess(t *testing.T) {
 		tb.signIn(admin)
 		var options []string
 		tb.eval(`Array.from(document.querySelectorAll('#f-tenant option')).map(o => o.value)`, &options)
-		if want := []string{tenantA, tenantB, tenantBulk, admin}; !slices.Equal(slices.Sorted(slices.Values(options)), slices.Sorted(slices.Values(want))) {
+		if want := []string{tenantA, tenantB, tenantBulk, tenantFree, admin}; !slices.Equal(slices.Sorted(slices.Values(options)), slices.Sorted(slices.Values(want))) {
 			t.Errorf("tenants offered %q, want %q", options, want)
 		}
 		for _, tenant := range []string{tenantA, tenantB} {
@@ -478,8 +491,8 @@ func TestConsoleAccess(t *testing.T) {
 		tb.until(`document.querySelectorAll('#tenant-rows tr').length > 0`)
 		var shown []string
 		tb.eval(`Array.from(document.querySelectorAll('#tenant-rows tr td:first-child')).map(e => e.textContent)`, &shown)
-		if len(shown) != 4 {
-			t.Errorf("tenants page shows %q, want 4 tenants", shown)
+		if len(shown) != 5 {
+			t.Errorf("tenants page shows %q, want 5 tenants", shown)
 		}
 		tb.readme("console-tenants.png")
 		tb.requireOnlyOwnOrigin()
@@ -496,48 +509,47 @@ func TestConsoleAccess(t *testing.T) {
 	})
 }
 
-// Filter by age, open a record, free it: the API no longer has it.
+// Filter by age, open a record, free a key: the API no longer has it.
+// The test has a tenant of its own and frees only the key it begins, so
+// it can run again (-count) and leaves the other tests' records alone.
 func TestConsoleFilterRecordFree(t *testing.T) {
 	s := getSite(t)
 	tb := s.newTab(t)
-	tb.signIn(tenantA)
-	// A key begun now, while the others are at least 2 s old.
-	time.Sleep(time.Until(s.freshAt.Add(2100 * time.Millisecond)))
-	c, err := idem.New(s.url, idem.WithAPIKey(s.keys[tenantA]))
+	tb.signIn(tenantFree)
+	c, err := idem.New(s.url, idem.WithAPIKey(s.keys[tenantFree]))
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := tenantA + "/order-5/charge"
-	if _, err := c.Begin(context.Background(), idem.BeginParams{Key: now, Lease: 10 * time.Minute}); err != nil {
+	// The old key is older than the filter by a second, and the key begun
+	// now stays younger than it for ageGap-1 s: margins a busy machine keeps.
+	time.Sleep(time.Until(s.oldAt.Add((ageGap + 1) * time.Second)))
+	now := fmt.Sprintf("%s/order-%d/charge", tenantFree, time.Now().UnixNano())
+	begun := time.Now()
+	if _, err := c.Begin(context.Background(), idem.BeginParams{Key: now, Owner: "worker-" + now, Fingerprint: "sha256:" + now, Lease: 10 * time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	tb.run(chromedp.Click("#refresh", chromedp.ByID))
-	tb.listed(s.old[tenantA], s.fresh[tenantA], now)
+	tb.listed(s.oldFree, now)
 	tb.run(
-		chromedp.SetValue("#f-older", "2", chromedp.ByID),
+		chromedp.SetValue("#f-older", strconv.Itoa(ageGap), chromedp.ByID),
 		chromedp.Click(`#filters button[type="submit"]`, chromedp.ByQuery),
 	)
-	tb.listed(s.old[tenantA], s.fresh[tenantA]) // not the key begun now
+	tb.listed(s.oldFree) // not the key begun now
+	if since := time.Since(begun); since >= ageGap*time.Second {
+		t.Fatalf("the machine is too slow for the test: %v between the begin and the filtered listing", since)
+	}
 	var hash string
 	tb.eval(`location.hash`, &hash)
-	if !strings.Contains(hash, "older_than_s=2") || !strings.Contains(hash, "state=in_progress") {
+	if !strings.Contains(hash, "older_than_s="+strconv.Itoa(ageGap)) || !strings.Contains(hash, "state=in_progress") {
 		t.Errorf("the filters are not in the URL: %s", hash)
 	}
 	tb.readme("console.png")
 
-	tb.run(chromedp.Evaluate(`Array.from(document.querySelectorAll('#key-rows a')).find(a => a.textContent === `+strconv.Quote(s.old[tenantA])+`).click()`, nil),
+	tb.run(chromedp.Evaluate(`Array.from(document.querySelectorAll('#key-rows a')).find(a => a.textContent === `+strconv.Quote(s.oldFree)+`).click()`, nil),
 		chromedp.WaitVisible("#record", chromedp.ByID))
-	var fields map[string]string
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		tb.eval(`Object.fromEntries(Array.from(document.querySelectorAll('#record-fields dt')).map(dt => [dt.textContent, dt.nextElementSibling.textContent]))`, &fields)
-		if fields["Key"] == s.old[tenantA] || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for name, want := range map[string]string{"Key": s.old[tenantA], "Tenant": tenantA, "State": "in_progress", "Attempt": "1",
-		"Owner": "worker-" + s.old[tenantA], "Fingerprint": "sha256:" + s.old[tenantA]} {
+	fields := tb.recordFields(s.oldFree)
+	for name, want := range map[string]string{"Key": s.oldFree, "Tenant": tenantFree, "State": "in_progress", "Attempt": "1",
+		"Owner": "worker-" + s.oldFree, "Fingerprint": "sha256:" + s.oldFree} {
 		if fields[name] != want {
 			t.Errorf("record %s = %q, want %q", name, fields[name], want)
 		}
@@ -549,24 +561,44 @@ func TestConsoleFilterRecordFree(t *testing.T) {
 	}
 	tb.readme("console-record.png")
 
+	// Free the key begun now, from its record.
+	tb.run(chromedp.Navigate(s.url+"/console/#/record?tenant="+tenantFree+"&key="+url.QueryEscape(now)), chromedp.WaitVisible("#record", chromedp.ByID))
+	tb.recordFields(now)
 	// The dialog is driven by script and polled: chromedp's node tracking
 	// does not follow the top layer a modal dialog opens.
 	tb.run(chromedp.Evaluate(`document.getElementById('free').click()`, nil))
 	tb.until(`document.getElementById('confirm').open`)
-	if msg := tb.text("#confirm-text"); !strings.Contains(msg, s.old[tenantA]) || !strings.Contains(msg, tenantA) {
+	if msg := tb.text("#confirm-text"); !strings.Contains(msg, now) || !strings.Contains(msg, tenantFree) {
 		t.Errorf("confirmation %q does not name the key and the tenant", msg)
 	}
 	tb.run(chromedp.Evaluate(`document.getElementById('confirm-free').click()`, nil))
 	tb.until(`!document.getElementById('notice').hidden`)
-	if _, err := c.Status(context.Background(), s.old[tenantA], false); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := c.Status(context.Background(), now, false); !errors.Is(err, idem.ErrNotFound) {
 		t.Errorf("status of the freed key: %v, want not found", err)
 	}
-	// The other tenant's key of the same shape is untouched.
-	cb, _ := idem.New(s.url, idem.WithAPIKey(s.keys[tenantB]))
-	if _, err := cb.Status(context.Background(), s.old[tenantB], false); err != nil {
-		t.Errorf("the other tenant's key: %v", err)
+	// The other key is untouched.
+	if _, err := c.Status(context.Background(), s.oldFree, false); err != nil {
+		t.Errorf("the key not freed: %v", err)
 	}
 	tb.requireOnlyOwnOrigin()
+}
+
+// recordFields waits until the record shown is key's, and returns its
+// fields by name.
+func (tb *tab) recordFields(key string) map[string]string {
+	tb.t.Helper()
+	var fields map[string]string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		tb.eval(`Object.fromEntries(Array.from(document.querySelectorAll('#record-fields dt')).map(dt => [dt.textContent, dt.nextElementSibling.textContent]))`, &fields)
+		if fields["Key"] == key {
+			return fields
+		}
+		if time.Now().After(deadline) {
+			tb.t.Fatalf("record shown %v, want %s's", fields, key)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // A stored body and header holding markup show as text; no script runs.
