@@ -509,6 +509,36 @@ func TestConsoleAccess(t *testing.T) {
 	})
 }
 
+// Signing in from a shared link shows what the link names, its filters
+// kept: #/keys (whose hash signing in does not change) and a filtered
+// listing.
+func TestConsoleSignInFromLink(t *testing.T) {
+	s := getSite(t)
+	for _, c := range []struct {
+		link string
+		want []string
+	}{
+		{"#/keys", []string{s.old[tenantB], s.fresh[tenantB]}},
+		{"#/keys?tenant=" + tenantB + "&state=completed", []string{s.completed[tenantB]}},
+	} {
+		t.Run(c.link, func(t *testing.T) {
+			tb := s.newTab(t)
+			tb.run(
+				chromedp.Navigate(s.url+"/console/"+c.link),
+				chromedp.WaitVisible("#apikey", chromedp.ByID),
+				chromedp.SendKeys("#apikey", s.keys[tenantB]+kb.Enter, chromedp.ByID),
+				chromedp.WaitVisible("#keys", chromedp.ByID),
+			)
+			tb.listed(c.want...)
+			var hash string
+			tb.eval(`location.hash`, &hash)
+			if hash != c.link {
+				t.Errorf("the link became %s, want %s", hash, c.link)
+			}
+		})
+	}
+}
+
 // Filter by age, open a record, free a key: the API no longer has it.
 // The test has a tenant of its own and frees only the key it begins, so
 // it can run again (-count) and leaves the other tests' records alone.
