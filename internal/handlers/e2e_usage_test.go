@@ -149,7 +149,8 @@ func TestE2EUsageBeginRate(t *testing.T) {
 	}
 }
 
-// With the store's Redis gone, usage is 503 store-unavailable, not 500.
+// With the store's Redis gone, usage still answers: the tenant is marked
+// store_unavailable, its figures from this instance still given.
 func TestE2EUsageStoreDown(t *testing.T) {
 	t.Parallel()
 	srv := redistest.NewServer(t)
@@ -162,5 +163,11 @@ func TestE2EUsageStoreDown(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	requireProblem(t, r.HTTPResponse, r.Body, http.StatusServiceUnavailable, "store-unavailable")
+	if r.JSON200 == nil {
+		t.Fatalf("usage: %d %s", r.StatusCode(), r.Body)
+	}
+	got := r.JSON200.Tenants
+	if len(got) != 1 || got[0].Tenant != handlers.DefaultTenant || got[0].StoreUnavailable == nil || !*got[0].StoreUnavailable {
+		t.Errorf("usage = %+v, want tenant default marked store_unavailable", got)
+	}
 }

@@ -453,8 +453,10 @@ async function showTenants(mine = view) {
     const l = u.limits || {};
     const rate = l.begins_per_s === undefined ? u.begins_per_s.toFixed(2) : `${u.begins_per_s.toFixed(2)} / ${l.begins_per_s} (burst ${l.burst})`;
     const rej = Object.entries(u.rejections).filter(([, n]) => n > 0).map(([k, n]) => `${k}: ${n}`).join(', ') || 'none';
-    tr.append(el('td', u.tenant), el('td', rate), ofLimit(u.stored_bytes, l.stored_bytes), ofLimit(u.waiters, l.waiters),
-      ofLimit(u.in_progress, l.in_progress), el('td', rej));
+    const store = u.store_unavailable
+      ? [el('td', 'unavailable'), el('td', 'unavailable'), el('td', 'unavailable')]
+      : [ofLimit(u.stored_bytes, l.stored_bytes), ofLimit(u.waiters, l.waiters), ofLimit(u.in_progress, l.in_progress)];
+    tr.append(el('td', u.tenant), el('td', rate), ...store, el('td', rej));
     return tr;
   }));
 }
