@@ -266,7 +266,9 @@ type Usage struct {
 }
 
 // Usage implements Limiter. On an error from the backend, the Usage
-// returned still holds this instance's Rejections.
+// returned still holds this instance's Rejections. StoredBytes is the
+// backend's count: this instance's changes not yet flushed are not in it
+// (it lags at most one flush interval).
 func (l *limiter) Usage(ctx context.Context, tenant string) (Usage, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()

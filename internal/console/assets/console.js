@@ -413,6 +413,10 @@ function showBody() {
       break;
     case 'json': {
       const text = utf8(bodyBytes);
+      if (text === null) { // not UTF-8: binary, shown in hex
+        out = hex(shown);
+        break;
+      }
       try {
         out = JSON.stringify(JSON.parse(text), null, 2).slice(0, BODY_SHOWN);
       } catch {
