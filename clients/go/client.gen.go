@@ -868,6 +868,12 @@ type TenantUsage struct {
 	// Rejections Requests refused by this instance since it started, by the limit they were over.
 	Rejections LimitCounts `json:"rejections"`
 
+	// StoreUnavailable True when the store's figures of this tenant (`stored_bytes`,
+	// `waiters`, `in_progress`) could not be read (its Redis master
+	// down or slow): they are then 0, and the other figures and the
+	// other tenants are still given.
+	StoreUnavailable *bool `json:"store_unavailable,omitempty"`
+
 	// StoredBytes Response bytes the tenant's records hold within their retention (shared by every instance).
 	StoredBytes int64 `json:"stored_bytes"`
 
@@ -1379,7 +1385,8 @@ type ClientInterface interface {
 	// this instance's own, since it started: behind a load balancer, sum
 	// them over the instances (or use the metrics
 	// `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
-	// Prometheus sums).
+	// Prometheus sums). A tenant whose store figures cannot be read is
+	// marked `store_unavailable`; the answer does not fail for it.
 	//
 	// Corresponds with GET /v1/usage (the `GetUsage` operationId).
 	GetUsage(ctx context.Context, params *GetUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1857,7 +1864,8 @@ func (c *APIClient) GetStatus(ctx context.Context, params *GetStatusParams, reqE
 // this instance's own, since it started: behind a load balancer, sum
 // them over the instances (or use the metrics
 // `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
-// Prometheus sums).
+// Prometheus sums). A tenant whose store figures cannot be read is
+// marked `store_unavailable`; the answer does not fail for it.
 //
 // Corresponds with GET /v1/usage (the `GetUsage` operationId).
 func (c *APIClient) GetUsage(ctx context.Context, params *GetUsageParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2829,7 +2837,8 @@ type ClientWithResponsesInterface interface {
 	// this instance's own, since it started: behind a load balancer, sum
 	// them over the instances (or use the metrics
 	// `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
-	// Prometheus sums).
+	// Prometheus sums). A tenant whose store figures cannot be read is
+	// marked `store_unavailable`; the answer does not fail for it.
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -4482,7 +4491,8 @@ func (c *ClientWithResponses) GetStatusWithResponse(ctx context.Context, params 
 // this instance's own, since it started: behind a load balancer, sum
 // them over the instances (or use the metrics
 // `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
-// Prometheus sums).
+// Prometheus sums). A tenant whose store figures cannot be read is
+// marked `store_unavailable`; the answer does not fail for it.
 //
 // Returns a wrapper object for the known response body format(s).
 //

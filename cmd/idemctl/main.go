@@ -338,6 +338,9 @@ func usageOf(ctx context.Context, client *idem.Client, opts options, stdout, std
 		line := fmt.Sprintf("%s  begins/s %.2f%s  stored_bytes %d%s  waiters %d%s  in_progress %d%s  rejections begins_per_s %d, stored_bytes %d, waiters %d, in_progress %d, read_bytes_per_s %d",
 			u.Tenant, u.BeginsPerS, ofLimit(l.BeginsPerS), u.StoredBytes, ofLimit(l.StoredBytes), u.Waiters, ofLimit(l.Waiters),
 			u.InProgress, ofLimit(l.InProgress), r.BeginsPerS, r.StoredBytes, r.Waiters, r.InProgress, r.ReadBytesPerS)
+		if u.StoreUnavailable != nil && *u.StoreUnavailable {
+			line += "  (store figures unavailable)"
+		}
 		fmt.Fprintln(stdout, line)
 	}
 	return exitOK

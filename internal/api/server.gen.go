@@ -868,6 +868,12 @@ type TenantUsage struct {
 	// Rejections Requests refused by this instance since it started, by the limit they were over.
 	Rejections LimitCounts `json:"rejections"`
 
+	// StoreUnavailable True when the store's figures of this tenant (`stored_bytes`,
+	// `waiters`, `in_progress`) could not be read (its Redis master
+	// down or slow): they are then 0, and the other figures and the
+	// other tenants are still given.
+	StoreUnavailable *bool `json:"store_unavailable,omitempty"`
+
 	// StoredBytes Response bytes the tenant's records hold within their retention (shared by every instance).
 	StoredBytes int64 `json:"stored_bytes"`
 

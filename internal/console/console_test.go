@@ -9,6 +9,7 @@ import (
 	"io/fs"
 	"log"
 	"net/http"
+	"net/url"
 	"os"
 	"path/filepath"
 	"slices"
@@ -30,6 +31,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/console"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/quota"
 )
 
 // chromium is Debian's Chromium, which scripts/test.sh installs.
@@ -52,16 +54,29 @@ type site struct {
 	// others, in progress recently, completed, failed.
 	old, fresh, completed, failed map[string]string
 	script                        string // tenant a's key whose stored body holds markup
-	freshAt                       time.Time
-	browser                       context.Context
+	// tenant a's failed key whose owner, fingerprint, error and JSON body
+	// hold markup.
+	scriptFailed string
+	// tenantFree's key in progress since oldAt, never freed.
+	oldFree string
+	oldAt   time.Time
+	browser context.Context
 }
 
 const (
 	tenantA, tenantB, tenantBulk, admin = "acme", "globex", "bulk", "ops"
-	bulkKeys                            = 1000
+	// tenantFree is the tenant of TestConsoleFilterRecordFree alone, whose
+	// keys no other test lists.
+	tenantFree = "initech"
+	// ageGap is the age filter of TestConsoleFilterRecordFree: its old key
+	// is older, and the key it begins stays younger, by seconds of margin.
+	ageGap   = 10
+	bulkKeys = 1000
 	// markup is a stored body that would run script if it were rendered
 	// as HTML.
 	markup = `<script>window.__ran = 1</script><img src=x onerror="window.__ran = 2"><b>bold</b>`
+	// markupShort is markup that fits an owner or a fingerprint.
+	markupShort = `<img src=x onerror="window.__ran = 4"><b>b</b>`
 )
 
 var (
@@ -104,7 +119,7 @@ func newSite() (*site, error) {
 		completed: map[string]string{}, failed: map[string]string{}}
 	var yaml strings.Builder
 	yaml.WriteString("tenants:\n")
-	for _, name := range []string{tenantA, tenantB, tenantBulk, admin} {
+	for _, name := range []string{tenantA, tenantB, tenantBulk, tenantFree, admin} {
 		s.keys[name] = "sk-console-" + name
 		fmt.Fprintf(&yaml, "  - name: %s\n    api_key_sha256: [%q]\n", name, auth.Digest(s.keys[name]))
 		switch name {
@@ -120,7 +135,10 @@ func newSite() (*site, error) {
 	}
 	tb := &cleanupTB{}
 	closers = append(closers, tb.run)
-	srv := idemtest.Serve(tb, handlers.Config{Keyring: keyring}, console.Handler)
+	// A limiter, so that the Tenants page has figures to show.
+	limiter := quota.NewMemory(quota.Options{})
+	closers = append(closers, limiter.Close)
+	srv := idemtest.Serve(tb, handlers.Config{Keyring: keyring, Limiter: limiter}, console.Handler)
 	s.url = srv.URL
 
 	ctx := context.Background()
@@ -140,6 +158,11 @@ func newSite() (*site, error) {
 			return nil, fmt.Errorf("%s: not acquired", key)
 		}
 		return r.Lease, nil
+	}
+	s.oldAt = time.Now()
+	s.oldFree = tenantFree + "/order-1/charge"
+	if _, err := begin(client(tenantFree), s.oldFree); err != nil {
+		return nil, err
 	}
 	for _, tenant := range []string{tenantA, tenantB} {
 		c := client(tenant)
@@ -175,6 +198,16 @@ func newSite() (*site, error) {
 		Headers: map[string]string{"Content-Type": "text/html", "X-Note": `<img src=x onerror="window.__ran = 3">`}, Body: []byte(markup)}, 0); err != nil {
 		return nil, err
 	}
+	s.scriptFailed = tenantA + "/markup-failed"
+	r, err := c.Begin(ctx, idem.BeginParams{Key: s.scriptFailed, Owner: markupShort, Fingerprint: markupShort, Lease: 10 * time.Minute})
+	if err != nil || r.Lease == nil {
+		return nil, fmt.Errorf("begin %s: %v", s.scriptFailed, err)
+	}
+	if _, err := c.Fail(ctx, r.Lease.Key, r.Lease.LeaseToken, idem.FailParams{Terminal: true, Error: markupShort,
+		Response: idem.Response{StatusCode: 500, Headers: map[string]string{"Content-Type": "application/json"},
+			Body: []byte(`{"html":` + strconv.Quote(markupShort) + `}`)}}); err != nil {
+		return nil, err
+	}
 	bulk := client(tenantBulk)
 	for i := range bulkKeys {
 		if _, err := begin(bulk, fmt.Sprintf("bulk/%04d", i)); err != nil {
@@ -183,7 +216,6 @@ func newSite() (*site, error) {
 	}
 	// The old keys are 2 s old before the fresh ones begin.
 	time.Sleep(2100 * time.Millisecond)
-	s.freshAt = time.Now()
 	for _, tenant := range []string{tenantA, tenantB} {
 		s.fresh[tenant] = tenant + "/order-4/charge"
 		if _, err := begin(client(tenant), s.fresh[tenant]); err != nil {
@@ -196,20 +228,20 @@ func newSite() (*site, error) {
 		return nil, err
 	}
 	closers = append(closers, func() { _ = os.RemoveAll(dir) })
-	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
+	// chromedp's defaults keep a headless Chromium steady on a busy
+	// machine (no /dev/shm, no throttled timers or backgrounded pages).
+	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chromium),
-		chromedp.Flag("headless", true),
-		chromedp.Flag("no-sandbox", true), // as root
-		chromedp.Flag("disable-gpu", true),
+		chromedp.NoSandbox, // as root
+		chromedp.DisableGPU,
 		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("no-first-run", true),
-		chromedp.Flag("no-default-browser-check", true),
+		chromedp.NoFirstRun,
 		chromedp.Flag("disable-background-networking", true),
 		chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true),
-		chromedp.UserDataDir(dir),
+		chromedp.UserDataDir(dir), // fresh for each run
 		chromedp.WindowSize(1280, 900),
-	)
+	)...)
 	closers = append(closers, cancelAlloc)
 	// chromedp logs the events of newer protocol versions it does not
 	// know (e.g. a dialog's top layer) as errors; they are not.
@@ -463,7 +495,7 @@ func TestConsoleAccess(t *testing.T) {
 		tb.signIn(admin)
 		var options []string
 		tb.eval(`Array.from(document.querySelectorAll('#f-tenant option')).map(o => o.value)`, &options)
-		if want := []string{tenantA, tenantB, tenantBulk, admin}; !slices.Equal(slices.Sorted(slices.Values(options)), slices.Sorted(slices.Values(want))) {
+		if want := []string{tenantA, tenantB, tenantBulk, tenantFree, admin}; !slices.Equal(slices.Sorted(slices.Values(options)), slices.Sorted(slices.Values(want))) {
 			t.Errorf("tenants offered %q, want %q", options, want)
 		}
 		for _, tenant := range []string{tenantA, tenantB} {
@@ -478,8 +510,23 @@ func TestConsoleAccess(t *testing.T) {
 		tb.until(`document.querySelectorAll('#tenant-rows tr').length > 0`)
 		var shown []string
 		tb.eval(`Array.from(document.querySelectorAll('#tenant-rows tr td:first-child')).map(e => e.textContent)`, &shown)
-		if len(shown) != 4 {
-			t.Errorf("tenants page shows %q, want 4 tenants", shown)
+		if len(shown) != 5 {
+			t.Errorf("tenants page shows %q, want 5 tenants", shown)
+		}
+		// A figure from the limiter: the stored bytes of acme's bodies
+		// (flushed within a second), against its limit.
+		stored := `Array.from(document.querySelectorAll('#tenant-rows tr')).find(tr => tr.cells[0].textContent === '` + tenantA + `').cells[2].textContent`
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			var cell string
+			tb.eval(stored, &cell)
+			if strings.HasSuffix(cell, " / 1000000") && !strings.HasPrefix(cell, "0 ") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("acme's stored bytes shown %q, want its bodies' bytes / 1000000", cell)
+			}
+			tb.run(chromedp.Click("#tenants-refresh", chromedp.ByID), chromedp.Sleep(200*time.Millisecond))
 		}
 		tb.readme("console-tenants.png")
 		tb.requireOnlyOwnOrigin()
@@ -496,48 +543,77 @@ func TestConsoleAccess(t *testing.T) {
 	})
 }
 
-// Filter by age, open a record, free it: the API no longer has it.
+// Signing in from a shared link shows what the link names, its filters
+// kept: #/keys (whose hash signing in does not change) and a filtered
+// listing.
+func TestConsoleSignInFromLink(t *testing.T) {
+	s := getSite(t)
+	for _, c := range []struct {
+		link string
+		want []string
+	}{
+		{"#/keys", []string{s.old[tenantB], s.fresh[tenantB]}},
+		{"#/keys?tenant=" + tenantB + "&state=completed", []string{s.completed[tenantB]}},
+	} {
+		t.Run(c.link, func(t *testing.T) {
+			tb := s.newTab(t)
+			tb.run(
+				chromedp.Navigate(s.url+"/console/"+c.link),
+				chromedp.WaitVisible("#apikey", chromedp.ByID),
+				chromedp.SendKeys("#apikey", s.keys[tenantB]+kb.Enter, chromedp.ByID),
+				chromedp.WaitVisible("#keys", chromedp.ByID),
+			)
+			tb.listed(c.want...)
+			var hash string
+			tb.eval(`location.hash`, &hash)
+			if hash != c.link {
+				t.Errorf("the link became %s, want %s", hash, c.link)
+			}
+		})
+	}
+}
+
+// Filter by age, open a record, free a key: the API no longer has it.
+// The test has a tenant of its own and frees only the key it begins, so
+// it can run again (-count) and leaves the other tests' records alone.
 func TestConsoleFilterRecordFree(t *testing.T) {
 	s := getSite(t)
 	tb := s.newTab(t)
-	tb.signIn(tenantA)
-	// A key begun now, while the others are at least 2 s old.
-	time.Sleep(time.Until(s.freshAt.Add(2100 * time.Millisecond)))
-	c, err := idem.New(s.url, idem.WithAPIKey(s.keys[tenantA]))
+	tb.signIn(tenantFree)
+	c, err := idem.New(s.url, idem.WithAPIKey(s.keys[tenantFree]))
 	if err != nil {
 		t.Fatal(err)
 	}
-	now := tenantA + "/order-5/charge"
-	if _, err := c.Begin(context.Background(), idem.BeginParams{Key: now, Lease: 10 * time.Minute}); err != nil {
+	// The old key is older than the filter by a second, and the key begun
+	// now stays younger than it for ageGap-1 s: margins a busy machine keeps.
+	time.Sleep(time.Until(s.oldAt.Add((ageGap + 1) * time.Second)))
+	now := fmt.Sprintf("%s/order-%d/charge", tenantFree, time.Now().UnixNano())
+	begun := time.Now()
+	if _, err := c.Begin(context.Background(), idem.BeginParams{Key: now, Owner: "worker-" + now, Fingerprint: "sha256:" + now, Lease: 10 * time.Minute}); err != nil {
 		t.Fatal(err)
 	}
 	tb.run(chromedp.Click("#refresh", chromedp.ByID))
-	tb.listed(s.old[tenantA], s.fresh[tenantA], now)
+	tb.listed(s.oldFree, now)
 	tb.run(
-		chromedp.SetValue("#f-older", "2", chromedp.ByID),
+		chromedp.SetValue("#f-older", strconv.Itoa(ageGap), chromedp.ByID),
 		chromedp.Click(`#filters button[type="submit"]`, chromedp.ByQuery),
 	)
-	tb.listed(s.old[tenantA], s.fresh[tenantA]) // not the key begun now
+	tb.listed(s.oldFree) // not the key begun now
+	if since := time.Since(begun); since >= ageGap*time.Second {
+		t.Fatalf("the machine is too slow for the test: %v between the begin and the filtered listing", since)
+	}
 	var hash string
 	tb.eval(`location.hash`, &hash)
-	if !strings.Contains(hash, "older_than_s=2") || !strings.Contains(hash, "state=in_progress") {
+	if !strings.Contains(hash, "older_than_s="+strconv.Itoa(ageGap)) || !strings.Contains(hash, "state=in_progress") {
 		t.Errorf("the filters are not in the URL: %s", hash)
 	}
 	tb.readme("console.png")
 
-	tb.run(chromedp.Evaluate(`Array.from(document.querySelectorAll('#key-rows a')).find(a => a.textContent === `+strconv.Quote(s.old[tenantA])+`).click()`, nil),
+	tb.run(chromedp.Evaluate(`Array.from(document.querySelectorAll('#key-rows a')).find(a => a.textContent === `+strconv.Quote(s.oldFree)+`).click()`, nil),
 		chromedp.WaitVisible("#record", chromedp.ByID))
-	var fields map[string]string
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		tb.eval(`Object.fromEntries(Array.from(document.querySelectorAll('#record-fields dt')).map(dt => [dt.textContent, dt.nextElementSibling.textContent]))`, &fields)
-		if fields["Key"] == s.old[tenantA] || time.Now().After(deadline) {
-			break
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-	for name, want := range map[string]string{"Key": s.old[tenantA], "Tenant": tenantA, "State": "in_progress", "Attempt": "1",
-		"Owner": "worker-" + s.old[tenantA], "Fingerprint": "sha256:" + s.old[tenantA]} {
+	fields := tb.recordFields(s.oldFree)
+	for name, want := range map[string]string{"Key": s.oldFree, "Tenant": tenantFree, "State": "in_progress", "Attempt": "1",
+		"Owner": "worker-" + s.oldFree, "Fingerprint": "sha256:" + s.oldFree} {
 		if fields[name] != want {
 			t.Errorf("record %s = %q, want %q", name, fields[name], want)
 		}
@@ -549,24 +625,44 @@ func TestConsoleFilterRecordFree(t *testing.T) {
 	}
 	tb.readme("console-record.png")
 
+	// Free the key begun now, from its record.
+	tb.run(chromedp.Navigate(s.url+"/console/#/record?tenant="+tenantFree+"&key="+url.QueryEscape(now)), chromedp.WaitVisible("#record", chromedp.ByID))
+	tb.recordFields(now)
 	// The dialog is driven by script and polled: chromedp's node tracking
 	// does not follow the top layer a modal dialog opens.
 	tb.run(chromedp.Evaluate(`document.getElementById('free').click()`, nil))
 	tb.until(`document.getElementById('confirm').open`)
-	if msg := tb.text("#confirm-text"); !strings.Contains(msg, s.old[tenantA]) || !strings.Contains(msg, tenantA) {
+	if msg := tb.text("#confirm-text"); !strings.Contains(msg, now) || !strings.Contains(msg, tenantFree) {
 		t.Errorf("confirmation %q does not name the key and the tenant", msg)
 	}
 	tb.run(chromedp.Evaluate(`document.getElementById('confirm-free').click()`, nil))
 	tb.until(`!document.getElementById('notice').hidden`)
-	if _, err := c.Status(context.Background(), s.old[tenantA], false); !errors.Is(err, idem.ErrNotFound) {
+	if _, err := c.Status(context.Background(), now, false); !errors.Is(err, idem.ErrNotFound) {
 		t.Errorf("status of the freed key: %v, want not found", err)
 	}
-	// The other tenant's key of the same shape is untouched.
-	cb, _ := idem.New(s.url, idem.WithAPIKey(s.keys[tenantB]))
-	if _, err := cb.Status(context.Background(), s.old[tenantB], false); err != nil {
-		t.Errorf("the other tenant's key: %v", err)
+	// The other key is untouched.
+	if _, err := c.Status(context.Background(), s.oldFree, false); err != nil {
+		t.Errorf("the key not freed: %v", err)
 	}
 	tb.requireOnlyOwnOrigin()
+}
+
+// recordFields waits until the record shown is key's, and returns its
+// fields by name.
+func (tb *tab) recordFields(key string) map[string]string {
+	tb.t.Helper()
+	var fields map[string]string
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		tb.eval(`Object.fromEntries(Array.from(document.querySelectorAll('#record-fields dt')).map(dt => [dt.textContent, dt.nextElementSibling.textContent]))`, &fields)
+		if fields["Key"] == key {
+			return fields
+		}
+		if time.Now().After(deadline) {
+			tb.t.Fatalf("record shown %v, want %s's", fields, key)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 }
 
 // A stored body and header holding markup show as text; no script runs.
@@ -599,6 +695,29 @@ func TestConsoleStoredBodyIsText(t *testing.T) {
 	if ran != nil || imgs != 0 || scripts != 0 || bolds != 0 {
 		t.Errorf("markup was rendered: ran %v, %d img, %d script, %d b elements", ran, imgs, scripts, bolds)
 	}
+	// Markup in the owner, the fingerprint, the error and a JSON body
+	// (its pretty view) is text too.
+	tb.run(chromedp.Navigate(s.url+"/console/#/record?tenant="+tenantA+"&key="+s.scriptFailed), chromedp.WaitVisible("#record", chromedp.ByID))
+	fields := tb.recordFields(s.scriptFailed)
+	for _, name := range []string{"Owner", "Fingerprint", "Error"} {
+		if fields[name] != markupShort {
+			t.Errorf("record %s shown %q, want the markup as text %q", name, fields[name], markupShort)
+		}
+	}
+	tb.until(`document.getElementById('body-view').value === 'json'`)
+	if body := tb.text("#body"); !strings.Contains(body, markupShort[:10]) || !strings.Contains(body, "\n  \"html\"") && !strings.Contains(body, "\"html\":") {
+		t.Errorf("JSON view %q, want the markup as text", body)
+	}
+	time.Sleep(300 * time.Millisecond)
+	// The real assertion: no element was made from the markup.
+	tb.eval(`document.querySelectorAll('img').length`, &imgs)
+	tb.eval(`document.querySelectorAll('b').length`, &bolds)
+	if imgs != 0 || bolds != 0 {
+		t.Errorf("markup was rendered: %d img, %d b elements", imgs, bolds)
+	}
+	tb.run(chromedp.Navigate(s.url+"/console/#/record?tenant="+tenantA+"&key="+s.script), chromedp.WaitVisible("#response", chromedp.ByID))
+	tb.until(`document.getElementById('body').textContent === ` + strconv.Quote(markup))
+
 	// The hex view and the download.
 	tb.run(chromedp.SetValue("#body-view", "hex", chromedp.ByID), chromedp.Evaluate(`document.getElementById('body-view').dispatchEvent(new Event('change'))`, nil))
 	if hex := tb.text("#body"); !strings.HasPrefix(hex, "00000000  3c 73 63 72") {
@@ -630,8 +749,11 @@ func TestConsoleThousandKeys(t *testing.T) {
 	var render string
 	tb.eval(`document.getElementById('key-table').dataset.renderMs`, &render)
 	t.Logf("1,000 keys: %.0f ms from the click to the rows shown (fetch included), of which %s ms to build the rows", ms, render)
+	if r, err := strconv.ParseFloat(render, 64); err != nil || r >= 1000 {
+		t.Errorf("building 1,000 rows took %s ms, want under 1 s", render)
+	}
 	if ms > 3000 {
-		t.Errorf("1,000 keys took %.0f ms, want under 1 s (3 s with the margin)", ms)
+		t.Errorf("1,000 keys took %.0f ms end to end, want under 3 s (1 s with a margin for the fetch and a busy machine)", ms)
 	}
 }
 

@@ -69,6 +69,7 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 			continue
 		}
 		answers[i].tenant = t
+		s.metrics.countBegin(t) // each item, as the limiter charges it
 		lim := s.keyring.Limits(t)
 		a, err := s.admitBegin(ctx, t, lim, &breq, 0)
 		if err != nil {

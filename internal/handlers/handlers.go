@@ -165,6 +165,12 @@ func New(cfg Config) *Service {
 		trustedProxies:    cfg.TrustedProxies,
 	}
 	s.limits.MaxWait = cfg.MaxWait
+	s.metrics.windowed = func(tenant string) bool {
+		if cfg.Keyring == nil {
+			return tenant == DefaultTenant
+		}
+		return cfg.Keyring.Has(tenant)
+	}
 	if a, ok := cfg.Store.(admitting); ok {
 		registerAdmission(cfg.Registry, a)
 	}

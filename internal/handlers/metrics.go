@@ -6,9 +6,12 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/idemsvc/idemsvc/internal/quota"
 )
 
 // metrics are the service's Prometheus collectors.
@@ -21,9 +24,14 @@ type metrics struct {
 	waitPolls   prometheus.Counter
 	begins      *prometheus.CounterVec
 
-	seriesOf   sync.Map // seriesKey → *requestSeries
-	windows    sync.Map // tenant → *beginWindow
-	seriesKept atomic.Int32
+	seriesOf    sync.Map // seriesKey → *requestSeries
+	windows     sync.Map // tenant → *beginWindow
+	windowsKept atomic.Int32
+	seriesKept  atomic.Int32
+	// windowed reports whether tenant may have a window: only the tenants
+	// of the tenants file (or DefaultTenant without one), so that callers
+	// cannot grow the windows by naming tenants.
+	windowed func(tenant string) bool
 	// tenantLabel is a tenant's label: bounded by quota.MaxTenantLabels,
 	// the limiter's when there is one.
 	tenantLabel func(tenant string) string
@@ -44,7 +52,6 @@ type requestSeries struct {
 	duration  prometheus.Observer
 	beginTime prometheus.Observer // begins only
 	begins    prometheus.Counter  // begins for a tenant only
-	window    *beginWindow        // begins for a tenant only
 }
 
 type seriesKey struct {
@@ -69,7 +76,6 @@ func (m *metrics) series(route, outcome string, status int, tenant string) *requ
 		s.beginTime = m.beginTime.WithLabelValues(outcome)
 		if tenant != "" {
 			s.begins = m.begins.WithLabelValues(m.tenantLabel(tenant), outcome)
-			s.window = m.window(tenant)
 		}
 	}
 	if m.seriesKept.Load() >= maxSeriesKept {
@@ -82,44 +88,80 @@ func (m *metrics) series(route, outcome string, status int, tenant string) *requ
 	return got.(*requestSeries)
 }
 
-// window returns tenant's begins of the last minute, made on first use.
+// countBegin counts one begin of tenant, an item of a batch too, in its
+// window, at the second it is counted.
+func (m *metrics) countBegin(tenant string) {
+	if w := m.window(tenant); w != nil {
+		w.add(time.Now().Unix())
+	}
+}
+
+// window returns tenant's begins of the last minute, made on first use;
+// nil for a tenant not windowed, or past quota.MaxTenantLabels windows
+// (a tenants file reloaded with new names).
 func (m *metrics) window(tenant string) *beginWindow {
 	if w, ok := m.windows.Load(tenant); ok {
 		return w.(*beginWindow)
 	}
-	w, _ := m.windows.LoadOrStore(tenant, new(beginWindow))
+	if m.windowed == nil || !m.windowed(tenant) || m.windowsKept.Load() >= quota.MaxTenantLabels {
+		return nil
+	}
+	w, loaded := m.windows.LoadOrStore(tenant, new(beginWindow))
+	if !loaded {
+		m.windowsKept.Add(1)
+	}
 	return w.(*beginWindow)
 }
 
 // beginWindow counts one tenant's begins by second over the last minute,
-// for GET /v1/usage: a ring of 60 one-second buckets, two atomic
-// operations per begin. A bucket is reset by the first begin of its new
-// second; a begin counted between that reset's two steps may be lost,
-// which a rate for display can afford.
+// for GET /v1/usage: a ring of one-second buckets, each holding its
+// Unix second and its count in one word, updated by a CAS loop. A bucket
+// only moves forward in time: a begin counted late for a second its
+// bucket has left behind is dropped, never counted in a newer second.
 type beginWindow struct {
-	buckets [windowSeconds]struct {
-		second atomic.Int64 // the Unix second the bucket counts
-		n      atomic.Int64
-	}
+	// One more bucket than the window's seconds: the current second,
+	// still counting, is not in the rate.
+	buckets [windowSeconds + 1]atomic.Uint64
 }
 
 const windowSeconds = 60
 
+// A bucket is second<<countBits | count.
+const (
+	countBits = 32
+	countMask = 1<<countBits - 1
+)
+
 func (w *beginWindow) add(second int64) {
-	b := &w.buckets[second%windowSeconds]
-	if old := b.second.Load(); old != second && b.second.CompareAndSwap(old, second) {
-		b.n.Store(0)
+	b := &w.buckets[uint64(second)%uint64(len(w.buckets))]
+	for {
+		old := b.Load()
+		var next uint64
+		switch s := int64(old >> countBits); {
+		case s == second:
+			if old&countMask == countMask {
+				return // saturated
+			}
+			next = old + 1
+		case s < second:
+			next = uint64(second)<<countBits | 1
+		default:
+			return // the bucket counts a later second
+		}
+		if b.CompareAndSwap(old, next) {
+			return
+		}
 	}
-	b.n.Add(1)
 }
 
-// perSecond is the mean rate over the last full minute before now.
+// perSecond is the mean rate over the windowSeconds full seconds before
+// now.
 func (w *beginWindow) perSecond(now int64) float64 {
-	var sum int64
+	var sum uint64
 	for i := range w.buckets {
-		b := &w.buckets[i]
-		if s := b.second.Load(); s < now && s >= now-windowSeconds {
-			sum += b.n.Load()
+		v := w.buckets[i].Load()
+		if s := int64(v >> countBits); s < now && s >= now-windowSeconds {
+			sum += v & countMask
 		}
 	}
 	return float64(sum) / windowSeconds

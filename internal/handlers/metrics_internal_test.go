@@ -43,3 +43,50 @@ func TestSeriesKeptAreBounded(t *testing.T) {
 		}
 	}
 }
+
+// The window's rate is the begins of the 60 full seconds before now,
+// divided by 60: not the current second, not the 61st second back.
+func TestBeginWindowRate(t *testing.T) {
+	var w beginWindow
+	const now = 1_700_000_000
+	for s := int64(now - 61); s <= now; s++ {
+		w.add(s)
+		w.add(s)
+	}
+	if got := w.perSecond(now); got != 2 {
+		t.Errorf("rate = %v, want 2 (120 begins in the 60 s before now)", got)
+	}
+}
+
+// A begin counted late, for a second its bucket has left behind, is
+// dropped: it neither moves the bucket back nor erases the newer count.
+func TestBeginWindowNeverMovesBack(t *testing.T) {
+	var w beginWindow
+	const now = 1_700_000_000
+	for range 5 {
+		w.add(now - 1)
+	}
+	w.add(now - 1 - int64(len(w.buckets))) // the same bucket, a lap before
+	if got := w.perSecond(now); got != 5.0/windowSeconds {
+		t.Errorf("rate = %v, want 5 begins in the window", got)
+	}
+}
+
+// Windows are kept only for the tenants windowed, and at most
+// quota.MaxTenantLabels of them.
+func TestBeginWindowsAreBounded(t *testing.T) {
+	m := newMetrics(prometheus.NewRegistry(), new(quota.TenantLabels).Of)
+	m.windowed = func(tenant string) bool { return tenant != "stranger" }
+	m.countBegin("stranger")
+	if _, ok := m.windows.Load("stranger"); ok {
+		t.Error("a window was made for a tenant not windowed")
+	}
+	for i := range quota.MaxTenantLabels + 10 {
+		m.countBegin("t" + strconv.Itoa(i))
+	}
+	n := 0
+	m.windows.Range(func(any, any) bool { n++; return true })
+	if n != quota.MaxTenantLabels {
+		t.Errorf("%d windows, want %d", n, quota.MaxTenantLabels)
+	}
+}

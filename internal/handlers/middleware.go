@@ -124,7 +124,6 @@ func (s *Service) observe(next http.Handler) http.Handler {
 		}
 		if series.begins != nil {
 			series.begins.Inc()
-			series.window.add(start.Unix())
 		}
 		series.duration.Observe(elapsed.Seconds())
 		level := slog.LevelInfo

@@ -114,6 +114,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 	if err != nil {
 		return nil, err
 	}
+	s.metrics.countBegin(t)
 	lim := s.keyring.Limits(t)
 	// One timeout for the limits' calls and the store's together: while
 	// Redis is down, a begin fails within one store timeout, not two.

@@ -4,13 +4,13 @@ package handlers
 
 import (
 	"context"
-	"fmt"
+	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/quota"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // GetUsage reports each tenant's usage against its limits: a tenant key's
@@ -25,31 +25,54 @@ func (s *Service) GetUsage(ctx context.Context, req api.GetUsageRequestObject) (
 		tenants = s.keyring.Tenants()
 	}
 	now := time.Now().Unix()
-	out := api.GetUsage200JSONResponse{Tenants: make([]api.TenantUsage, 0, len(tenants))}
-	for _, name := range tenants {
-		u := api.TenantUsage{Tenant: name, Limits: tenantLimits(s.keyring.Limits(name))}
+	out := api.GetUsage200JSONResponse{Tenants: make([]api.TenantUsage, len(tenants))}
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, usageReads)
+	for i, name := range tenants {
+		u := &out.Tenants[i]
+		*u = api.TenantUsage{Tenant: name, Limits: tenantLimits(s.keyring.Limits(name))}
 		if w, ok := s.metrics.windows.Load(name); ok {
 			u.BeginsPerS = w.(*beginWindow).perSecond(now)
 		}
-		if s.limiter != nil {
-			q, err := s.limiter.Usage(ctx, name)
-			if err != nil {
-				// The counts live in the store: 503, retried as any read.
-				return nil, fmt.Errorf("usage of %s: %w: %w", name, statemachine.ErrStoreUnavailable, err)
-			}
-			u.StoredBytes, u.Waiters, u.InProgress = q.StoredBytes, q.Waiters, q.InProgress
-			u.Rejections = api.LimitCounts{
-				BeginsPerS:    q.Rejections[quota.LimitRate],
-				StoredBytes:   q.Rejections[quota.LimitStoredBytes],
-				Waiters:       q.Rejections[quota.LimitWaiters],
-				InProgress:    q.Rejections[quota.LimitInProgress],
-				ReadBytesPerS: q.Rejections[quota.LimitReadBytes],
-			}
+		if s.limiter == nil {
+			continue
 		}
-		out.Tenants = append(out.Tenants, u)
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			s.tenantUsage(ctx, name, u)
+		}()
 	}
+	wg.Wait()
 	setOutcome(ctx, t, "usage")
 	return out, nil
+}
+
+// usageReads bounds the tenants whose store figures GET /v1/usage reads
+// at once.
+const usageReads = 8
+
+// tenantUsage fills u with tenant's figures from the limiter. When the
+// store's cannot be read, u is marked StoreUnavailable and the answer goes
+// on without them: one tenant's master down fails no other tenant, nor the
+// console's sign-in.
+func (s *Service) tenantUsage(ctx context.Context, tenant string, u *api.TenantUsage) {
+	q, err := s.limiter.Usage(ctx, tenant)
+	if err != nil {
+		unavailable := true
+		u.StoreUnavailable = &unavailable
+		s.log.WarnContext(ctx, "usage: the store's figures of a tenant are unavailable", slog.String("tenant", tenant), slog.Any("error", err))
+	} else {
+		u.StoredBytes, u.Waiters, u.InProgress = q.StoredBytes, q.Waiters, q.InProgress
+	}
+	u.Rejections = api.LimitCounts{
+		BeginsPerS:    q.Rejections[quota.LimitRate],
+		StoredBytes:   q.Rejections[quota.LimitStoredBytes],
+		Waiters:       q.Rejections[quota.LimitWaiters],
+		InProgress:    q.Rejections[quota.LimitInProgress],
+		ReadBytesPerS: q.Rejections[quota.LimitReadBytes],
+	}
 }
 
 // tenantLimits is l as the API shows it: absent for unlimited.

@@ -265,11 +265,24 @@ type Usage struct {
 	Rejections map[string]int64
 }
 
-// Usage implements Limiter.
+// Usage implements Limiter. On an error from the backend, the Usage
+// returned still holds this instance's Rejections. StoredBytes is the
+// backend's count: this instance's changes not yet flushed are not in it
+// (it lags at most one flush interval).
 func (l *limiter) Usage(ctx context.Context, tenant string) (Usage, error) {
 	ctx, cancel := context.WithTimeout(ctx, l.timeout)
 	defer cancel()
-	var u Usage
+	// This instance's rejections first: they are given even when the
+	// backend's counts cannot be read.
+	u := Usage{Rejections: map[string]int64{LimitRate: 0, LimitStoredBytes: 0, LimitWaiters: 0, LimitInProgress: 0, LimitReadBytes: 0}}
+	if v, ok := l.tenants.Load(tenant); ok {
+		r := &v.(*tenantState).rejected
+		u.Rejections[LimitRate] = r.rate.Load()
+		u.Rejections[LimitStoredBytes] = r.storedBytes.Load()
+		u.Rejections[LimitWaiters] = r.waiters.Load()
+		u.Rejections[LimitInProgress] = r.inProgress.Load()
+		u.Rejections[LimitReadBytes] = r.reads.Load()
+	}
 	var err error
 	if u.StoredBytes, _, err = l.backend.addBytes(ctx, tenant, nil); err != nil {
 		return u, err
@@ -279,15 +292,6 @@ func (l *limiter) Usage(ctx context.Context, tenant string) (Usage, error) {
 	}
 	if u.InProgress, err = l.backend.countSlots(ctx, tenant, setLeases); err != nil {
 		return u, err
-	}
-	u.Rejections = map[string]int64{LimitRate: 0, LimitStoredBytes: 0, LimitWaiters: 0, LimitInProgress: 0, LimitReadBytes: 0}
-	if v, ok := l.tenants.Load(tenant); ok {
-		r := &v.(*tenantState).rejected
-		u.Rejections[LimitRate] = r.rate.Load()
-		u.Rejections[LimitStoredBytes] = r.storedBytes.Load()
-		u.Rejections[LimitWaiters] = r.waiters.Load()
-		u.Rejections[LimitInProgress] = r.inProgress.Load()
-		u.Rejections[LimitReadBytes] = r.reads.Load()
 	}
 	return u, nil
 }

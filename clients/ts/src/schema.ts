@@ -253,7 +253,8 @@ export interface paths {
          *     this instance's own, since it started: behind a load balancer, sum
          *     them over the instances (or use the metrics
          *     `idemsvc_begins_total` and `idemsvc_limit_rejections_total`, which
-         *     Prometheus sums).
+         *     Prometheus sums). A tenant whose store figures cannot be read is
+         *     marked `store_unavailable`; the answer does not fail for it.
          */
         get: operations["getUsage"];
         put?: never;
@@ -665,6 +666,13 @@ export interface components {
             /** @description Attempts the tenant holds now (shared by every instance; counted only with an `in_progress` limit). */
             in_progress: number;
             limits: components["schemas"]["TenantLimits"];
+            /**
+             * @description True when the store's figures of this tenant (`stored_bytes`,
+             *     `waiters`, `in_progress`) could not be read (its Redis master
+             *     down or slow): they are then 0, and the other figures and the
+             *     other tenants are still given.
+             */
+            store_unavailable?: boolean;
         };
         /** @description Requests refused by this instance since it started, by the limit they were over. */
         LimitCounts: {

@@ -18,7 +18,9 @@ const el = (tag, text, cls) => {
 
 let tenants = []; // the usage of the tenants the key may see
 let cursors = ['']; // the cursors of the pages walked, for the pager
-let autoTimer = 0;
+let autoTimer = 0; // the next automatic refresh, armed after the last one ended
+let view = 0; // the render's generation: an answer for an older one is dropped
+let keysLoad = 0; // the newest listing asked for: an older answer is dropped
 let bodyBytes = null; // the record's body, for the views and the download
 let downloadURL = '';
 
@@ -91,7 +93,8 @@ function showSection(id) {
 }
 
 async function render() {
-  clearInterval(autoTimer);
+  const mine = ++view;
+  clearTimeout(autoTimer);
   autoTimer = 0;
   const { path, params } = route();
   if (sessionStorage.getItem(KEY) === null || path === '/signin') {
@@ -101,11 +104,12 @@ async function render() {
   }
   try {
     if (!tenants.length) await loadTenants();
-    if (path === '/record') await showRecord(params);
-    else if (path === '/tenants') await showTenants();
-    else await showKeys(params);
+    if (mine !== view) return;
+    if (path === '/record') await showRecord(params, mine);
+    else if (path === '/tenants') await showTenants(mine);
+    else await showKeys(params, mine);
   } catch (err) {
-    showError(err);
+    if (mine === view) showError(err);
   }
 }
 
@@ -119,7 +123,9 @@ $('signin-form').addEventListener('submit', async (ev) => {
   tenants = [];
   try {
     await loadTenants();
-    go('/keys', {});
+    // From a shared link, show what it names; its hash does not change.
+    if (route().path === '/signin') go('/keys', {});
+    else render();
   } catch (err) {
     sessionStorage.removeItem(KEY);
     showError(err);
@@ -154,7 +160,7 @@ function filters(params) {
   };
 }
 
-async function showKeys(params) {
+async function showKeys(params, mine) {
   showSection('keys');
   const f = filters(params);
   $('f-tenant').value = f.tenant;
@@ -165,18 +171,45 @@ async function showKeys(params) {
   $('key-rows').replaceChildren();
   $('key-caption').textContent = '';
   await loadKeys();
-  if ($('auto').checked) autoTimer = setInterval(() => loadKeys().catch(showError), AUTO_MS);
+  armAuto(mine);
+}
+
+// armAuto arms the next automatic refresh of the keys of render mine, if
+// asked for: once the last load ended, so that loads never stack.
+function armAuto(mine) {
+  clearTimeout(autoTimer);
+  autoTimer = 0;
+  if (!$('auto').checked || mine !== view) return;
+  autoTimer = setTimeout(async () => {
+    try {
+      await loadKeys();
+    } catch (err) {
+      showError(err);
+    }
+    armAuto(mine);
+  }, AUTO_MS);
 }
 
 function current() {
   return filters(route().params);
 }
 
+// loadKeys lists the keys of the filters in the URL; an answer (or error)
+// that a newer load or render has overtaken is dropped.
 async function loadKeys() {
+  const mine = view;
+  const load = ++keysLoad;
   const f = current();
   const cursor = cursors[cursors.length - 1];
   const t0 = performance.now();
-  const page = await api('GET', '/v1/keys', { ...f, cursor });
+  let page;
+  try {
+    page = await api('GET', '/v1/keys', { ...f, cursor });
+  } catch (err) {
+    if (load === keysLoad && mine === view) throw err;
+    return;
+  }
+  if (load !== keysLoad || mine !== view) return;
   const t1 = performance.now();
   const rows = document.createDocumentFragment();
   for (const rec of page.items) rows.append(keyRow(f.tenant, rec));
@@ -236,10 +269,7 @@ $('refresh').addEventListener('click', () => {
   loadKeys().catch(showError);
 });
 
-$('auto').addEventListener('change', () => {
-  clearInterval(autoTimer);
-  autoTimer = $('auto').checked ? setInterval(() => loadKeys().catch(showError), AUTO_MS) : 0;
-});
+$('auto').addEventListener('change', () => armAuto(view));
 
 $('next-page').addEventListener('click', () => {
   cursors.push($('next-page').dataset.cursor);
@@ -278,12 +308,13 @@ function field(dl, name, value) {
   dl.append(el('dt', name), el('dd', value));
 }
 
-async function showRecord(params) {
+async function showRecord(params, mine = view) {
   showSection('record');
   const tenant = params.get('tenant') || '';
   const key = params.get('key') || '';
   $('back').href = `#/keys?${new URLSearchParams({ tenant })}`;
   const rec = await api('GET', '/v1/status', { tenant, key, include_response: 'true' });
+  if (mine !== view) return;
   const dl = $('record-fields');
   dl.replaceChildren();
   field(dl, 'Key', rec.key);
@@ -382,6 +413,10 @@ function showBody() {
       break;
     case 'json': {
       const text = utf8(bodyBytes);
+      if (text === null) { // not UTF-8: binary, shown in hex
+        out = hex(shown);
+        break;
+      }
       try {
         out = JSON.stringify(JSON.parse(text), null, 2).slice(0, BODY_SHOWN);
       } catch {
@@ -413,16 +448,19 @@ function ofLimit(used, limit) {
   return td;
 }
 
-async function showTenants() {
+async function showTenants(mine = view) {
   showSection('tenants');
   await loadTenants();
+  if (mine !== view) return;
   $('tenant-rows').replaceChildren(...tenants.map((u) => {
     const tr = el('tr');
     const l = u.limits || {};
     const rate = l.begins_per_s === undefined ? u.begins_per_s.toFixed(2) : `${u.begins_per_s.toFixed(2)} / ${l.begins_per_s} (burst ${l.burst})`;
     const rej = Object.entries(u.rejections).filter(([, n]) => n > 0).map(([k, n]) => `${k}: ${n}`).join(', ') || 'none';
-    tr.append(el('td', u.tenant), el('td', rate), ofLimit(u.stored_bytes, l.stored_bytes), ofLimit(u.waiters, l.waiters),
-      ofLimit(u.in_progress, l.in_progress), el('td', rej));
+    const store = u.store_unavailable
+      ? [el('td', 'unavailable'), el('td', 'unavailable'), el('td', 'unavailable')]
+      : [ofLimit(u.stored_bytes, l.stored_bytes), ofLimit(u.waiters, l.waiters), ofLimit(u.in_progress, l.in_progress)];
+    tr.append(el('td', u.tenant), el('td', rate), ...store, el('td', rej));
     return tr;
   }));
 }
