@@ -124,12 +124,53 @@ def _no_constant(name: str) -> Any:
     raise NotIJSON(f"{name} is not JSON")
 
 
+def _significand(lit: str) -> tuple[str, int]:
+    """The number lit writes as digits × 10^exponent, the digits without
+    leading or trailing zeros ("" for a zero)."""
+    mantissa, _, exp = lit.lstrip("-").replace("E", "e").partition("e")
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0")
+    if not digits:
+        return "", 0  # a zero, whatever its exponent
+    e = -len(frac) + (int(exp) if exp else 0)
+    stripped = digits.rstrip("0")
+    return stripped, e + len(digits) - len(stripped)
+
+
+def _number(lit: str) -> float:
+    """The double a JSON number reads as, when it is exactly the number the
+    literal writes: its significant digits and exponent are the double's
+    shortest ones, which JCS writes. Otherwise (an integer beyond 2^53 that
+    a double rounds, more significant digits than a double keeps, a
+    non-zero number that underflows to 0, one that overflows) NotIJSON: JCS
+    would merge it with another number, as 9007199254740993 with
+    9007199254740992. The Go SDK's exactNumber, digit for digit."""
+    f = float(lit)  # from the literal, not int(): no limit on an integer's digits
+    if math.isinf(f):
+        raise NotIJSON("a number beyond a double")
+    digits, exp = _significand(lit)
+    if digits and (f == 0 or (digits, exp) != _significand(repr(abs(f)))):
+        raise NotIJSON("a number a double does not hold exactly")
+    return f
+
+
+def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise NotIJSON("a member name repeats")  # I-JSON requires unique names
+    return d
+
+
 def canonicalize(body: bytes) -> bytes | None:
     """The canonical form of a JSON text, or None when it is not one I-JSON
-    value: a syntax error, invalid UTF-8, a lone surrogate, a number beyond a
-    double, or nesting deeper than MAX_DEPTH. Of duplicate member names the
-    last wins, as in JSON.parse and Go's encoding/json."""
+    value that JCS writes exactly: a syntax error, invalid UTF-8, a lone
+    surrogate, a member name repeated in an object, a number a double does
+    not hold exactly as written (see _number), or nesting deeper than
+    MAX_DEPTH. Such a body is fingerprinted as raw bytes, so that two
+    requests that mean different things never share a fingerprint."""
     try:
-        return canonical_json(json.loads(body.decode("utf-8"), parse_constant=_no_constant))
+        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_float=_number,
+                           parse_int=_number, object_pairs_hook=_members)
+        return canonical_json(value)
     except (ValueError, UnicodeDecodeError, RecursionError, TypeError):
         return None
