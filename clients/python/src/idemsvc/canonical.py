@@ -56,6 +56,18 @@ def number(x: float) -> str:
     return sign + body
 
 
+def _double_holds(i: int) -> bool:
+    """Whether JCS writes i exactly: its digits are the shortest ones of
+    the double it reads as (as _number checks a JSON literal)."""
+    if -(1 << 53) <= i <= 1 << 53:
+        return True  # every such integer is a double, whose shortest digits are its own
+    try:
+        f = float(i)
+    except OverflowError:
+        return False
+    return _significand(str(i)) == _significand(repr(abs(f)))
+
+
 def _utf16(kv: tuple[Any, Any]) -> bytes:
     return str(kv[0]).encode("utf-16-be")
 
@@ -77,11 +89,13 @@ def _value(v: Any, out: list[str], depth: int = 0) -> None:
         out.append("false")
     elif isinstance(v, str):
         _string(v, out)
+    elif isinstance(v, int) and not _double_holds(v):
+        # A Python int (a payload's) that JCS's double would merge with
+        # another (2**53 + 1 with 2**53): its exact digits, which no
+        # double's canonical form spells, so the digest tells them apart.
+        out.append(str(v))
     elif isinstance(v, (int, float)):
-        try:
-            f = float(v)
-        except OverflowError:
-            raise NotIJSON("a number beyond a double") from None
+        f = float(v)
         if math.isinf(f) or math.isnan(f):
             raise NotIJSON("a number beyond a double")
         out.append(number(f))
@@ -112,9 +126,10 @@ def _value(v: Any, out: list[str], depth: int = 0) -> None:
 
 
 def canonical_json(value: Any) -> bytes:
-    """value (as json.loads gives it) in RFC 8785's canonical form, as UTF-8.
-    A lone surrogate (which json.loads lets through from a \\ud800 escape)
-    raises UnicodeEncodeError."""
+    """value (as json.loads gives it) in RFC 8785's canonical form, as UTF-8,
+    except an int that a double does not hold as written (2**53 + 1), which
+    is written exactly. A lone surrogate (which json.loads lets through from
+    a \\ud800 escape) raises UnicodeEncodeError."""
     out: list[str] = []
     _value(value, out)
     return "".join(out).encode("utf-8")
