@@ -293,10 +293,11 @@ def legacy_answer(record: dict[str, Any] | None, legacy: str) -> Answer:
                                     response=Response.from_wire(record.get("response")), error=record.get("error")))
     if state == "in_progress":
         retry = 1
-        expires = record.get("lease_expires_at")
-        if expires:
-            left = (datetime.fromisoformat(expires) - datetime.now(timezone.utc)).total_seconds()
+        try:
+            left = (datetime.fromisoformat(record["lease_expires_at"]) - datetime.now(timezone.utc)).total_seconds()
             retry = max(1, math.ceil(left))
+        except (KeyError, TypeError, ValueError):
+            pass  # no lease end given: 1 s
         return problem("in-progress", 409, "a request with this idempotency key is in progress", retry)
     return mismatch_answer()  # a retryable failure: a new attempt would acquire it
 
