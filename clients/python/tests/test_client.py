@@ -123,6 +123,12 @@ def test_payload_digest_key_and_fingerprint(svc: Svc) -> None:
     assert keyed({"id": "x", "v": 1}) == "done"
     with pytest.raises(idemsvc.FingerprintMismatch):
         keyed({"id": "x", "v": 2})
+    # An int beyond a double's exact range is told apart from its neighbour
+    # that a double holds (JCS alone would write both as 9007199254740992).
+    assert keyed({"id": "y", "account": 2**53 + 1}) == "done"
+    with pytest.raises(idemsvc.FingerprintMismatch):
+        keyed({"id": "y", "account": 2**53})
+    assert keyed({"id": "y", "account": 2**53 + 1}) == "done"
 
 
 def test_terminal_and_retryable_exceptions(svc: Svc) -> None:

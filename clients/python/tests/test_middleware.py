@@ -48,11 +48,13 @@ def user_header(environ_or_scope: Any) -> str:
 class Served:
     def __init__(self, kind: str, svc: Svc, **opts: Any):
         self.runs = Runs()
+        self.mw: WSGIMiddleware | ASGIMiddleware
         if kind == "wsgi":
-            self.server: WSGIServer | ASGIServer = WSGIServer(
-                WSGIMiddleware(wsgi_app(self.runs), Client(svc.base_url, svc.api_key), **opts))
+            self.mw = WSGIMiddleware(wsgi_app(self.runs), Client(svc.base_url, svc.api_key), **opts)
+            self.server: WSGIServer | ASGIServer = WSGIServer(self.mw)
         else:
-            self.server = ASGIServer(ASGIMiddleware(asgi_app(self.runs), AsyncClient(svc.base_url, svc.api_key), **opts))
+            self.mw = ASGIMiddleware(asgi_app(self.runs), AsyncClient(svc.base_url, svc.api_key), **opts)
+            self.server = ASGIServer(self.mw)
 
     def post(self, key: str, body: bytes, headers: dict[str, str] | None = None,
              content_type: str = "application/json") -> tuple[int, http.client.HTTPMessage, bytes]:
@@ -226,3 +228,144 @@ def test_a_duplicate_waits_when_configured(svc: Svc, kind: str) -> None:
         assert s.runs.total == 1
     finally:
         s.close()
+
+
+def _legacy_record(c: Client, key: str, body: bytes) -> Any:
+    """A record begun with the legacy fingerprint of a POST /answer/201 of body, as the SDKs' earlier versions stored it."""
+    from idemsvc import Acquired
+    a = c.begin(key, fingerprint=legacy_fingerprint("POST", b"/answer/201", b"", body))
+    assert isinstance(a, Acquired)
+    return a
+
+
+@pytest.mark.parametrize("svc", ["memory"], indirect=True)
+def test_a_terminal_failure_of_the_legacy_fingerprint_replays(svc: Svc, kind: str) -> None:
+    from idemsvc import Response
+    c = Client(svc.base_url, svc.api_key)
+    key = unique_key()
+    a = _legacy_record(c, key, b"{}")
+    c.fail(key, a.lease_token, retryable=False, error="declined",
+           response=Response(402, {"Content-Type": "application/json"}, b'{"declined":true}'))
+    s = Served(kind, svc)
+    try:
+        status, headers, got = s.post(key, b"{}")
+        assert (status, got, headers["Idempotent-Replayed"]) == (402, b'{"declined":true}', "true")
+        assert headers["Content-Type"] == "application/json"
+        assert s.runs.total == 0
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("svc", ["memory"], indirect=True)
+def test_a_legacy_record_in_progress_gets_409_and_is_left_alone(svc: Svc, kind: str) -> None:
+    c = Client(svc.base_url, svc.api_key)
+    key = unique_key()
+    _legacy_record(c, key, b"{}")
+    s = Served(kind, svc)
+    try:
+        status, headers, got = s.post(key, b"{}")
+        assert status == 409 and json.loads(got)["code"] == "in-progress"
+        assert 1 <= int(headers["Retry-After"]) <= 30
+        st = c.status(key)
+        assert (st["state"], st["attempt"]) == ("in_progress", 1)
+        assert s.runs.total == 0
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("svc", ["memory"], indirect=True)
+def test_the_legacy_lookup_never_acquires(svc: Svc, kind: str) -> None:
+    """A retryable failure of the legacy fingerprint (which a begin would
+    acquire), a record of another request, and a record deleted between the
+    begin's 422 and the lookup: each gets 422, and no record is begun."""
+    c = Client(svc.base_url, svc.api_key)
+    s = Served(kind, svc)
+    try:
+        key = unique_key()
+        a = _legacy_record(c, key, b"{}")
+        c.fail(key, a.lease_token, retryable=True, error="try again")
+        assert s.post(key, b"{}")[0] == 422
+        st = c.status(key)
+        assert (st["state"], st["attempt"]) == ("failed", 1)
+
+        k2 = unique_key()
+        _legacy_record(c, k2, b'{"other":1}')
+        assert s.post(k2, b"{}")[0] == 422
+        assert c.status(k2)["attempt"] == 1
+        assert s.runs.total == 0
+    finally:
+        s.close()
+
+    class Deleting:
+        """The begin's 422 happens; the record is then deleted, as by its expiry, before the lookup."""
+
+        def __init__(self, real: Any):
+            self.real = real
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.real, name)
+
+        def status(self, key: str, *args: Any, **kw: Any) -> Any:
+            c.delete(key)
+            return self.real.status(key, *args, **kw)
+
+    class AsyncDeleting(Deleting):
+        async def status(self, key: str, *args: Any, **kw: Any) -> Any:  # type: ignore[override]
+            c.delete(key)
+            return await self.real.status(key, *args, **kw)
+
+    s = Served(kind, svc)
+    try:
+        if isinstance(s.mw, WSGIMiddleware):
+            s.mw.client = Deleting(s.mw.client)  # type: ignore[assignment]
+        else:
+            s.mw._aclient = AsyncDeleting(s.mw.client)  # type: ignore[assignment]
+        key = unique_key()
+        _legacy_record(c, key, b"{}")
+        status, _, got = s.post(key, b"{}")
+        assert status == 422 and json.loads(got)["code"] == "fingerprint-mismatch"
+        from idemsvc import errors
+        with pytest.raises(errors.NotFound):
+            c.status(key)
+        assert s.runs.total == 0
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("svc", ["memory"], indirect=True)
+def test_json_that_jcs_would_not_write_exactly_is_fingerprinted_raw(svc: Svc, kind: str) -> None:
+    s = Served(kind, svc)
+    try:
+        key = unique_key()
+        assert s.post(key, b'{"to_account":9007199254740993}')[0] == 201
+        assert s.post(key, b'{"to_account":9007199254740992}')[0] == 422  # a double holds both as ...992
+        assert s.post(key, b'{"to_account": 9007199254740993}')[0] == 422  # raw bytes: spacing counts
+        assert s.post(key, b'{"to_account":9007199254740993}')[1]["Idempotent-Replayed"] == "true"
+        k2 = unique_key()
+        assert s.post(k2, b'{"a":1,"a":2}')[0] == 201
+        assert s.post(k2, b'{"a":2}')[0] == 422  # a repeated name: not last-wins
+        k3 = unique_key()
+        assert s.post(k3, b'{"n":1e-400}')[0] == 201
+        assert s.post(k3, b'{"n":0}')[0] == 422  # underflow: not 0
+        assert s.runs.total == 3
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("svc", ["memory"], indirect=True)
+def test_methods_are_taken_in_upper_case(svc: Svc, kind: str) -> None:
+    s = Served(kind, svc, methods=["post"])
+    try:
+        key = unique_key()
+        assert s.post(key, b"{}")[0] == 201
+        assert s.post(key, b"{}")[1]["Idempotent-Replayed"] == "true"
+        assert s.runs.total == 1
+    finally:
+        s.close()
+
+
+def test_scope_with_unscoped_is_refused() -> None:
+    with pytest.raises(ValueError, match="scope and unscoped"):
+        WSGIMiddleware(wsgi_app(Runs()), Client("http://127.0.0.1:1", "k"), scope=user_header, unscoped=True)
+    with pytest.raises(ValueError, match="scope and unscoped"):
+        ASGIMiddleware(asgi_app(Runs()), AsyncClient("http://127.0.0.1:1", "k"), scope=user_header, unscoped=True)

@@ -10,12 +10,14 @@ import base64
 import hashlib
 import hmac
 import json
+import math
+from datetime import datetime, timezone
 from http import HTTPStatus
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import errors
-from ._types import Replay
+from ._types import Replay, Response
 from .canonical import canonicalize
 
 REPLAYED_HEADER = "Idempotent-Replayed"
@@ -52,7 +54,11 @@ class Settings:
     method_set: frozenset[str] = field(init=False)
 
     def __post_init__(self) -> None:
-        self.method_set = frozenset(m.upper() for m in self.methods)
+        if self.scope is not None and self.unscoped:
+            raise ValueError("idemsvc: scope and unscoped contradict each other: set one")
+        # Requests name methods in upper case: a configured "post" is POST.
+        self.methods = tuple(m.upper() for m in self.methods)
+        self.method_set = frozenset(self.methods)
         if self.lease_ms <= 0:
             self.lease_ms = 30_000
         if self.max_body_bytes <= 0:
@@ -152,8 +158,9 @@ def fingerprint(method: str, path: bytes, query: bytes, content_type: str | None
 def legacy_fingerprint(method: str, path: bytes, query: bytes, body: bytes) -> str:
     """The fingerprint of the SDKs' versions before fingerprints had a
     version (method, path, query, raw body): after a mismatch the middleware
-    begins once more with it, so that records stored by a service on those
-    versions replay until they expire."""
+    looks the record up, and replays it when it holds this fingerprint, so
+    that records stored by a service on those versions replay until they
+    expire (legacy_answer)."""
     h = hashlib.sha256()
     _target(h, method, path, query)
     h.update(body)
@@ -246,13 +253,17 @@ def problem(kind: str, status: int, detail: str, retry_after: int = 0) -> Answer
     return Answer(status, headers, body)
 
 
+def mismatch_answer() -> Answer:
+    return problem("fingerprint-mismatch", 422, "the idempotency key was used for another request")
+
+
 def begin_error_answer(e: BaseException) -> Answer:
     """The answer for a begin that neither acquired the key nor replayed."""
     if isinstance(e, errors.InProgress):
         ra = int(e.retry_after) if e.retry_after else 1
         return problem("in-progress", 409, "a request with this idempotency key is in progress", ra)
     if isinstance(e, errors.FingerprintMismatch):
-        return problem("fingerprint-mismatch", 422, "the idempotency key was used for another request")
+        return mismatch_answer()
     if isinstance(e, (errors.RateLimited, errors.QuotaExceeded)):
         # Over this service's limits at idemsvc: the handler did not run.
         return problem(e.kind, 429, "this service is over its limits at the idempotency service",
@@ -264,6 +275,32 @@ def begin_error_answer(e: BaseException) -> Answer:
         return problem("internal", 500, "the idempotency service refused this service's credentials")
     # Fail closed: without idemsvc, nothing may run.
     return problem("store-unavailable", 503, "the idempotency service cannot be reached", 1)
+
+
+def legacy_answer(record: dict[str, Any] | None, legacy: str) -> Answer:
+    """The answer to a request whose v2 fingerprint the key's record does
+    not hold, from that record (status with its response; None when there
+    is none): its stored answer, written as a begin's replay, when it holds
+    legacy (the request's fingerprint of the SDKs' earlier versions) and is
+    completed or failed terminally; 409 while such a record is in progress;
+    422 otherwise. The record is only read, never acquired, so the legacy
+    fingerprint never gets into a new record, where it would replay to any
+    caller."""
+    if record is None or record.get("fingerprint") != legacy:
+        return mismatch_answer()
+    state = record.get("state")
+    if state == "completed" or (state == "failed" and record.get("retryable") is False):
+        return replay_answer(Replay(status=state, key=record.get("key", ""), attempt=record.get("attempt", 0),
+                                    response=Response.from_wire(record.get("response")), error=record.get("error")))
+    if state == "in_progress":
+        retry = 1
+        try:
+            left = (datetime.fromisoformat(record["lease_expires_at"]) - datetime.now(timezone.utc)).total_seconds()
+            retry = max(1, math.ceil(left))
+        except (KeyError, TypeError, ValueError):
+            pass  # no lease end given: 1 s
+        return problem("in-progress", 409, "a request with this idempotency key is in progress", retry)
+    return mismatch_answer()  # a retryable failure: a new attempt would acquire it
 
 
 def replay_answer(r: Replay) -> Answer:

@@ -209,13 +209,15 @@ class AsyncClient:
             payload["lease_ms"] = lease_ms
         return (await self._call("extend", "POST", "/v1/extend", payload, budget=budget))[1]  # type: ignore[no-any-return]
 
-    async def status(self, key: str, include_response: bool = False) -> dict[str, Any]:
+    async def status(self, key: str, include_response: bool = False, *, budget: float | None = None,
+                     timeout: float | None = None) -> dict[str, Any]:
         q = {"key": key}
         if include_response:
             q["include_response"] = "true"
         if self.tenant is not None:
             q["tenant"] = self.tenant
-        return (await self._call("status", "GET", "/v1/status?" + urllib.parse.urlencode(q), None))[1]  # type: ignore[no-any-return]
+        return (await self._call("status", "GET", "/v1/status?" + urllib.parse.urlencode(q), None,  # type: ignore[no-any-return]
+                                 budget=budget, timeout=timeout))[1]
 
     async def delete(self, key: str) -> None:
         q = {"key": key}

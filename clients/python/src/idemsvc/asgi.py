@@ -13,8 +13,8 @@ from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 
 from . import errors
 from ._middleware import (
-    Answer, Settings, begin_error_answer, credential_digest, credential_key_of, fingerprint, legacy_fingerprint,
-    parse_key, problem, replay_answer,
+    Answer, Settings, begin_error_answer, credential_digest, credential_key_of, fingerprint, legacy_answer,
+    legacy_fingerprint, parse_key, problem, replay_answer,
     retry_again, scoped_key, stored_headers,
 )
 from ._types import Acquired, Replay, Response
@@ -62,7 +62,7 @@ class IdempotencyMiddleware:
             s.headers = tuple(headers)
         self._key_name = key_header.lower().encode("latin-1")
         self._credential_key = credential_key_of(s, client._config)
-        self._scoped = s.scope is not None and not s.unscoped
+        self._scoped = s.scope is not None
 
     @property
     def client(self) -> AsyncClient:
@@ -131,21 +131,31 @@ class IdempotencyMiddleware:
         c = self.client
         deadline = time.monotonic() + s.budget_s + s.wait_ms / 1000
 
+        def left() -> float:
+            return max(0.001, deadline - time.monotonic())
+
         async def begin(fp: str) -> Acquired | Replay:
-            left = max(0.001, deadline - time.monotonic())
             return await c.begin(stored_key, fingerprint=fp, lease_ms=s.lease_ms, retention_s=s.retention_s,
-                                 wait_ms=s.wait_ms or None, budget=left, timeout=left,
+                                 wait_ms=s.wait_ms or None, budget=left(), timeout=left(),
                                  request_id=header(b"x-request-id"))
 
         try:
+            r = await begin(fp)
+        except errors.FingerprintMismatch as e:
+            if self._scoped or not s.legacy_fingerprints:
+                await _send(send, begin_error_answer(e))
+                return
+            # Perhaps a record stored before fingerprints had a version (a
+            # scoped key never had one): looked up, never begun again.
             try:
-                r = await begin(fp)
-            except errors.FingerprintMismatch:
-                if self._scoped or not s.legacy_fingerprints:
-                    raise
-                # Perhaps a record stored before fingerprints had a version
-                # (a scoped key never had one).
-                r = await begin(legacy_fingerprint(method, path, query, body))
+                record = await c.status(stored_key, include_response=True, budget=left(), timeout=left())
+            except errors.NotFound:
+                record = None
+            except errors.IdemError as e2:
+                await _send(send, begin_error_answer(e2))
+                return
+            await _send(send, legacy_answer(record, legacy_fingerprint(method, path, query, body)))
+            return
         except errors.IdemError as e:
             await _send(send, begin_error_answer(e))
             return

@@ -57,6 +57,18 @@ def number(x: float) -> str:
     return sign + body
 
 
+def _double_holds(i: int) -> bool:
+    """Whether JCS writes i exactly: its digits are the shortest ones of
+    the double it reads as (as _number checks a JSON literal)."""
+    if -(1 << 53) <= i <= 1 << 53:
+        return True  # every such integer is a double, whose shortest digits are its own
+    try:
+        f = float(i)
+    except OverflowError:
+        return False
+    return _significand(str(i)) == _significand(repr(abs(f)))
+
+
 def _utf16(kv: tuple[Any, Any]) -> bytes:
     return str(kv[0]).encode("utf-16-be")
 
@@ -78,11 +90,13 @@ def _value(v: Any, out: list[str], depth: int = 0) -> None:
         out.append("false")
     elif isinstance(v, str):
         _string(v, out)
+    elif isinstance(v, int) and not _double_holds(v):
+        # A Python int (a payload's) that JCS's double would merge with
+        # another (2**53 + 1 with 2**53): its exact digits, which no
+        # double's canonical form spells, so the digest tells them apart.
+        out.append(str(v))
     elif isinstance(v, (int, float)):
-        try:
-            f = float(v)
-        except OverflowError:
-            raise NotIJSON("a number beyond a double") from None
+        f = float(v)
         if math.isinf(f) or math.isnan(f):
             raise NotIJSON("a number beyond a double")
         out.append(number(f))
@@ -113,9 +127,10 @@ def _value(v: Any, out: list[str], depth: int = 0) -> None:
 
 
 def canonical_json(value: Any) -> bytes:
-    """value (as json.loads gives it) in RFC 8785's canonical form, as UTF-8.
-    A lone surrogate (which json.loads lets through from a \\ud800 escape)
-    raises UnicodeEncodeError."""
+    """value (as json.loads gives it) in RFC 8785's canonical form, as UTF-8,
+    except an int that a double does not hold as written (2**53 + 1), which
+    is written exactly. A lone surrogate (which json.loads lets through from
+    a \\ud800 escape) raises UnicodeEncodeError."""
     out: list[str] = []
     _value(value, out)
     return "".join(out).encode("utf-8")
@@ -125,12 +140,53 @@ def _no_constant(name: str) -> Any:
     raise NotIJSON(f"{name} is not JSON")
 
 
+def _significand(lit: str) -> tuple[str, int]:
+    """The number lit writes as digits × 10^exponent, the digits without
+    leading or trailing zeros ("" for a zero)."""
+    mantissa, _, exp = lit.lstrip("-").replace("E", "e").partition("e")
+    whole, _, frac = mantissa.partition(".")
+    digits = (whole + frac).lstrip("0")
+    if not digits:
+        return "", 0  # a zero, whatever its exponent
+    e = -len(frac) + (int(exp) if exp else 0)
+    stripped = digits.rstrip("0")
+    return stripped, e + len(digits) - len(stripped)
+
+
+def _number(lit: str) -> float:
+    """The double a JSON number reads as, when it is exactly the number the
+    literal writes: its significant digits and exponent are the double's
+    shortest ones, which JCS writes. Otherwise (an integer beyond 2^53 that
+    a double rounds, more significant digits than a double keeps, a
+    non-zero number that underflows to 0, one that overflows) NotIJSON: JCS
+    would merge it with another number, as 9007199254740993 with
+    9007199254740992. The Go SDK's exactNumber, digit for digit."""
+    f = float(lit)  # from the literal, not int(): no limit on an integer's digits
+    if math.isinf(f):
+        raise NotIJSON("a number beyond a double")
+    digits, exp = _significand(lit)
+    if digits and (f == 0 or (digits, exp) != _significand(repr(abs(f)))):
+        raise NotIJSON("a number a double does not hold exactly")
+    return f
+
+
+def _members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d = dict(pairs)
+    if len(d) != len(pairs):
+        raise NotIJSON("a member name repeats")  # I-JSON requires unique names
+    return d
+
+
 def canonicalize(body: bytes) -> bytes | None:
     """The canonical form of a JSON text, or None when it is not one I-JSON
-    value: a syntax error, invalid UTF-8, a lone surrogate, a number beyond a
-    double, or nesting deeper than MAX_DEPTH. Of duplicate member names the
-    last wins, as in JSON.parse and Go's encoding/json."""
+    value that JCS writes exactly: a syntax error, invalid UTF-8, a lone
+    surrogate, a member name repeated in an object, a number a double does
+    not hold exactly as written (see _number), or nesting deeper than
+    MAX_DEPTH. Such a body is fingerprinted as raw bytes, so that two
+    requests that mean different things never share a fingerprint."""
     try:
-        return canonical_json(json.loads(body.decode("utf-8"), parse_constant=_no_constant))
+        value = json.loads(body.decode("utf-8"), parse_constant=_no_constant, parse_float=_number,
+                           parse_int=_number, object_pairs_hook=_members)
+        return canonical_json(value)
     except (ValueError, UnicodeDecodeError, RecursionError, TypeError):
         return None

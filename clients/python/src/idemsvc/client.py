@@ -326,14 +326,16 @@ class Client:
             payload["lease_ms"] = lease_ms
         return self._call("extend", "POST", "/v1/extend", payload, budget=budget)[1]  # type: ignore[no-any-return]
 
-    def status(self, key: str, include_response: bool = False) -> dict[str, Any]:
+    def status(self, key: str, include_response: bool = False, *, budget: float | None = None,
+               timeout: float | None = None) -> dict[str, Any]:
         """key's record; :class:`~idemsvc.errors.NotFound` when there is none."""
         q = {"key": key}
         if include_response:
             q["include_response"] = "true"
         if self.tenant is not None:
             q["tenant"] = self.tenant
-        return self._call("status", "GET", "/v1/status?" + urllib.parse.urlencode(q), None)[1]  # type: ignore[no-any-return]
+        return self._call("status", "GET", "/v1/status?" + urllib.parse.urlencode(q), None,  # type: ignore[no-any-return]
+                          budget=budget, timeout=timeout)[1]
 
     def delete(self, key: str) -> None:
         """Forgets key's record; deleting an absent record is no error."""

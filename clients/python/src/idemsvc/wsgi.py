@@ -15,8 +15,8 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from . import errors
 from ._middleware import (
-    Answer, Settings, begin_error_answer, credential_digest, credential_key_of, fingerprint, legacy_fingerprint,
-    parse_key, problem, replay_answer,
+    Answer, Settings, begin_error_answer, credential_digest, credential_key_of, fingerprint, legacy_answer,
+    legacy_fingerprint, parse_key, problem, replay_answer,
     retry_again, scoped_key, status_line, stored_headers,
 )
 from ._types import Acquired, Replay, Response
@@ -49,7 +49,11 @@ class IdempotencyMiddleware:
     request it names no subject for), a keyed digest of the
     ``Authorization`` header and the ``credential_cookies`` is part of the
     fingerprint, keyed from ``credential_secret`` or else the client's API
-    key, as the Go middleware computes it. ``unscoped=True`` turns both off.
+    key, as the Go middleware computes it. ``unscoped=True`` turns both off
+    (together with ``scope``: ValueError). ``methods`` are taken in upper
+    case. After a 422, unless ``legacy_fingerprints=False``, the record is
+    read, never begun again, and replayed when it holds the fingerprint of
+    the SDKs' earlier versions.
     """
 
     def __init__(self, app: WSGIApp, client: Client, *, key_header: str = "Idempotency-Key",
@@ -72,7 +76,7 @@ class IdempotencyMiddleware:
             s.headers = tuple(headers)
         self._key_env = "HTTP_" + key_header.upper().replace("-", "_")
         self._credential_key = credential_key_of(s, client._config)
-        self._scoped = s.scope is not None and not s.unscoped
+        self._scoped = s.scope is not None
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         s = self.settings
@@ -119,21 +123,28 @@ class IdempotencyMiddleware:
         budget = s.budget_s + s.wait_ms / 1000
         deadline = time.monotonic() + budget
 
+        def left() -> float:
+            return max(0.001, deadline - time.monotonic())
+
         def begin(fp: str) -> Acquired | Replay:
-            left = max(0.001, deadline - time.monotonic())
             return self.client.begin(stored_key, fingerprint=fp, lease_ms=s.lease_ms, retention_s=s.retention_s,
-                                     wait_ms=s.wait_ms or None, budget=left, timeout=left,
+                                     wait_ms=s.wait_ms or None, budget=left(), timeout=left(),
                                      request_id=environ.get("HTTP_X_REQUEST_ID"))
 
         try:
+            r = begin(fp)
+        except errors.FingerprintMismatch as e:
+            if self._scoped or not s.legacy_fingerprints:
+                return _send(start_response, begin_error_answer(e))
+            # Perhaps a record stored before fingerprints had a version (a
+            # scoped key never had one): looked up, never begun again.
             try:
-                r = begin(fp)
-            except errors.FingerprintMismatch:
-                if self._scoped or not s.legacy_fingerprints:
-                    raise
-                # Perhaps a record stored before fingerprints had a version
-                # (a scoped key never had one).
-                r = begin(legacy_fingerprint(method, path, query, body))
+                record = self.client.status(stored_key, include_response=True, budget=left(), timeout=left())
+            except errors.NotFound:
+                record = None
+            except errors.IdemError as e2:
+                return _send(start_response, begin_error_answer(e2))
+            return _send(start_response, legacy_answer(record, legacy_fingerprint(method, path, query, body)))
         except errors.IdemError as e:
             return _send(start_response, begin_error_answer(e))
         if isinstance(r, Replay):
