@@ -45,7 +45,7 @@ load-instructions:
 # One tenant's begin p99 alone and beside another replaying 1 MiB records
 # as fast as its read budget lets it (a latency measurement: not in test).
 load-reads:
-	IDEMSVC_LOAD_TESTS=1 go test -count=1 -v -run TestReaderLeavesOthersTheirShare ./cmd/idemsvc/
+	go test -count=1 -v -run '^$$' -bench BenchmarkReaderLeavesOthersTheirShare -benchtime 1x ./cmd/idemsvc/
 
 # Go (gofmt, vet, tidy), generated code's freshness, the OpenAPI linters.
 lint:

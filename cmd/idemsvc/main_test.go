@@ -201,7 +201,7 @@ func waitListening(t testing.TB, lines func() []string) string {
 	return ""
 }
 
-func post(t *testing.T, url, apiKey, body string) (int, map[string]any) {
+func post(t testing.TB, url, apiKey, body string) (int, map[string]any) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
 	if err != nil {
