@@ -15,7 +15,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/redistest"
 )
 
-// listRSSBound is the bound on idemsvc's resident set while it
+// listRSSBound is the bound on idemsvc's resident set while it
 // lists records whose responses are large: listing reads heads only.
 const listRSSBound = 60e6
 

@@ -730,7 +730,7 @@ func TestConsoleStoredBodyIsText(t *testing.T) {
 	}
 }
 
-// A list of 1,000 keys renders in under 1 s (the target; asserted
+// A list of 1,000 keys renders in under 1 s (the console's target; asserted
 // with a margin for a busy machine).
 func TestConsoleThousandKeys(t *testing.T) {
 	s := getSite(t)
