@@ -168,6 +168,7 @@ func TestRateBatches(t *testing.T) {
 			lim := auth.Limits{BeginsPerS: 200, Burst: 50}
 			admitted := 0
 			var refused error
+			start := time.Now()
 			for range 100 {
 				if _, err := l.Begin(ctx, tenant, lim); err != nil {
 					refused = err
@@ -175,9 +176,12 @@ func TestRateBatches(t *testing.T) {
 				}
 				admitted++
 			}
-			// 50 at once, and the few the rate adds while the loop runs.
-			if admitted < 50 || admitted > 60 {
-				t.Errorf("admitted %d at once, want the burst of 50", admitted)
+			// 50 at once, and what the rate adds while the loop runs (a
+			// loaded machine makes the loop slower, never the bound looser
+			// than the rate allows), and one batch taken ahead.
+			added := int(time.Since(start).Seconds()*float64(lim.BeginsPerS)) + 1
+			if admitted < 50 || admitted > 50+added+l.batchFor(lim) {
+				t.Errorf("admitted %d at once, want the burst of 50 and the %d the rate added", admitted, added)
 			}
 			var e *Error
 			if !errors.As(refused, &e) || !errors.Is(refused, ErrRateLimited) || e.Limit != LimitRate || e.RetryAfter != time.Second {
