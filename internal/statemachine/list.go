@@ -97,7 +97,7 @@ func (m *MemoryStore) List(_ context.Context, tenant string, req ListRequest) (L
 		page.NextCursor = base64.RawURLEncoding.EncodeToString([]byte("m" + found[len(found)-1].key))
 	}
 	for _, s := range found {
-		r, _ := s.record(tenant, now, false) // without the response, nothing to decode
+		r, _ := s.record(tenant, now, false, 0) // without the response, nothing to decode
 		page.Records = append(page.Records, r)
 	}
 	m.mu.Unlock()
@@ -198,7 +198,7 @@ func (s *RedisStore) List(ctx context.Context, tenant string, req ListRequest) (
 					page.NextCursor = at.encode()
 					return page, nil
 				}
-				rec, _ := r.s.record(tenant, b.now, false)
+				rec, _ := r.s.record(tenant, b.now, false, 0)
 				page.Records = append(page.Records, rec)
 				at.After = r.name
 			}

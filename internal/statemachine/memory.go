@@ -4,6 +4,7 @@ package statemachine
 
 import (
 	"context"
+	"strings"
 	"sync"
 	"time"
 )
@@ -88,7 +89,7 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 			if req.NoReplay {
 				return BeginResult{}, ErrReplayRefused
 			}
-			return replay(tenant, old, now)
+			return replay(tenant, old, now, m.limits.MaxResponseBytes)
 		}
 	}
 	if req.NoAcquire {
@@ -128,10 +129,12 @@ func (m *MemoryStore) Complete(_ context.Context, tenant string, req CompleteReq
 	if err != nil {
 		return Record{}, err
 	}
-	response := encodeResponse(&req.Response)
-	return m.finish(tenant, req.Key, tok, StateCompleted, func(s *stored) {
+	response := keptForm(&req.Response)
+	rec, err := m.finish(tenant, req.Key, tok, StateCompleted, func(s *stored) {
 		s.response = response
 	}, req.Retention)
+	rec.StoredBytes = storedSize(response, &req.Response)
+	return rec, err
 }
 
 // Fail implements Store; see internal/lua/fail.lua.
@@ -140,11 +143,18 @@ func (m *MemoryStore) Fail(_ context.Context, tenant string, req FailRequest) (R
 	if err != nil {
 		return Record{}, err
 	}
-	response := encodeResponse(&req.Response)
-	return m.finish(tenant, req.Key, tok, StateFailed, func(s *stored) {
+	response := keptForm(&req.Response)
+	rec, err := m.finish(tenant, req.Key, tok, StateFailed, func(s *stored) {
 		s.retryable, s.errMsg, s.response = req.Retryable, req.Error, response
 	}, req.Retention)
+	rec.StoredBytes = storedSize(response, &req.Response)
+	return rec, err
 }
+
+// keptForm is r's form as the memory store keeps it, compressed as in
+// Redis, in an allocation of its own size (encodeResponse's is sized for
+// the body uncompressed).
+func keptForm(r *Response) string { return strings.Clone(encodeResponse(r)) }
 
 // finish moves the in-progress record fenced by tok to state, as complete.lua
 // and fail.lua do; a second call with the same token answers as the first.
@@ -160,7 +170,7 @@ func (m *MemoryStore) finish(tenant, key string, tok token, state State, set fun
 	case old.token != tok:
 		return Record{}, ErrLeaseLost
 	case old.state == state:
-		return old.record(tenant, now, false)
+		return old.record(tenant, now, false, 0)
 	case old.state != StateInProgress:
 		return Record{}, ErrLeaseLost
 	}
@@ -172,7 +182,7 @@ func (m *MemoryStore) finish(tenant, key string, tok token, state State, set fun
 	s.state, s.updated, s.expires = state, now, now+s.retention*1000
 	m.put(k, &s, now)
 	m.watches.ended(k)
-	return s.record(tenant, now, false)
+	return s.record(tenant, now, false, 0)
 }
 
 // Extend implements Store; see internal/lua/extend.lua.
@@ -211,7 +221,7 @@ func (m *MemoryStore) Status(_ context.Context, tenant, key string, withResponse
 	if s == nil {
 		return Record{}, ErrNotFound
 	}
-	return s.record(tenant, now, withResponse)
+	return s.record(tenant, now, withResponse, m.limits.MaxResponseBytes)
 }
 
 // Delete implements Store.

@@ -197,6 +197,8 @@ type scriptCall struct {
 	key     string
 	args    []any
 	refusal error // Begin: why the key's master refuses new attempts, if it does
+	maxBody int   // Begin: the size a replayed body may decode to
+	stored  int64 // Complete, Fail: the bytes of the response as stored (storedSize)
 }
 
 // beginCall checks req and builds its script call.
@@ -223,7 +225,7 @@ func (s *RedisStore) beginCall(ctx context.Context, tenant string, req *BeginReq
 		// says when to come back, rather than the master's refusal.
 		refusal = nil
 	}
-	return scriptCall{script: s.scripts.Begin, key: key, refusal: refusal, args: []any{
+	return scriptCall{script: s.scripts.Begin, key: key, refusal: refusal, maxBody: s.limits.MaxResponseBytes, args: []any{
 		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention / time.Second), req.Key, noAcquire, noReplay,
 	}}, nil
 }
@@ -237,7 +239,7 @@ func (c *scriptCall) beginResult(tenant string, r *reply) (BeginResult, error) {
 	case codeOK:
 		return acquired(tenant, &r.rec, r.now)
 	case codeDone:
-		return replay(tenant, &r.rec, r.now)
+		return replay(tenant, &r.rec, r.now, c.maxBody)
 	case codeBusy:
 		return BeginResult{}, &InProgressError{Attempt: r.rec.attempt, LeaseExpiresAt: msTime(r.rec.lease),
 			Since: msTime(r.rec.updated), Now: msTime(r.now)}
@@ -252,7 +254,7 @@ func (s *RedisStore) Complete(ctx context.Context, tenant string, req CompleteRe
 		return Record{}, err
 	}
 	r, err := s.run(ctx, "complete", false, c.script, c.key, c.args...)
-	return s.finished(tenant, "complete", r, err)
+	return c.finished(tenant, "complete", r, err)
 }
 
 // completeCall checks req and builds its script call.
@@ -261,8 +263,9 @@ func (s *RedisStore) completeCall(tenant string, req *CompleteRequest) (scriptCa
 	if err != nil {
 		return scriptCall{}, err
 	}
-	return scriptCall{script: s.scripts.Complete, key: RedisKey(tenant, req.Key), args: []any{
-		string(tok[:]), encodeResponse(&req.Response), retentionArg(req.Retention),
+	form := encodeResponse(&req.Response)
+	return scriptCall{script: s.scripts.Complete, key: RedisKey(tenant, req.Key), stored: storedSize(form, &req.Response), args: []any{
+		string(tok[:]), form, retentionArg(req.Retention),
 	}}, nil
 }
 
@@ -273,7 +276,7 @@ func (s *RedisStore) Fail(ctx context.Context, tenant string, req FailRequest) (
 		return Record{}, err
 	}
 	r, err := s.run(ctx, "fail", false, c.script, c.key, c.args...)
-	return s.finished(tenant, "fail", r, err)
+	return c.finished(tenant, "fail", r, err)
 }
 
 // failCall checks req and builds its script call.
@@ -286,19 +289,24 @@ func (s *RedisStore) failCall(tenant string, req *FailRequest) (scriptCall, erro
 	if req.Retryable {
 		retryable = "1"
 	}
-	return scriptCall{script: s.scripts.Fail, key: RedisKey(tenant, req.Key), args: []any{
-		string(tok[:]), retryable, req.Error, encodeResponse(&req.Response), retentionArg(req.Retention),
+	form := encodeResponse(&req.Response)
+	return scriptCall{script: s.scripts.Fail, key: RedisKey(tenant, req.Key), stored: storedSize(form, &req.Response), args: []any{
+		string(tok[:]), retryable, req.Error, form, retentionArg(req.Retention),
 	}}, nil
 }
 
-func (s *RedisStore) finished(tenant, op string, r reply, err error) (Record, error) {
+// finished reads the reply of a complete or fail script: the record, with
+// the bytes its response takes as stored.
+func (c *scriptCall) finished(tenant, op string, r reply, err error) (Record, error) {
 	if err != nil {
 		return Record{}, err
 	}
 	if r.code != codeOK {
 		return Record{}, r.err(op)
 	}
-	return r.rec.record(tenant, r.now, false)
+	rec, err := r.rec.record(tenant, r.now, false, 0)
+	rec.StoredBytes = c.stored
+	return rec, err
 }
 
 // Extend implements Store; see internal/lua/extend.lua.
@@ -332,7 +340,7 @@ func (s *RedisStore) Status(ctx context.Context, tenant, key string, withRespons
 	if r.code != codeOK {
 		return Record{}, r.err("status")
 	}
-	return r.rec.record(tenant, r.now, withResponse)
+	return r.rec.record(tenant, r.now, withResponse, s.limits.MaxResponseBytes)
 }
 
 // Delete implements Store; see internal/lua/delete.lua.
