@@ -113,6 +113,9 @@ func encodeResponse(r *Response) string {
 	for name, value := range r.Headers {
 		size += 8 + len(name) + len(value)
 	}
+	if len(r.Body) >= compressMinBytes {
+		size += zstdOverhead(len(r.Body)) // room for an attempt that does not shrink it
+	}
 	b := make([]byte, 1, size)
 	b = binary.BigEndian.AppendUint16(b, uint16(r.StatusCode))
 	b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers)))

@@ -90,6 +90,11 @@ func appendBody(dst []byte, body string) ([]byte, byte) {
 	return append(dst, body...), encodingIdentity
 }
 
+// zstdOverhead bounds what a zstd frame adds to n bytes it cannot shrink:
+// a frame header (at most 18 bytes), a 3-byte header per block (the
+// encoder cuts blocks of 64 KiB at most), and the 4-byte checksum.
+func zstdOverhead(n int) int { return 18 + 3*(n>>16+1) + 4 }
+
 // decompressBody decodes a zstd body of at most maxBytes bytes.
 func decompressBody(compressed string, maxBytes int) (string, error) {
 	in := bytesOf(compressed)

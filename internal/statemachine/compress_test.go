@@ -245,3 +245,14 @@ func TestRedisRecordsOldAndCorrupt(t *testing.T) {
 		t.Errorf("listed %v, want old, sound and damaged", listed)
 	}
 }
+
+// TestZstdOverhead: an incompressible body's frame fits zstdOverhead, so
+// that encodeResponse's one allocation holds it.
+func TestZstdOverhead(t *testing.T) {
+	for _, n := range []int{1024, 128 << 10, 128<<10 + 1, 1 << 20} {
+		body := answer.Incompressible(n, uint64(n))
+		if got := len(bodyEncoder.EncodeAll([]byte(body), nil)); got > n+zstdOverhead(n) {
+			t.Errorf("%d random bytes: a frame of %d bytes, over the %d allowed", n, got, n+zstdOverhead(n))
+		}
+	}
+}

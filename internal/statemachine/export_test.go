@@ -4,12 +4,15 @@ package statemachine
 
 import "math"
 
-// StoreBodiesRaw makes every store keep bodies as sent, as idemsvc did
-// before it compressed them, until the returned function restores the
-// threshold: for the benchmarks that compare the two. Not for parallel
-// tests.
-func StoreBodiesRaw() (restore func()) {
+// CompressBodiesFrom makes every store compress bodies of n bytes and more
+// (math.MaxInt: none, as idemsvc stored them before it compressed) until
+// the returned function restores the threshold: for the benchmarks that
+// compare. Not for parallel tests.
+func CompressBodiesFrom(n int) (restore func()) {
 	old := compressMinBytes
-	compressMinBytes = math.MaxInt
+	compressMinBytes = n
 	return func() { compressMinBytes = old }
 }
+
+// StoreBodiesRaw is CompressBodiesFrom(math.MaxInt).
+func StoreBodiesRaw() (restore func()) { return CompressBodiesFrom(math.MaxInt) }

@@ -1,0 +1,175 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package statemachine_test
+
+import (
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/idemsvc/idemsvc/internal/idemtest/answer"
+	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+)
+
+// BenchmarkBody measures what a stored JSON answer costs, kept as sent
+// (raw, as before compression) and zstd-compressed, at 1 KiB, 16 KiB and
+// 256 KiB, on a standalone Redis of its own:
+//
+//   - complete: a Complete of a key begun beforehand (outside the timer);
+//   - replay: a Begin of a completed key, which replays its answer.
+//
+// Besides runParallel's figures, each reports the CPU this process spent
+// per call (cpu-µs/op: user and system, idemsvc's codec and the client),
+// and the record's bytes in Redis (MEMORY USAGE, the mean of 16 records:
+// redis-B/record) and their ratio to the answer's size (x-body). Completes
+// keep their records 1 s, so that a long run does not fill the machine's
+// memory. docs/capacity.md quotes them:
+//
+//	go test -run '^$' -bench BenchmarkBody -benchtime 2000x -count 3 ./internal/statemachine/
+func BenchmarkBody(b *testing.B) {
+	for _, mode := range []string{"raw", "zstd"} {
+		for _, size := range []int{1 << 10, 16 << 10, 256 << 10} {
+			body := answer.JSON(size, 1)
+			name := mode + "/" + strconv.Itoa(size>>10) + "KiB"
+			b.Run(name+"/complete", func(b *testing.B) {
+				if mode == "raw" {
+					defer sm.StoreBodiesRaw()()
+				}
+				benchComplete(b, body)
+			})
+			b.Run(name+"/replay", func(b *testing.B) {
+				if mode == "raw" {
+					defer sm.StoreBodiesRaw()()
+				}
+				benchReplay(b, body)
+			})
+		}
+	}
+}
+
+func bodyResponse(body string) sm.Response {
+	return sm.Response{StatusCode: 200, Headers: map[string]string{"Content-Type": "application/json"}, Body: body}
+}
+
+func benchComplete(b *testing.B, body string) {
+	store, client := benchStore(b)
+	tenant := unique("bench")
+	tokens := make([]string, b.N)
+	var prepared atomic.Int64
+	var wg sync.WaitGroup
+	for range benchCallers {
+		wg.Go(func() {
+			for i := prepared.Add(1) - 1; i < int64(b.N); i = prepared.Add(1) - 1 {
+				res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: "order-" + strconv.FormatInt(i, 10)})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				tokens[i] = res.Lease.Token
+			}
+		})
+	}
+	wg.Wait()
+	resp := bodyResponse(body)
+	cpu := startCPU()
+	runParallel(b, client, func(i int64) error {
+		_, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: "order-" + strconv.FormatInt(i, 10), Token: tokens[i], Response: resp, Retention: time.Second})
+		return err
+	})
+	b.ReportMetric(cpu.micros()/float64(b.N), "cpu-µs/op")
+	reportRecordBytes(b, store, client, body)
+}
+
+func benchReplay(b *testing.B, body string) {
+	store, client := benchStore(b)
+	tenant := unique("bench")
+	const keys = 16
+	resp := bodyResponse(body)
+	for i := range keys {
+		key := "order-" + strconv.Itoa(i)
+		res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: key})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: res.Lease.Token, Response: resp}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	cpu := startCPU()
+	runParallel(b, client, func(i int64) error {
+		res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: "order-" + strconv.FormatInt(i%keys, 10)})
+		if err == nil && res.Record.Response.Body != body {
+			b.Fatalf("replayed %d bytes, not the %d stored", len(res.Record.Response.Body), len(body))
+		}
+		return err
+	})
+	b.ReportMetric(cpu.micros()/float64(b.N), "cpu-µs/op")
+}
+
+// reportRecordBytes completes 16 records with body and reports their mean
+// MEMORY USAGE (SAMPLES 0: every byte counted).
+func reportRecordBytes(b *testing.B, store sm.Store, client *redis.Client, body string) {
+	b.Helper()
+	tenant := unique("size")
+	const n = 16
+	var total int64
+	for i := range n {
+		key := "order-" + strconv.Itoa(i)
+		res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: key, Owner: "7f9c2ba4-e88f-4a2c-9d4e-3b1f0c6a8d21"})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: res.Lease.Token, Response: bodyResponse(body)}); err != nil {
+			b.Fatal(err)
+		}
+		usage, err := client.MemoryUsage(ctx, sm.RedisKey(tenant, key), 0).Result()
+		if err != nil {
+			b.Fatal(err)
+		}
+		total += usage
+	}
+	b.ReportMetric(float64(total)/n, "redis-B/record")
+	b.ReportMetric(float64(total)/n/float64(len(body)), "x-body")
+}
+
+// processCPU is the CPU time this process has spent, user and system.
+type processCPU struct{ start time.Duration }
+
+func startCPU() processCPU { return processCPU{cpuTime()} }
+
+func (c processCPU) micros() float64 { return float64(cpuTime()-c.start) / float64(time.Microsecond) }
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkBodyThreshold measures, for JSON answers around the threshold,
+// the record's bytes in Redis and the CPU of a complete with every body
+// kept raw (raw) and with every one compressed (zstd, the threshold set to
+// 0): where compressing starts to pay, which sets compressMinBytes.
+//
+//	go test -run '^$' -bench BenchmarkBodyThreshold -benchtime 2000x -count 3 ./internal/statemachine/
+func BenchmarkBodyThreshold(b *testing.B) {
+	for _, size := range []int{256, 512, 768, 1024, 1536, 2048} {
+		body := answer.JSON(size, 1)
+		for _, mode := range []string{"raw", "zstd"} {
+			b.Run(strconv.Itoa(size)+"B/"+mode, func(b *testing.B) {
+				if mode == "raw" {
+					defer sm.StoreBodiesRaw()()
+				} else {
+					defer sm.CompressBodiesFrom(0)()
+				}
+				benchComplete(b, body)
+			})
+		}
+	}
+}
