@@ -23,8 +23,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# readme_block NAME: the shell block of docs/sdks.md marked <!-- install: NAME -->.
-readme_block() {
+# install_block NAME: the shell block of docs/sdks.md marked <!-- install: NAME -->.
+install_block() {
   awk -v mark="<!-- install: $1 -->" '
     $0 == mark { found = 1; next }
     found && !open && /^```sh$/ { open = 1; next }
@@ -36,12 +36,12 @@ readme_block() {
 # failing command, as a reader pasting it would see it fail.
 run_block() {
   local commands
-  commands=$(readme_block "$1")
+  commands=$(install_block "$1")
   if [ -z "$commands" ]; then
     echo "docs/sdks.md has no block marked <!-- install: $1 -->" >&2
     exit 1
   fi
-  echo "== $1: the README's commands, in a scratch project:"
+  echo "== $1: the commands of docs/sdks.md, in a scratch project:"
   sed 's/^/   /' <<<"$commands"
   (cd "$2" && bash -euo pipefail -c "$commands")
 }

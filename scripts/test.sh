@@ -42,7 +42,7 @@ command -v npm >/dev/null || apt_install npm
 if [ $# -eq 0 ]; then
   clients/ts/scripts/deps.sh
   (cd clients/ts && npm test)
-  # Both SDKs installed into scratch projects as the README says.
+  # both SDKs installed into scratch projects as docs/sdks.md says.
   scripts/sdk-install-test.sh
 fi
 
