@@ -4,6 +4,7 @@ package statemachine_test
 
 import (
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -171,5 +172,67 @@ func BenchmarkBodyThreshold(b *testing.B) {
 				benchComplete(b, body)
 			})
 		}
+	}
+}
+
+// BenchmarkRecordOverhead measures what a record costs Redis beyond what
+// MEMORY USAGE counts (the expiry's entry, the dictionaries' buckets):
+// used_memory's growth over 100,000 completed records with a 200-byte body,
+// per record, beside their mean MEMORY USAGE. docs/capacity.md adds the
+// difference to every record.
+//
+//	go test -run '^$' -bench BenchmarkRecordOverhead -benchtime 1x -count 3 ./internal/statemachine/
+func BenchmarkRecordOverhead(b *testing.B) {
+	for b.Loop() {
+		store, client := benchStore(b)
+		const n = 100000
+		used := func() int64 {
+			info, err := client.Info(ctx, "memory").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			for line := range strings.Lines(info) {
+				if v, ok := strings.CutPrefix(line, "used_memory:"); ok {
+					u, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+					return u
+				}
+			}
+			b.Fatal("no used_memory")
+			return 0
+		}
+		tenant := unique("size")
+		body := answer.Incompressible(200, 1)
+		before := used()
+		var next atomic.Int64
+		var wg sync.WaitGroup
+		for range benchCallers {
+			wg.Go(func() {
+				for i := next.Add(1) - 1; i < n; i = next.Add(1) - 1 {
+					key := "order-" + strconv.FormatInt(100000+i, 10)
+					res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: key, Owner: "7f9c2ba4-e88f-4a2c-9d4e-3b1f0c6a8d21",
+						Fingerprint: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08"})
+					if err == nil {
+						_, err = store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: res.Lease.Token, Response: bodyResponse(body)})
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		grown := float64(used()-before) / n
+		var usage int64
+		for i := range 100 {
+			u, err := client.MemoryUsage(ctx, sm.RedisKey(tenant, "order-"+strconv.Itoa(100000+i)), 0).Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+			usage += u
+		}
+		b.ReportMetric(grown, "used_memory-B/record")
+		b.ReportMetric(float64(usage)/100, "redis-B/record")
+		b.ReportMetric(grown-float64(usage)/100, "uncounted-B/record")
 	}
 }
