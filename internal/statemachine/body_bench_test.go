@@ -7,7 +7,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -77,12 +76,12 @@ func benchComplete(b *testing.B, body string) {
 	}
 	wg.Wait()
 	resp := bodyResponse(body)
-	cpu := startCPU()
+	cpu := sm.StartCPU()
 	runParallel(b, client, func(i int64) error {
 		_, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: "order-" + strconv.FormatInt(i, 10), Token: tokens[i], Response: resp, Retention: time.Second})
 		return err
 	})
-	b.ReportMetric(cpu.micros()/float64(b.N), "cpu-µs/op")
+	b.ReportMetric(cpu.Micros()/float64(b.N), "cpu-µs/op")
 	reportRecordBytes(b, store, client, body)
 }
 
@@ -101,7 +100,7 @@ func benchReplay(b *testing.B, body string) {
 			b.Fatal(err)
 		}
 	}
-	cpu := startCPU()
+	cpu := sm.StartCPU()
 	runParallel(b, client, func(i int64) error {
 		res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: "order-" + strconv.FormatInt(i%keys, 10)})
 		if err == nil && res.Record.Response.Body != body {
@@ -109,7 +108,7 @@ func benchReplay(b *testing.B, body string) {
 		}
 		return err
 	})
-	b.ReportMetric(cpu.micros()/float64(b.N), "cpu-µs/op")
+	b.ReportMetric(cpu.Micros()/float64(b.N), "cpu-µs/op")
 }
 
 // reportRecordBytes completes 16 records with body and reports their mean
@@ -136,43 +135,6 @@ func reportRecordBytes(b *testing.B, store sm.Store, client *redis.Client, body 
 	}
 	b.ReportMetric(float64(total)/n, "redis-B/record")
 	b.ReportMetric(float64(total)/n/float64(len(body)), "x-body")
-}
-
-// processCPU is the CPU time this process has spent, user and system.
-type processCPU struct{ start time.Duration }
-
-func startCPU() processCPU { return processCPU{cpuTime()} }
-
-func (c processCPU) micros() float64 { return float64(cpuTime()-c.start) / float64(time.Microsecond) }
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// BenchmarkBodyThreshold measures, for JSON answers around the threshold,
-// the record's bytes in Redis and the CPU of a complete with every body
-// kept raw (raw) and with every one compressed (zstd, the threshold set to
-// 0): where compressing starts to pay, which sets compressMinBytes.
-//
-//	go test -run '^$' -bench BenchmarkBodyThreshold -benchtime 2000x -count 3 ./internal/statemachine/
-func BenchmarkBodyThreshold(b *testing.B) {
-	for _, size := range []int{256, 512, 768, 1024, 1536, 2048} {
-		body := answer.JSON(size, 1)
-		for _, mode := range []string{"raw", "zstd"} {
-			b.Run(strconv.Itoa(size)+"B/"+mode, func(b *testing.B) {
-				if mode == "raw" {
-					defer sm.StoreBodiesRaw()()
-				} else {
-					defer sm.CompressBodiesFrom(0)()
-				}
-				benchComplete(b, body)
-			})
-		}
-	}
 }
 
 // BenchmarkRecordOverhead measures what a record costs Redis beyond what

@@ -41,9 +41,11 @@ func BenchmarkResponseCodec(b *testing.B) {
 					b.ReportAllocs()
 					b.SetBytes(int64(size))
 					var n int
+					cpu := StartCPU()
 					for b.Loop() {
 						n = len(encodeResponse(&r))
 					}
+					b.ReportMetric(cpu.Micros()*1000/float64(b.N), "cpu-ns/op")
 					b.ReportMetric(float64(n)/float64(size), "x-body")
 				})
 				b.Run(name+"/decode", func(b *testing.B) {
@@ -51,11 +53,13 @@ func BenchmarkResponseCodec(b *testing.B) {
 					form := encodeResponse(&r)
 					b.ReportAllocs()
 					b.SetBytes(int64(size))
+					cpu := StartCPU()
 					for b.Loop() {
 						if got, err := decodeResponse(form, 1<<20); err != nil || len(got.Body) != size {
 							b.Fatal(err)
 						}
 					}
+					b.ReportMetric(cpu.Micros()*1000/float64(b.N), "cpu-ns/op")
 				})
 			}
 		}
