@@ -24,7 +24,7 @@ test:
 
 # Benchmarks of the hot paths and, for comparison, the bare scripts through redis-benchmark.
 bench:
-	go test -run '^$$' -bench . -benchtime 3s -count 3 ./internal/statemachine/ ./internal/handlers/
+	go test -run '^$$' -bench . -benchtime 3s -count 3 ./internal/redisstore/ ./internal/handlers/
 	benchmarks/redis-baseline.sh
 
 # idemsvc over HTTP under idembench, side by side with a bare chi handler.

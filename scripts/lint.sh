@@ -42,6 +42,13 @@ if go list -deps ./cmd/idemsvc | grep -E '^github.com/idemsvc/idemsvc/clients/go
   echo "cmd/idemsvc links the packages above" >&2
   exit 1
 fi
+# The domain (internal/statemachine) is the bottom floor: it imports no
+# Redis client and nothing of idemsvc's; the Redis adapter
+# (internal/redisstore) imports it, never the other way round.
+if go list -deps ./internal/statemachine | grep -E 'redis|^github.com/idemsvc/idemsvc/' | grep -v '^github.com/idemsvc/idemsvc/internal/statemachine$'; then
+  echo "internal/statemachine imports the packages above: the domain must not" >&2
+  exit 1
+fi
 # The console's browser tests drive Chromium with chromedp: test-only.
 if go list -deps ./cmd/... | grep -E '^github.com/chromedp/'; then
   echo "a binary under cmd/ links chromedp, which only the tests may use" >&2

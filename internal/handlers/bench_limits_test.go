@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/quota"
@@ -50,7 +51,7 @@ func BenchmarkServeBeginLimits(b *testing.B) {
 			limiter := quota.NewMemory(quota.Options{})
 			if bc.redis {
 				rdb := redistest.SharedServer(b).Client(b)
-				store = statemachine.NewRedisStore(rdb, statemachine.RedisOptions{})
+				store = redisstore.New(rdb, redisstore.Options{})
 				limiter = quota.NewRedis(rdb, quota.Options{RateBatch: bc.batch})
 			}
 			b.Cleanup(limiter.Close)

@@ -17,6 +17,7 @@ import (
 	"testing"
 
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -178,7 +179,7 @@ func benchServeReplay(b *testing.B, store statemachine.Store, svc *handlers.Serv
 // standalone Redis, 64 callers in parallel.
 func BenchmarkHTTPBeginRedis(b *testing.B) {
 	rdb := redistest.SharedServer(b).Client(b)
-	svc := benchService(b, statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}))
+	svc := benchService(b, redisstore.New(rdb, redisstore.Options{}))
 	srv := httptest.NewServer(svc)
 	defer srv.Close()
 	client := srv.Client()

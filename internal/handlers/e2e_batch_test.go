@@ -17,6 +17,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -298,7 +299,7 @@ func TestE2EBatchRoundTrips(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
 			counts := &roundTrips{pipelines: map[string]int{}}
-			store := statemachine.NewRedisStore(s.client(t, counts), statemachine.RedisOptions{WaitReplicas: s.wait})
+			store := redisstore.New(s.client(t, counts), redisstore.Options{WaitReplicas: s.wait})
 			sdk := startOn(t, store).sdk(t, "")
 			batch := func() []idem.BeginParams {
 				p := make([]idem.BeginParams, 60) // on every master, most likely many times over

@@ -36,7 +36,7 @@ const problemBase = "https://idemsvc.dev/problems/"
 type backend = idemtest.Backend
 
 // forEachBackend runs test on the memory store. The HTTP layer is the same
-// over every store, whose rules internal/statemachine tests on all three;
+// over every store, whose rules internal/redisstore tests on all three;
 // TestE2EEveryEndpointOnRedis runs each endpoint on Redis and a Cluster.
 func forEachBackend(t *testing.T, test func(t *testing.T, b backend)) {
 	t.Helper()

@@ -15,6 +15,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -162,7 +163,7 @@ func TestE2ELimitedBeginOneTimeout(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	limiter := quota.NewRedis(rdb, quota.Options{FlushInterval: testFlush, Timeout: timeout})
 	t.Cleanup(limiter.Close)
-	store := statemachine.NewRedisStore(rdb, statemachine.RedisOptions{Timeout: timeout})
+	store := redisstore.New(rdb, redisstore.Options{Timeout: timeout})
 	keyring, _, keys := limitedTenants(t, map[string]string{"limited": "{begins_per_s: 1000, in_progress: 10}"})
 	e := start(t, handlers.Config{Store: store, Keyring: keyring, Limiter: limiter, StoreTimeout: timeout})
 	c := e.as(t, keys["limited"])

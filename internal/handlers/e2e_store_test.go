@@ -10,12 +10,12 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/redistest"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // startOnOwnRedis serves a store over a Redis of the test's own, with a
@@ -25,7 +25,7 @@ func startOnOwnRedis(t *testing.T) (*env, *redistest.Server) {
 	srv := redistest.NewPrivateServer(t) // stopped and started again
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
-	store := statemachine.NewRedisStore(rdb, statemachine.RedisOptions{Timeout: 300 * time.Millisecond})
+	store := redisstore.New(rdb, redisstore.Options{Timeout: 300 * time.Millisecond})
 	return startOn(t, store), srv
 }
 
@@ -143,7 +143,7 @@ func TestE2EReplicasShareCluster(t *testing.T) {
 	for range 3 {
 		// A generous store timeout: 300 requests at once on a small
 		// machine must not turn into 503s, which this test is not about.
-		e := startOn(t, statemachine.NewRedisStore(cluster.Client(t), statemachine.RedisOptions{Timeout: 10 * time.Second}))
+		e := startOn(t, redisstore.New(cluster.Client(t), redisstore.Options{Timeout: 10 * time.Second}))
 		envs = append(envs, e)
 		clients = append(clients, e.client(t, ""))
 		awaitReady(t, e) // the cluster client has loaded the slot map

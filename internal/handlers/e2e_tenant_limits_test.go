@@ -20,6 +20,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -40,7 +41,7 @@ func limitedBackends() []limitedBackend {
 	redisInstance := func(t *testing.T, rdb redis.UniversalClient) (statemachine.Store, quota.Limiter) {
 		l := quota.NewRedis(rdb, quota.Options{FlushInterval: testFlush})
 		t.Cleanup(l.Close)
-		return statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}), l
+		return redisstore.New(rdb, redisstore.Options{}), l
 	}
 	return []limitedBackend{
 		{"memory", func(t *testing.T) (statemachine.Store, quota.Limiter) {
@@ -343,7 +344,7 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 			} else {
 				var rdb redis.UniversalClient
 				rdb, maxmemory = tt.open(t)
-				store, limiter = statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}), quota.NewRedis(rdb, quota.Options{})
+				store, limiter = redisstore.New(rdb, redisstore.Options{}), quota.NewRedis(rdb, quota.Options{})
 			}
 			f := f
 			f.bytes = maxmemory * 3 / 2
@@ -429,7 +430,7 @@ func TestE2EFloodWithoutLimitsFillsRedis(t *testing.T) {
 	f.bytes = maxmemory * 3 / 2
 	limiter := quota.NewRedis(rdb, quota.Options{})
 	t.Cleanup(limiter.Close)
-	e := start(t, handlers.Config{Store: statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}),
+	e := start(t, handlers.Config{Store: redisstore.New(rdb, redisstore.Options{}),
 		Keyring: keyring, Limiter: limiter})
 	tried, stored, failed := f.run(e.client(t, keys["flood"]))
 	t.Logf("unlimited flood: tried %d bytes, stored %d, %d completes failed", tried, stored, failed)
@@ -471,7 +472,7 @@ func TestE2ERateHoldsAcrossInstances(t *testing.T) {
 		rdb := srv.Client(t)
 		limiter := quota.NewRedis(rdb, quota.Options{})
 		t.Cleanup(limiter.Close)
-		e := start(t, handlers.Config{Store: statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}),
+		e := start(t, handlers.Config{Store: redisstore.New(rdb, redisstore.Options{}),
 			Keyring: keyring, Limiter: limiter})
 		clients = append(clients, e.client(t, keys["tenant"]))
 	}

@@ -16,8 +16,8 @@ import (
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // GET /v1/usage: a tenant key sees its own tenant, an admin every tenant
@@ -157,7 +157,7 @@ func TestE2EUsageStoreDown(t *testing.T) {
 	rdb := srv.Client(t)
 	l := quota.NewRedis(rdb, quota.Options{Timeout: 200 * time.Millisecond})
 	t.Cleanup(l.Close)
-	e := start(t, handlers.Config{Store: statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}), Limiter: l})
+	e := start(t, handlers.Config{Store: redisstore.New(rdb, redisstore.Options{}), Limiter: l})
 	srv.Stop(t)
 	r, err := e.as(t, "").c.GetUsageWithResponse(context.Background(), nil)
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 
 	"github.com/redis/go-redis/v9"
 
@@ -33,14 +34,14 @@ func TestWaitersSurviveFailover(t *testing.T) {
 		master := cl.Nodes()[0]
 		var keys []string
 		for len(keys) < 4 {
-			if key := unique("failover"); cl.MasterOf(t, statemachine.RedisKey(handlers.DefaultTenant, key)) == master {
+			if key := unique("failover"); cl.MasterOf(t, redisstore.Key(handlers.DefaultTenant, key)) == master {
 				keys = append(keys, key)
 			}
 		}
 		waitAcrossFailover(t, cl.Client(t), keys, func() {
 			master.Kill(t)
 			idemtest.Eventually(t, 30*time.Second, "the replica takes over", func() bool {
-				return cl.MasterOf(t, statemachine.RedisKey(handlers.DefaultTenant, keys[0])) != master
+				return cl.MasterOf(t, redisstore.Key(handlers.DefaultTenant, keys[0])) != master
 			})
 		})
 	})
@@ -63,8 +64,8 @@ func TestWaitersSurviveFailover(t *testing.T) {
 // before the failover; the rest goes without, as the promoted replica has
 // no replica of its own.
 func waitAcrossFailover(t *testing.T, client redis.UniversalClient, keys []string, failover func()) {
-	store := statemachine.NewRedisStore(client, statemachine.RedisOptions{})
-	replicated := statemachine.NewRedisStore(client, statemachine.RedisOptions{WaitReplicas: 1})
+	store := redisstore.New(client, redisstore.Options{})
+	replicated := redisstore.New(client, redisstore.Options{WaitReplicas: 1})
 	e := start(t, handlers.Config{Store: store, MaxWait: 2 * time.Minute, WaitFallbackInterval: time.Minute})
 	c := e.as(t, "")
 	tokens := make([]string, len(keys))

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 
 	"github.com/redis/go-redis/v9"
 
@@ -39,7 +40,7 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 	// A store timeout long enough for 1,000 begins at once on a busy
 	// machine, none of them refused as overload: the test counts commands,
 	// not latency.
-	store := statemachine.NewRedisStore(srv.Client(t), statemachine.RedisOptions{Timeout: time.Minute, MaxInFlight: keys})
+	store := redisstore.New(srv.Client(t), redisstore.Options{Timeout: time.Minute, MaxInFlight: keys})
 	// Waits long enough for every waiter to park on a slow machine.
 	e := start(t, handlers.Config{Store: store, MaxWait: 10 * time.Minute})
 	e.http.Transport.(*http.Transport).MaxConnsPerHost = 0

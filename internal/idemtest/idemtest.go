@@ -20,6 +20,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -186,10 +187,10 @@ func Backends() []Backend {
 			return memory
 		}},
 		{"redis", func(tb testing.TB) statemachine.Store {
-			return statemachine.NewRedisStore(redistest.SharedServer(tb).Client(tb), statemachine.RedisOptions{})
+			return redisstore.New(redistest.SharedServer(tb).Client(tb), redisstore.Options{})
 		}},
 		{"cluster", func(tb testing.TB) statemachine.Store {
-			return statemachine.NewRedisStore(redistest.SharedCluster(tb).Client(tb), statemachine.RedisOptions{})
+			return redisstore.New(redistest.SharedCluster(tb).Client(tb), redisstore.Options{})
 		}},
 	}
 }

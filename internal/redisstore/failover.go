@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine
+package redisstore
 
 import (
 	"context"
@@ -81,7 +81,7 @@ func followFailovers(client redis.UniversalClient) {
 // master gives way to one that reaches the promoted replica. Otherwise a
 // try may take the whole of ctx: under load, calls wait for a pooled
 // connection in turn, and a try given up would lose its turn.
-func (s *RedisStore) retrying(ctx context.Context, try func(ctx context.Context) error) error {
+func (s *Store) retrying(ctx context.Context, try func(ctx context.Context) error) error {
 	backoff := retryBackoff
 	for {
 		tctx, cancel := ctx, context.CancelFunc(nil)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -164,7 +165,7 @@ func TestList(t *testing.T) {
 func TestListCursorOutlivingItsNode(t *testing.T) {
 	t.Parallel()
 	srv := redistest.NewServer(t)
-	store := sm.NewRedisStore(redis.NewClient(&redis.Options{Addr: srv.Addr()}), sm.RedisOptions{})
+	store := redisstore.New(redis.NewClient(&redis.Options{Addr: srv.Addr()}), redisstore.Options{})
 	tenant := unique("t")
 	fill(t, store, tenant, "busy", 30, nil)
 	page, err := store.List(ctx, tenant, sm.ListRequest{State: sm.StateInProgress, Limit: 10})

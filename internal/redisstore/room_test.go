@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -30,7 +31,7 @@ func TestRoomForOutcomes(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
 	const reserve = 8 << 20
-	store := sm.NewRedisStore(client, sm.RedisOptions{ReserveBytes: reserve})
+	store := redisstore.New(client, redisstore.Options{ReserveBytes: reserve})
 	mustConfigSet(t, admin, "maxmemory", "32mb")
 
 	rooms := store.RefreshRoom(ctx)
@@ -125,8 +126,8 @@ func TestEvictingPolicyRefusesBegins(t *testing.T) {
 		srv := redistest.NewPrivateServer(t) // its configuration changes
 		client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = client.Close() })
-		store := sm.NewRedisStore(client, sm.RedisOptions{})
-		allowing := sm.NewRedisStore(client, sm.RedisOptions{AllowEviction: true})
+		store := redisstore.New(client, redisstore.Options{})
+		allowing := redisstore.New(client, redisstore.Options{AllowEviction: true})
 		done := newSubject(t, store)
 		done.mustBegin(sm.BeginRequest{})
 		if _, err := done.complete("paid"); err != nil {
@@ -134,7 +135,7 @@ func TestEvictingPolicyRefusesBegins(t *testing.T) {
 		}
 
 		mustConfigSet(t, srv.Client(t), "maxmemory-policy", "volatile-lru")
-		for _, s := range []*sm.RedisStore{store, allowing} {
+		for _, s := range []*redisstore.Store{store, allowing} {
 			s.RefreshRoom(ctx)
 		}
 		if _, err := newSubject(t, store).begin(sm.BeginRequest{}); !errors.Is(err, sm.ErrEvicting) || !errors.Is(err, sm.ErrStoreUnavailable) {
@@ -158,7 +159,7 @@ func TestEvictingPolicyRefusesBegins(t *testing.T) {
 		c := redistest.NewClusterWith(t, redistest.ClusterOptions{Private: true}) // its configuration changes
 		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = client.Close() })
-		store := sm.NewRedisStore(client, sm.RedisOptions{})
+		store := redisstore.New(client, redisstore.Options{})
 		tenant := unique("t")
 		// keysOf returns a key of tenant whose record master serves, and
 		// one whose record another master serves.
@@ -166,7 +167,7 @@ func TestEvictingPolicyRefusesBegins(t *testing.T) {
 		var onVictim, elsewhere string
 		for i := 0; onVictim == "" || elsewhere == ""; i++ {
 			key := "order-" + strconv.Itoa(i)
-			if c.MasterOf(t, sm.RedisKey(tenant, key)).Addr() == victim.Addr() {
+			if c.MasterOf(t, redisstore.Key(tenant, key)).Addr() == victim.Addr() {
 				onVictim = key
 			} else {
 				elsewhere = key
@@ -224,7 +225,7 @@ func TestOutcomeHeadroom(t *testing.T) {
 	admin := srv.Client(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
-	store := sm.NewRedisStore(client, sm.RedisOptions{ReserveBytes: -1})
+	store := redisstore.New(client, redisstore.Options{ReserveBytes: -1})
 	counted := func() int64 {
 		m, err := admin.Info(ctx, "memory").Result()
 		if err != nil {

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"context"

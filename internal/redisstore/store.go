@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine
+package redisstore
 
 import (
 	"context"
@@ -11,14 +11,16 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemsvc/idemsvc/internal/lua"
 )
 
-// RedisOptions configures a RedisStore. The zero value is ready to use.
-type RedisOptions struct {
-	Limits Limits
+// Options configures a Store. The zero value is ready to use.
+type Options struct {
+	Limits statemachine.Limits
 	// Timeout bounds each operation (default 1s). For it to hold while
 	// Redis hangs, the client needs ContextTimeoutEnabled.
 	Timeout time.Duration
@@ -62,23 +64,23 @@ type RedisOptions struct {
 	ProbeKeys []string
 }
 
-// DefaultMaxInFlight is RedisOptions.MaxInFlight's default. Measured on 2
+// DefaultMaxInFlight is Options.MaxInFlight's default. Measured on 2
 // cores (begin on new keys, closed loop, 8 s, two rounds), 20 (go-redis's
 // default pool there) refused 60% of the begins at 256 requests in flight
 // and 64 refused 10–25%; 128 refused 0.1% there and none at 64 in flight,
 // at the same throughput or better.
 const DefaultMaxInFlight = 128
 
-// DefaultShedWait is RedisOptions.ShedWait's default.
+// DefaultShedWait is Options.ShedWait's default.
 const DefaultShedWait = 20 * time.Millisecond
 
-// RedisStore keeps records in Redis: one node, Sentinel or Cluster. Every
+// Store keeps records in Redis: one node, Sentinel or Cluster. Every
 // transition is one script run on the record's key, in one round trip
 // (two commands in one pipeline with WaitReplicas), plus one to load the
 // script after Redis lost its script cache.
-type RedisStore struct {
+type Store struct {
 	client         redis.UniversalClient
-	limits         Limits
+	limits         statemachine.Limits
 	timeout        time.Duration
 	attemptTimeout time.Duration
 	waitReplicas   int
@@ -89,27 +91,27 @@ type RedisStore struct {
 	suspectUntil atomic.Int64
 	scripts      *lua.Scripts // Sharded in a Cluster, else Plain
 	watch        *redisWatcher
-	// allowEviction: see RedisOptions.AllowEviction.
+	// allowEviction: see Options.AllowEviction.
 	allowEviction bool
 	slots         chan struct{} // one per script in flight (MaxInFlight)
 	shedWait      time.Duration
 	shed          atomic.Uint64 // calls refused for want of a slot
-	reserve       int64         // RedisOptions.ReserveBytes
+	reserve       int64         // Options.ReserveBytes
 	// gates are the masters that refuse new attempts (room.go): nil while
 	// none does, which is all a begin reads then.
 	gates atomic.Pointer[gates]
 	room  roomState
 }
 
-var _ Store = (*RedisStore)(nil)
+var _ statemachine.Store = (*Store)(nil)
 
-// NewRedisStore returns a store over client. The client stays the caller's
+// New returns a store over client. The client stays the caller's
 // to close; it should have ContextTimeoutEnabled, and a ClusterClient
 // should be new (see followFailovers).
-func NewRedisStore(client redis.UniversalClient, opts RedisOptions) *RedisStore {
-	s := &RedisStore{
+func New(client redis.UniversalClient, opts Options) *Store {
+	s := &Store{
 		client:         client,
-		limits:         opts.Limits.withDefaults(),
+		limits:         opts.Limits.WithDefaults(),
 		timeout:        opts.Timeout,
 		attemptTimeout: opts.AttemptTimeout,
 		waitReplicas:   opts.WaitReplicas,
@@ -170,23 +172,23 @@ const (
 type reply struct {
 	code int64
 	now  int64
-	rec  stored // when the script sent one
+	rec  statemachine.Stored // when the script sent one
 }
 
 // Limits implements Store.
-func (s *RedisStore) Limits() Limits { return s.limits }
+func (s *Store) Limits() statemachine.Limits { return s.limits }
 
 // Begin implements Store; see internal/lua/begin.lua. On a master that
 // keeps no room for new attempts (room.go) it acquires nothing, and fails
 // with ErrNoRoom or ErrEvicting where it would have acquired.
-func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest) (BeginResult, error) {
+func (s *Store) Begin(ctx context.Context, tenant string, req statemachine.BeginRequest) (statemachine.BeginResult, error) {
 	c, err := s.beginCall(ctx, tenant, &req)
 	if err != nil {
-		return BeginResult{}, err
+		return statemachine.BeginResult{}, err
 	}
 	r, err := s.run(ctx, "begin", !req.Waited, c.script, c.key, c.args...)
 	if err != nil {
-		return BeginResult{}, err
+		return statemachine.BeginResult{}, err
 	}
 	return c.beginResult(tenant, &r)
 }
@@ -200,16 +202,12 @@ type scriptCall struct {
 }
 
 // beginCall checks req and builds its script call.
-func (s *RedisStore) beginCall(ctx context.Context, tenant string, req *BeginRequest) (scriptCall, error) {
-	lease, retention, err := s.limits.checkBegin(tenant, req)
+func (s *Store) beginCall(ctx context.Context, tenant string, req *statemachine.BeginRequest) (scriptCall, error) {
+	lease, retention, tok, err := s.limits.CheckBegin(tenant, req)
 	if err != nil {
 		return scriptCall{}, err
 	}
-	tok, err := beginToken(req)
-	if err != nil {
-		return scriptCall{}, err
-	}
-	key := RedisKey(tenant, req.Key)
+	key := Key(tenant, req.Key)
 	noAcquire, noReplay := "", ""
 	refusal := s.refusal(ctx, key) // the key's master keeps no room, or may evict
 	if req.NoAcquire || refusal != nil {
@@ -229,56 +227,55 @@ func (s *RedisStore) beginCall(ctx context.Context, tenant string, req *BeginReq
 }
 
 // beginResult reads a begin script's reply.
-func (c *scriptCall) beginResult(tenant string, r *reply) (BeginResult, error) {
+func (c *scriptCall) beginResult(tenant string, r *reply) (statemachine.BeginResult, error) {
 	if r.code == codeRefused && c.refusal != nil {
-		return BeginResult{}, c.refusal
+		return statemachine.BeginResult{}, c.refusal
 	}
 	switch r.code {
 	case codeOK:
-		return acquired(tenant, &r.rec, r.now)
+		return statemachine.Acquired(tenant, &r.rec, r.now)
 	case codeDone:
-		return replay(tenant, &r.rec, r.now)
+		return statemachine.Replay(tenant, &r.rec, r.now)
 	case codeBusy:
-		return BeginResult{}, &InProgressError{Attempt: r.rec.attempt, LeaseExpiresAt: msTime(r.rec.lease),
-			Since: msTime(r.rec.updated), Now: msTime(r.now)}
+		return statemachine.BeginResult{}, statemachine.Busy(&r.rec, r.now)
 	}
-	return BeginResult{}, r.err("begin")
+	return statemachine.BeginResult{}, r.err("begin")
 }
 
 // Complete implements Store; see internal/lua/complete.lua.
-func (s *RedisStore) Complete(ctx context.Context, tenant string, req CompleteRequest) (Record, error) {
+func (s *Store) Complete(ctx context.Context, tenant string, req statemachine.CompleteRequest) (statemachine.Record, error) {
 	c, err := s.completeCall(tenant, &req)
 	if err != nil {
-		return Record{}, err
+		return statemachine.Record{}, err
 	}
 	r, err := s.run(ctx, "complete", false, c.script, c.key, c.args...)
 	return s.finished(tenant, "complete", r, err)
 }
 
 // completeCall checks req and builds its script call.
-func (s *RedisStore) completeCall(tenant string, req *CompleteRequest) (scriptCall, error) {
-	tok, err := s.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, "")
+func (s *Store) completeCall(tenant string, req *statemachine.CompleteRequest) (scriptCall, error) {
+	tok, err := s.limits.CheckFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, "")
 	if err != nil {
 		return scriptCall{}, err
 	}
-	return scriptCall{script: s.scripts.Complete, key: RedisKey(tenant, req.Key), args: []any{
-		string(tok[:]), encodeResponse(&req.Response), retentionArg(req.Retention),
+	return scriptCall{script: s.scripts.Complete, key: Key(tenant, req.Key), args: []any{
+		string(tok[:]), statemachine.EncodeResponse(&req.Response), retentionArg(req.Retention),
 	}}, nil
 }
 
 // Fail implements Store; see internal/lua/fail.lua.
-func (s *RedisStore) Fail(ctx context.Context, tenant string, req FailRequest) (Record, error) {
+func (s *Store) Fail(ctx context.Context, tenant string, req statemachine.FailRequest) (statemachine.Record, error) {
 	c, err := s.failCall(tenant, &req)
 	if err != nil {
-		return Record{}, err
+		return statemachine.Record{}, err
 	}
 	r, err := s.run(ctx, "fail", false, c.script, c.key, c.args...)
 	return s.finished(tenant, "fail", r, err)
 }
 
 // failCall checks req and builds its script call.
-func (s *RedisStore) failCall(tenant string, req *FailRequest) (scriptCall, error) {
-	tok, err := s.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, req.Error)
+func (s *Store) failCall(tenant string, req *statemachine.FailRequest) (scriptCall, error) {
+	tok, err := s.limits.CheckFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, req.Error)
 	if err != nil {
 		return scriptCall{}, err
 	}
@@ -286,66 +283,66 @@ func (s *RedisStore) failCall(tenant string, req *FailRequest) (scriptCall, erro
 	if req.Retryable {
 		retryable = "1"
 	}
-	return scriptCall{script: s.scripts.Fail, key: RedisKey(tenant, req.Key), args: []any{
-		string(tok[:]), retryable, req.Error, encodeResponse(&req.Response), retentionArg(req.Retention),
+	return scriptCall{script: s.scripts.Fail, key: Key(tenant, req.Key), args: []any{
+		string(tok[:]), retryable, req.Error, statemachine.EncodeResponse(&req.Response), retentionArg(req.Retention),
 	}}, nil
 }
 
-func (s *RedisStore) finished(tenant, op string, r reply, err error) (Record, error) {
+func (s *Store) finished(tenant, op string, r reply, err error) (statemachine.Record, error) {
 	if err != nil {
-		return Record{}, err
+		return statemachine.Record{}, err
 	}
 	if r.code != codeOK {
-		return Record{}, r.err(op)
+		return statemachine.Record{}, r.err(op)
 	}
-	return r.rec.record(tenant, r.now, false)
+	return r.rec.Record(tenant, r.now, false)
 }
 
 // Extend implements Store; see internal/lua/extend.lua.
-func (s *RedisStore) Extend(ctx context.Context, tenant string, req ExtendRequest) (Lease, error) {
-	tok, lease, err := s.limits.checkExtend(tenant, &req)
+func (s *Store) Extend(ctx context.Context, tenant string, req statemachine.ExtendRequest) (statemachine.Lease, error) {
+	tok, lease, err := s.limits.CheckExtend(tenant, &req)
 	if err != nil {
-		return Lease{}, err
+		return statemachine.Lease{}, err
 	}
 	var call [8]byte
 	rand.Read(call[:])
-	r, err := s.run(ctx, "extend", false, s.scripts.Extend, RedisKey(tenant, req.Key),
+	r, err := s.run(ctx, "extend", false, s.scripts.Extend, Key(tenant, req.Key),
 		string(tok[:]), string(call[:]), lease.Milliseconds())
 	if err != nil {
-		return Lease{}, err
+		return statemachine.Lease{}, err
 	}
 	if r.code != codeOK {
-		return Lease{}, r.err("extend")
+		return statemachine.Lease{}, r.err("extend")
 	}
-	return r.rec.leaseOf(), nil
+	return r.rec.Lease(), nil
 }
 
 // Status implements Store; see internal/lua/status.lua.
-func (s *RedisStore) Status(ctx context.Context, tenant, key string, withResponse bool) (Record, error) {
-	if err := s.limits.checkKey(tenant, key); err != nil {
-		return Record{}, err
+func (s *Store) Status(ctx context.Context, tenant, key string, withResponse bool) (statemachine.Record, error) {
+	if err := s.limits.CheckKey(tenant, key); err != nil {
+		return statemachine.Record{}, err
 	}
-	r, err := s.run(ctx, "status", true, s.scripts.Status, RedisKey(tenant, key))
+	r, err := s.run(ctx, "status", true, s.scripts.Status, Key(tenant, key))
 	if err != nil {
-		return Record{}, err
+		return statemachine.Record{}, err
 	}
 	if r.code != codeOK {
-		return Record{}, r.err("status")
+		return statemachine.Record{}, r.err("status")
 	}
-	return r.rec.record(tenant, r.now, withResponse)
+	return r.rec.Record(tenant, r.now, withResponse)
 }
 
 // Delete implements Store; see internal/lua/delete.lua.
-func (s *RedisStore) Delete(ctx context.Context, tenant, key string) error {
-	if err := s.limits.checkKey(tenant, key); err != nil {
+func (s *Store) Delete(ctx context.Context, tenant, key string) error {
+	if err := s.limits.CheckKey(tenant, key); err != nil {
 		return err
 	}
-	_, err := s.run(ctx, "delete", true, s.scripts.Delete, RedisKey(tenant, key))
+	_, err := s.run(ctx, "delete", true, s.scripts.Delete, Key(tenant, key))
 	return err
 }
 
 // Ping implements Store: it pings every master (for a Cluster) or the one node.
-func (s *RedisStore) Ping(ctx context.Context) error {
+func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	var err error
@@ -357,14 +354,14 @@ func (s *RedisStore) Ping(ctx context.Context) error {
 		err = s.client.Ping(ctx).Err()
 	}
 	if err != nil {
-		return fmt.Errorf("%w: ping: %w", ErrStoreUnavailable, err)
+		return fmt.Errorf("%w: ping: %w", statemachine.ErrStoreUnavailable, err)
 	}
 	return nil
 }
 
 // run runs script on key and decodes its reply. Any failure to get a reply
 // is ErrStoreUnavailable: the script may or may not have run.
-func (s *RedisStore) run(ctx context.Context, op string, shed bool, script *redis.Script, key string, args ...any) (reply, error) {
+func (s *Store) run(ctx context.Context, op string, shed bool, script *redis.Script, key string, args ...any) (reply, error) {
 	if err := s.admit(ctx, shed); err != nil {
 		return reply{}, fmt.Errorf("%s: %w", op, err)
 	}
@@ -391,7 +388,7 @@ func (s *RedisStore) run(ctx context.Context, op string, shed bool, script *redi
 		return err
 	})
 	if err != nil {
-		return reply{}, fmt.Errorf("%w: %s: %w", ErrStoreUnavailable, op, err)
+		return reply{}, fmt.Errorf("%w: %s: %w", statemachine.ErrStoreUnavailable, op, err)
 	}
 	r, err := decodeReply(cmd.Val())
 	if err != nil {
@@ -404,7 +401,7 @@ func (s *RedisStore) run(ctx context.Context, op string, shed bool, script *redi
 // connection of key's master, so that WAIT counts that command's write. In a
 // Cluster the master is the one the slot map names; retrying reloads the
 // map after a redirect or a failure.
-func (s *RedisStore) pipelineWithWait(ctx context.Context, key string, send func(redis.Pipeliner) redis.Cmder) error {
+func (s *Store) pipelineWithWait(ctx context.Context, key string, send func(redis.Pipeliner) redis.Cmder) error {
 	cluster, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return s.sendWithWait(ctx, s.client, send)
@@ -420,7 +417,7 @@ func (s *RedisStore) pipelineWithWait(ctx context.Context, key string, send func
 var errTooFewReplicas = errors.New("too few replicas confirmed the write")
 
 // sendWithWait pipelines send's command and WAIT on node's connection.
-func (s *RedisStore) sendWithWait(ctx context.Context, node redis.Cmdable, send func(redis.Pipeliner) redis.Cmder) error {
+func (s *Store) sendWithWait(ctx context.Context, node redis.Cmdable, send func(redis.Pipeliner) redis.Cmder) error {
 	var cmd redis.Cmder
 	var wait *redis.Cmd
 	_, err := node.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -467,7 +464,7 @@ func decodeReply(v any) (reply, error) {
 			return r, fmt.Errorf("unexpected reply record %T", parts[2])
 		}
 		var err error
-		if r.rec, err = decodeStored(raw); err != nil {
+		if r.rec, err = statemachine.DecodeStored(raw); err != nil {
 			return r, err
 		}
 	case codeMismatch, codeLeaseLost, codeNotFound, codeRefused, codeUnread:
@@ -481,15 +478,15 @@ func decodeReply(v any) (reply, error) {
 func (r *reply) err(op string) error {
 	switch r.code {
 	case codeMismatch:
-		return ErrFingerprintMismatch
+		return statemachine.ErrFingerprintMismatch
 	case codeLeaseLost:
-		return ErrLeaseLost
+		return statemachine.ErrLeaseLost
 	case codeNotFound:
-		return ErrNotFound
+		return statemachine.ErrNotFound
 	case codeRefused:
-		return ErrAcquireRefused
+		return statemachine.ErrAcquireRefused
 	case codeUnread:
-		return ErrReplayRefused
+		return statemachine.ErrReplayRefused
 	}
 	return fmt.Errorf("statemachine: %s: unexpected reply code %d", op, r.code)
 }
@@ -502,10 +499,10 @@ func retentionArg(d time.Duration) string {
 	return strconv.FormatInt(int64(d/time.Second), 10)
 }
 
-// admit takes a slot for one call (see RedisOptions.MaxInFlight): at once
+// admit takes a slot for one call (see Options.MaxInFlight): at once
 // when one is free; else, for a call that may be shed, within shedWait;
 // else within the store's timeout. A call that gets none did not run.
-func (s *RedisStore) admit(ctx context.Context, shed bool) error {
+func (s *Store) admit(ctx context.Context, shed bool) error {
 	select {
 	case s.slots <- struct{}{}:
 		return nil
@@ -524,14 +521,14 @@ func (s *RedisStore) admit(ctx context.Context, shed bool) error {
 		if shed {
 			s.shed.Add(1)
 		}
-		return ErrOverloaded
+		return statemachine.ErrOverloaded
 	case <-ctx.Done():
-		return fmt.Errorf("%w: %w", ErrOverloaded, context.Cause(ctx))
+		return fmt.Errorf("%w: %w", statemachine.ErrOverloaded, context.Cause(ctx))
 	}
 }
 
 // Shed is the number of calls refused so far with ErrOverloaded.
-func (s *RedisStore) Shed() uint64 { return s.shed.Load() }
+func (s *Store) Shed() uint64 { return s.shed.Load() }
 
 // InFlight is the number of scripts running now.
-func (s *RedisStore) InFlight() int { return len(s.slots) }
+func (s *Store) InFlight() int { return len(s.slots) }

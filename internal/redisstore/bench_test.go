@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"runtime"
@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -24,11 +25,11 @@ import (
 
 const benchCallers = 64
 
-func benchStore(b *testing.B) (*sm.RedisStore, *redis.Client) {
+func benchStore(b *testing.B) (*redisstore.Store, *redis.Client) {
 	srv := redistest.NewServer(b)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers})
 	b.Cleanup(func() { client.Close() })
-	return sm.NewRedisStore(client, sm.RedisOptions{}), client
+	return redisstore.New(client, redisstore.Options{}), client
 }
 
 // runParallel runs op from benchCallers goroutines and reports ops/s and

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ import (
 // live traffic: begins per second from 16 callers alone, then while
 // listings run back to back.
 //
-//	go test -run '^$' -bench BenchmarkList100k -benchtime 1x ./internal/statemachine/
+//	go test -run '^$' -bench BenchmarkList100k -benchtime 1x ./internal/redisstore/
 func BenchmarkList100k(b *testing.B) {
 	const n = 100_000
 	store, client := benchStore(b)

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine
+package redisstore
 
 import (
 	"context"
@@ -9,17 +9,19 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+
 	"github.com/redis/go-redis/v9"
 )
 
 // Watch implements Watcher: the scripts that end an attempt publish it on
 // the record's channel (internal/lua/record.lua, announce), and the store
 // subscribes to the channels of the keys watched in this process.
-func (s *RedisStore) Watch(tenant, key string) *Watch {
-	return s.watch.watch(RedisKey(tenant, key) + endSuffix)
+func (s *Store) Watch(tenant, key string) *statemachine.Watch {
+	return s.watch.watch(Key(tenant, key) + endSuffix)
 }
 
-var _ Watcher = (*RedisStore)(nil)
+var _ statemachine.Watcher = (*Store)(nil)
 
 // endSuffix makes a record's channel from its key (record.lua's announce):
 // the same hash tag, so the same slot.
@@ -56,10 +58,10 @@ type redisWatcher struct {
 	cluster *redis.ClusterClient // nil outside a Cluster
 
 	mu        sync.Mutex
-	watches   watchSet[string]    // by channel
-	subs      map[string]*subConn // by channel: the connection subscribed to it
-	conns     map[string]*subConn // by master address ("" outside a Cluster)
-	repairing bool                // a repair goroutine is running
+	watches   statemachine.WatchSet[string] // by channel
+	subs      map[string]*subConn           // by channel: the connection subscribed to it
+	conns     map[string]*subConn           // by master address ("" outside a Cluster)
+	repairing bool                          // a repair goroutine is running
 }
 
 // subConn is one pub/sub connection and the channels it holds.
@@ -71,33 +73,33 @@ type subConn struct {
 }
 
 func newRedisWatcher(client redis.UniversalClient) *redisWatcher {
-	rw := &redisWatcher{client: client, watches: make(watchSet[string]),
+	rw := &redisWatcher{client: client, watches: make(statemachine.WatchSet[string]),
 		subs: make(map[string]*subConn), conns: make(map[string]*subConn)}
 	rw.cluster, _ = client.(*redis.ClusterClient)
 	return rw
 }
 
-func (rw *redisWatcher) watch(channel string) *Watch {
-	w := newWatch(func(w *Watch) { rw.unwatch(channel, w) })
+func (rw *redisWatcher) watch(channel string) *statemachine.Watch {
+	w := statemachine.NewWatch(func(w *statemachine.Watch) { rw.unwatch(channel, w) })
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	if rw.watches.add(channel, w) {
+	if rw.watches.Add(channel, w) {
 		if err := rw.subscribe(channel); err != nil {
-			signal(w.missed)
+			w.SignalMissed()
 			rw.repair()
 		}
 		return w // the subscription's confirmation signals Missed
 	}
 	if c := rw.subs[channel]; c == nil || c.channels[channel] {
-		signal(w.missed) // in force already, or not subscribed for now
+		w.SignalMissed() // in force already, or not subscribed for now
 	}
 	return w
 }
 
-func (rw *redisWatcher) unwatch(channel string, w *Watch) {
+func (rw *redisWatcher) unwatch(channel string, w *statemachine.Watch) {
 	rw.mu.Lock()
 	defer rw.mu.Unlock()
-	if !rw.watches.remove(channel, w) {
+	if !rw.watches.Remove(channel, w) {
 		return
 	}
 	c := rw.subs[channel]
@@ -200,7 +202,7 @@ func (rw *redisWatcher) receive(c *subConn) {
 		switch m := msg.(type) {
 		case *redis.Message:
 			rw.mu.Lock()
-			rw.watches.ended(m.Channel)
+			rw.watches.Ended(m.Channel)
 			rw.mu.Unlock()
 		case *redis.Subscription:
 			rw.confirmed(c, m)
@@ -237,7 +239,7 @@ func (rw *redisWatcher) confirmed(c *subConn, m *redis.Subscription) {
 	case "subscribe", "ssubscribe":
 		if rw.subs[m.Channel] == c {
 			c.channels[m.Channel] = true
-			rw.watches.missed(m.Channel) // in force: news from before is the watch's to read
+			rw.watches.Missed(m.Channel) // in force: news from before is the watch's to read
 		}
 	case "unsubscribe", "sunsubscribe":
 		if n := c.leaving[m.Channel]; n > 0 {
@@ -252,7 +254,7 @@ func (rw *redisWatcher) confirmed(c *subConn, m *redis.Subscription) {
 		if rw.subs[m.Channel] == c {
 			delete(rw.subs, m.Channel)
 			delete(c.channels, m.Channel)
-			rw.watches.missed(m.Channel)
+			rw.watches.Missed(m.Channel)
 			rw.repair()
 		}
 	}
@@ -269,7 +271,7 @@ func (rw *redisWatcher) lost(c *subConn) {
 		if rw.subs[channel] == c {
 			delete(rw.subs, channel)
 		}
-		rw.watches.missed(channel)
+		rw.watches.Missed(channel)
 	}
 	rw.closeConn(c)
 	if len(c.channels) > 0 {

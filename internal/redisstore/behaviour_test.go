@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"errors"
@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -430,7 +431,7 @@ func TestLimitsAreCappedAtWhatARecordHolds(t *testing.T) {
 	limits := sm.Limits{MaxOwnerBytes: 70000}
 	stores := map[string]sm.Store{
 		"memory": sm.NewMemoryStore(limits),
-		"redis":  sm.NewRedisStore(redistest.SharedServer(t).Client(t), sm.RedisOptions{Limits: limits}),
+		"redis":  redisstore.New(redistest.SharedServer(t).Client(t), redisstore.Options{Limits: limits}),
 	}
 	for name, store := range stores {
 		_, err := store.Begin(ctx, "t", sm.BeginRequest{Key: unique("k"), Owner: strings.Repeat("o", 1<<16)})

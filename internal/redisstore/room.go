@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine
+package redisstore
 
 import (
 	"context"
@@ -9,6 +9,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 
 	"github.com/redis/go-redis/v9"
 )
@@ -21,7 +23,7 @@ import (
 // but refuses the complete that follows. The caller's operation ran, its
 // outcome is lost, the lease runs out and a retry runs the operation
 // again. So the store keeps a reserve: while a master's free memory under
-// maxmemory is under RedisOptions.ReserveBytes, a begin that would start an
+// maxmemory is under Options.ReserveBytes, a begin that would start an
 // attempt on a key of that master fails with ErrNoRoom, and the attempts
 // already running have the reserve for their outcomes. A master whose
 // eviction policy may drop records (without AllowEviction) refuses begins
@@ -36,7 +38,7 @@ import (
 // acquire nothing, as NoAcquire does: it still replays a finished record,
 // in the one round trip of every begin.
 
-// DefaultReserveBytes is RedisOptions.ReserveBytes's default: room for the
+// DefaultReserveBytes is Options.ReserveBytes's default: room for the
 // outcomes of about 50 attempts in flight on one master that each store
 // the largest response (1 MiB), or some 3,000 of 16 KiB. A complete of n
 // bytes needs 1.0–1.3 × n free under maxmemory, as TestOutcomeHeadroom
@@ -54,7 +56,7 @@ type Room struct {
 	Refusal error
 }
 
-// gates are the masters that refuse new attempts; a RedisStore holds nil
+// gates are the masters that refuse new attempts; a Store holds nil
 // while none does.
 type gates struct {
 	all    error            // outside a Cluster: the one master's refusal
@@ -70,7 +72,7 @@ type roomState struct {
 
 // refusal is why a begin on key may not acquire: nil, at the cost of one
 // atomic load, while every master may take new attempts.
-func (s *RedisStore) refusal(ctx context.Context, key string) error {
+func (s *Store) refusal(ctx context.Context, key string) error {
 	g := s.gates.Load()
 	if g == nil {
 		return nil
@@ -91,7 +93,7 @@ func (s *RedisStore) refusal(ctx context.Context, key string) error {
 // eviction is allowed. A master that does not answer keeps its gate as it
 // was; one that hides INFO has none. It returns what it read, also kept
 // for Rooms.
-func (s *RedisStore) RefreshRoom(ctx context.Context) []Room {
+func (s *Store) RefreshRoom(ctx context.Context) []Room {
 	s.room.mu.Lock() // one refresh at a time
 	defer s.room.mu.Unlock()
 	var rooms []Room
@@ -142,7 +144,7 @@ func (s *RedisStore) RefreshRoom(ctx context.Context) []Room {
 
 // keepRooms keeps rooms for Rooms, sorted by node, and g as the gates
 // unless keepGates.
-func (s *RedisStore) keepRooms(rooms []Room, g *gates, keepGates bool) []Room {
+func (s *Store) keepRooms(rooms []Room, g *gates, keepGates bool) []Room {
 	slices.SortFunc(rooms, func(a, b Room) int { return strings.Compare(a.Node, b.Node) })
 	s.room.last.Store(&rooms)
 	if !keepGates {
@@ -152,7 +154,7 @@ func (s *RedisStore) keepRooms(rooms []Room, g *gates, keepGates bool) []Room {
 }
 
 // Rooms is what the last RefreshRoom read.
-func (s *RedisStore) Rooms() []Room {
+func (s *Store) Rooms() []Room {
 	if last := s.room.last.Load(); last != nil {
 		return slices.Clone(*last)
 	}
@@ -161,7 +163,7 @@ func (s *RedisStore) Rooms() []Room {
 
 // readRoom reads one master's memory (INFO memory and CLIENT INFO, for its
 // own address, in one round trip) and says whether it refuses new attempts.
-func (s *RedisStore) readRoom(ctx context.Context, node redis.Cmdable, addr string) Room {
+func (s *Store) readRoom(ctx context.Context, node redis.Cmdable, addr string) Room {
 	var info *redis.StringCmd
 	var client *redis.ClientInfoCmd
 	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -182,10 +184,10 @@ func (s *RedisStore) readRoom(ctx context.Context, node redis.Cmdable, addr stri
 	r.Memory = memoryOf(info.Val())
 	switch m := r.Memory; {
 	case m.Evicting() && !s.allowEviction:
-		r.Refusal = fmt.Errorf("%w: %s has maxmemory-policy %s", ErrEvicting, r.Node, m.Policy)
+		r.Refusal = fmt.Errorf("%w: %s has maxmemory-policy %s", statemachine.ErrEvicting, r.Node, m.Policy)
 	case m.Short(s.reserve):
 		r.Refusal = fmt.Errorf("%w: %s has %d bytes free under maxmemory, under the reserve of %d",
-			ErrNoRoom, r.Node, max(m.Headroom(), 0), s.reserve)
+			statemachine.ErrNoRoom, r.Node, max(m.Headroom(), 0), s.reserve)
 	}
 	return r
 }

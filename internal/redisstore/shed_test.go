@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"bytes"
@@ -16,8 +16,8 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
-	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // TestOverloadIsRefusedFast hangs Redis while idemsvc has as many calls in
@@ -38,7 +38,7 @@ func TestOverloadIsRefusedFast(t *testing.T) {
 	srv := redistest.NewServer(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true, PoolSize: inFlight + 4})
 	t.Cleanup(func() { client.Close() })
-	store := sm.NewRedisStore(client, sm.RedisOptions{MaxInFlight: inFlight, Timeout: timeout})
+	store := redisstore.New(client, redisstore.Options{MaxInFlight: inFlight, Timeout: timeout})
 	svc := idemtest.Serve(t, handlers.Config{Store: store})
 
 	post := func(hc *http.Client, path string, body any) (*http.Response, []byte) {

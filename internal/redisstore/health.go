@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine
+package redisstore
 
 import (
 	"context"
@@ -13,28 +13,12 @@ import (
 	"sync"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemsvc/idemsvc/internal/lua"
 )
-
-// The checks a master can fail; the names /readyz reports.
-const (
-	CheckReachable      = "reachable"
-	CheckAuth           = "auth"
-	CheckPermissions    = "permissions"
-	CheckWritable       = "writable"
-	CheckEvictionPolicy = "eviction_policy"
-	CheckReserve        = "reserve"
-	CheckReplicas       = "replicas"
-)
-
-// Failure is one failed readiness check of one node.
-type Failure struct {
-	Check  string // one of the Check* names
-	Node   string // host:port
-	Detail string // what was found; never a secret
-}
 
 // NodeInfo is what one master told about itself in one round trip.
 type NodeInfo struct {
@@ -75,7 +59,7 @@ const readinessTimeout = 400 * time.Millisecond
 // permission probes (see probePermissions). A managed Redis that hides
 // CONFIG or INFO leaves the fields it would have told unknown; a node that
 // refuses idemsvc's credentials tells nothing.
-func (s *RedisStore) Inspect(ctx context.Context) []NodeInfo {
+func (s *Store) Inspect(ctx context.Context) []NodeInfo {
 	if c, ok := s.client.(*redis.ClusterClient); ok {
 		var mu sync.Mutex
 		var nodes []NodeInfo
@@ -92,9 +76,9 @@ func (s *RedisStore) Inspect(ctx context.Context) []NodeInfo {
 			n := NodeInfo{Addr: strings.Join(c.Options().Addrs, ",")}
 			switch {
 			case redis.IsAuthError(err):
-				n.Refused = CheckAuth
+				n.Refused = statemachine.CheckAuth
 			case redis.IsPermissionError(err):
-				n.Refused, n.Denied = CheckPermissions, "CLUSTER SLOTS"
+				n.Refused, n.Denied = statemachine.CheckPermissions, "CLUSTER SLOTS"
 			default:
 				n.Err = err
 			}
@@ -109,7 +93,7 @@ func (s *RedisStore) Inspect(ctx context.Context) []NodeInfo {
 	return []NodeInfo{s.inspectNode(ctx, s.client, addr)}
 }
 
-func (s *RedisStore) inspectNode(ctx context.Context, node redis.Cmdable, addr string) NodeInfo {
+func (s *Store) inspectNode(ctx context.Context, node redis.Cmdable, addr string) NodeInfo {
 	var info *redis.StringCmd
 	var save *redis.MapStringStringCmd
 	var client *redis.ClientInfoCmd
@@ -131,7 +115,7 @@ func (s *RedisStore) inspectNode(ctx context.Context, node redis.Cmdable, addr s
 	// fails every command of the pipeline, INFO included: that is not INFO
 	// hidden by a managed Redis.
 	if redis.IsAuthError(info.Err()) || redis.IsAuthError(err) {
-		n.Refused = CheckAuth
+		n.Refused = statemachine.CheckAuth
 		return n
 	}
 	if info.Err() != nil {
@@ -148,7 +132,7 @@ func (s *RedisStore) inspectNode(ctx context.Context, node redis.Cmdable, addr s
 		// the ACL before it redirects) or OOM, which say nothing of the
 		// ACL.
 		if redis.IsPermissionError(probe.cmd.Err()) {
-			n.Refused, n.Denied = CheckPermissions, probe.what
+			n.Refused, n.Denied = statemachine.CheckPermissions, probe.what
 			break
 		}
 	}
@@ -184,7 +168,7 @@ type permissionProbe struct {
 // sends, each in a form that changes nothing: EVALSHA of the status script
 // and EVAL of one that returns 0 (@scripting: EVAL reloads the scripts
 // after a restart empties the cache; the ACL checks the key too), SET ...
-// XX of probeKey and of each of RedisOptions.ProbeKeys, which never exist
+// XX of probeKey and of each of Options.ProbeKeys, which never exist
 // (@write), a PUBLISH (SPUBLISH in a Cluster) on probeKey's channel, which
 // nobody subscribes to (the ACL's channels), and, with WaitReplicas,
 // WAIT 0 1, which returns at once. Redis checks a command against the ACL
@@ -193,7 +177,7 @@ type permissionProbe struct {
 // a refusal there comes back as a plain ERR; so the probes send them
 // directly. SUBSCRIBE is not probed: it would turn the pipeline's
 // connection into a subscriber's.
-func (s *RedisStore) probePermissions(ctx context.Context, p redis.Pipeliner) []permissionProbe {
+func (s *Store) probePermissions(ctx context.Context, p redis.Pipeliner) []permissionProbe {
 	publish := "PUBLISH"
 	if s.scripts == lua.Sharded {
 		publish = "SPUBLISH"
@@ -277,46 +261,48 @@ func isReplyError(err error) bool {
 	return errors.As(err, &reply)
 }
 
+// failure is one failed check of node.
+func failure(check, node, detail string) statemachine.Failure {
+	return statemachine.Failure{Check: check, Node: node, Detail: detail}
+}
+
 // Readiness reports every failed check of every master, read now and
 // within readinessTimeout: none when the store is ready.
-func (s *RedisStore) Readiness(ctx context.Context) []Failure {
+func (s *Store) Readiness(ctx context.Context) []statemachine.Failure {
 	ctx, cancel := context.WithTimeout(ctx, readinessTimeout)
 	defer cancel()
-	var failures []Failure
+	var failures []statemachine.Failure
 	nodes := s.Inspect(ctx)
 	slices.SortFunc(nodes, func(a, b NodeInfo) int { return strings.Compare(a.Addr, b.Addr) })
 	for _, n := range nodes {
 		switch {
 		case n.Err != nil:
-			failures = append(failures, Failure{CheckReachable, n.Addr, "the node did not answer"})
+			failures = append(failures, failure(statemachine.CheckReachable, n.Addr, "the node did not answer"))
 			continue
-		case n.Refused == CheckAuth:
-			failures = append(failures, Failure{CheckAuth, n.Addr,
-				"the node refuses idemsvc's credentials (WRONGPASS or NOAUTH): check IDEMSVC_REDIS_USERNAME and IDEMSVC_REDIS_PASSWORD, or the URL's"})
+		case n.Refused == statemachine.CheckAuth:
+			failures = append(failures, failure(statemachine.CheckAuth, n.Addr,
+				"the node refuses idemsvc's credentials (WRONGPASS or NOAUTH): check IDEMSVC_REDIS_USERNAME and IDEMSVC_REDIS_PASSWORD, or the URL's"))
 			continue
-		case n.Refused == CheckPermissions:
-			failures = append(failures, Failure{CheckPermissions, n.Addr,
-				"the ACL user may not send " + n.Denied + " (NOPERM): idemsvc needs @scripting, @read, @write and @pubsub on idem:* keys and channels"})
+		case n.Refused == statemachine.CheckPermissions:
+			failures = append(failures, failure(statemachine.CheckPermissions, n.Addr,
+				"the ACL user may not send "+n.Denied+" (NOPERM): idemsvc needs @scripting, @read, @write and @pubsub on idem:* keys and channels"))
 		}
 		switch {
 		case n.OutOfMemory:
-			failures = append(failures, Failure{CheckWritable, n.Addr, "used memory is over maxmemory: writes are refused"})
+			failures = append(failures, failure(statemachine.CheckWritable, n.Addr, "used memory is over maxmemory: writes are refused"))
 		case n.Memory.Short(s.reserve):
-			failures = append(failures, Failure{CheckReserve, n.Addr, fmt.Sprintf(
+			failures = append(failures, failure(statemachine.CheckReserve, n.Addr, fmt.Sprintf(
 				"%d bytes free under maxmemory, under the reserve of %d (IDEMSVC_REDIS_RESERVE_BYTES): begins that would start an operation here are refused",
-				max(n.Memory.Headroom(), 0), s.reserve)})
+				max(n.Memory.Headroom(), 0), s.reserve)))
 		}
 		if n.Evicting() && !s.allowEviction {
-			failures = append(failures, Failure{CheckEvictionPolicy, n.Addr,
-				fmt.Sprintf("maxmemory-policy is %s; idemsvc needs noeviction", n.Policy)})
+			failures = append(failures, failure(statemachine.CheckEvictionPolicy, n.Addr,
+				fmt.Sprintf("maxmemory-policy is %s; idemsvc needs noeviction", n.Policy)))
 		}
 		if n.Replicas < s.waitReplicas {
-			failures = append(failures, Failure{CheckReplicas, n.Addr,
-				fmt.Sprintf("%d replicas connected; IDEMSVC_REDIS_WAIT_REPLICAS is %d", n.Replicas, s.waitReplicas)})
+			failures = append(failures, failure(statemachine.CheckReplicas, n.Addr,
+				fmt.Sprintf("%d replicas connected; IDEMSVC_REDIS_WAIT_REPLICAS is %d", n.Replicas, s.waitReplicas)))
 		}
 	}
 	return failures
 }
-
-// Readiness implements Store: the memory store is always ready.
-func (*MemoryStore) Readiness(context.Context) []Failure { return nil }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -72,7 +73,7 @@ func TestResentScriptAnswersAsTheFirstRun(t *testing.T) {
 	forEachRedis(t, func(t *testing.T, client redis.UniversalClient) {
 		hook := &resender{}
 		client.AddHook(hook)
-		s := newSubject(t, sm.NewRedisStore(client, sm.RedisOptions{}))
+		s := newSubject(t, redisstore.New(client, redisstore.Options{}))
 		sameAnswer := func(op string) {
 			t.Helper()
 			first, second := hook.last()
@@ -114,7 +115,7 @@ func TestResentScriptAnswersAsTheFirstRun(t *testing.T) {
 
 func TestScriptsSurviveScriptFlush(t *testing.T) {
 	forEachRedis(t, func(t *testing.T, client redis.UniversalClient) {
-		s := newSubject(t, sm.NewRedisStore(client, sm.RedisOptions{}))
+		s := newSubject(t, redisstore.New(client, redisstore.Options{}))
 		flushScripts(t, client)
 		s.mustBegin(sm.BeginRequest{})
 		flushScripts(t, client)
@@ -145,7 +146,7 @@ func flushScripts(t *testing.T, client redis.UniversalClient) {
 
 func TestScriptsSurviveRestart(t *testing.T) {
 	srv := redistest.NewServer(t)
-	s := newSubject(t, sm.NewRedisStore(srv.Client(t), sm.RedisOptions{}))
+	s := newSubject(t, redisstore.New(srv.Client(t), redisstore.Options{}))
 	s.mustBegin(sm.BeginRequest{})
 	srv.Restart(t)
 	// The restarted server kept nothing: the key is new, and the scripts load again.
@@ -166,7 +167,7 @@ func TestRedisDownFailsClosed(t *testing.T) {
 	srv := redistest.NewServer(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { client.Close() })
-	store := sm.NewRedisStore(client, sm.RedisOptions{Timeout: timeout})
+	store := redisstore.New(client, redisstore.Options{Timeout: timeout})
 	s := newSubject(t, store)
 	s.mustBegin(sm.BeginRequest{})
 
@@ -211,7 +212,7 @@ func TestRedisDownFailsClosed(t *testing.T) {
 func TestKeysOfOneTenantSpreadOverSlots(t *testing.T) {
 	cluster := redistest.SharedCluster(t)
 	client := cluster.Client(t)
-	store := sm.NewRedisStore(client, sm.RedisOptions{})
+	store := redisstore.New(client, redisstore.Options{})
 	tenant := unique("t")
 	slots := map[int64]bool{}
 	masters := map[string]bool{}
@@ -220,7 +221,7 @@ func TestKeysOfOneTenantSpreadOverSlots(t *testing.T) {
 		if _, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: key}); err != nil {
 			t.Fatal(err)
 		}
-		rk := sm.RedisKey(tenant, key)
+		rk := redisstore.Key(tenant, key)
 		slot, err := client.ClusterKeySlot(ctx, rk).Result()
 		if err != nil {
 			t.Fatal(err)
@@ -237,7 +238,7 @@ func TestKeysOfOneTenantSpreadOverSlots(t *testing.T) {
 
 func TestRedisKey(t *testing.T) {
 	// Stored records are found by this name: it must never change.
-	got := sm.RedisKey("payments", "order-1")
+	got := redisstore.Key("payments", "order-1")
 	want := "idem:{payments:0bafe22156d2698c143b86040446d366ead863ba600d5c924f3d15c786ef4057}"
 	if got != want {
 		t.Errorf("RedisKey = %q, want %q", got, want)
@@ -250,7 +251,7 @@ func TestRedisKey(t *testing.T) {
 func TestWaitReplicas(t *testing.T) {
 	cluster := redistest.NewCluster(t)
 	client := cluster.Client(t)
-	store := sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
+	store := redisstore.New(client, redisstore.Options{WaitReplicas: 1, WaitTimeout: 300 * time.Millisecond})
 	s := newSubject(t, store)
 	flushScripts(t, client) // the pipelined EVALSHA meets NOSCRIPT first
 	res := s.mustBegin(sm.BeginRequest{})
@@ -258,7 +259,7 @@ func TestWaitReplicas(t *testing.T) {
 		t.Fatalf("begin with healthy replicas: got %+v", res)
 	}
 
-	master := cluster.MasterOf(t, sm.RedisKey(s.tenant, s.key))
+	master := cluster.MasterOf(t, redisstore.Key(s.tenant, s.key))
 	replicas := cluster.ReplicasOf(t, master)
 	if len(replicas) != 1 {
 		t.Fatalf("master %s has %d replicas, want 1", master.Addr(), len(replicas))
@@ -291,7 +292,7 @@ func TestWaitReplicas(t *testing.T) {
 	if err := replicas[0].Client(t).Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
 		t.Fatalf("CLUSTER FAILOVER: %v", err)
 	}
-	for cluster.MasterOf(t, sm.RedisKey(s.tenant, s.key)).Addr() != replicas[0].Addr() {
+	for cluster.MasterOf(t, redisstore.Key(s.tenant, s.key)).Addr() != replicas[0].Addr() {
 		time.Sleep(50 * time.Millisecond)
 	}
 	cluster.WaitHealthy(t)
@@ -307,7 +308,7 @@ func TestWaitReplicas(t *testing.T) {
 // at most 600 bytes for a completed record with a 200-byte body.
 func TestMemoryUsageOfACompletedRecord(t *testing.T) {
 	client := redistest.SharedServer(t).Client(t)
-	store := sm.NewRedisStore(client, sm.RedisOptions{})
+	store := redisstore.New(client, redisstore.Options{})
 	tenant, key := "payments", unique("order")
 	res, err := store.Begin(ctx, tenant, sm.BeginRequest{
 		Key: key, Owner: "7f9c2ba4-e88f-4a2c-9d4e-3b1f0c6a8d21",
@@ -323,7 +324,7 @@ func TestMemoryUsageOfACompletedRecord(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	usage, err := client.MemoryUsage(ctx, sm.RedisKey(tenant, key)).Result()
+	usage, err := client.MemoryUsage(ctx, redisstore.Key(tenant, key)).Result()
 	if err != nil {
 		t.Fatal(err)
 	}

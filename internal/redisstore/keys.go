@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine
+package redisstore
 
 import (
 	"crypto/sha256"
@@ -8,11 +8,11 @@ import (
 	"strings"
 )
 
-// RedisKey returns the Redis key of tenant's record for the client's key:
+// Key returns the Redis key of tenant's record for the client's key:
 // idem:{<tenant>:<hex sha256 of key>}. Only server-controlled parts and a
 // digest make up the name, so no client key chooses a hash slot, and the
 // braces keep any companion key of the record in the same slot.
-func RedisKey(tenant, key string) string {
+func Key(tenant, key string) string {
 	sum := sha256.Sum256([]byte(key))
 	var b strings.Builder
 	b.Grow(len("idem:{:}") + len(tenant) + 2*len(sum))

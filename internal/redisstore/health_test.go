@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"context"
@@ -13,6 +13,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -90,7 +91,7 @@ func TestReadinessStandalone(t *testing.T) {
 	admin := srv.Client(t)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
-	store := sm.NewRedisStore(client, sm.RedisOptions{})
+	store := redisstore.New(client, redisstore.Options{})
 	node := srv.Addr()
 
 	wantFailures(t, store)
@@ -106,7 +107,7 @@ func TestReadinessStandalone(t *testing.T) {
 			t.Errorf("detail %q does not name the policy %s", f[0].Detail, policy)
 		}
 	}
-	allowing := sm.NewRedisStore(client, sm.RedisOptions{AllowEviction: true})
+	allowing := redisstore.New(client, redisstore.Options{AllowEviction: true})
 	wantFailures(t, allowing)
 	mustConfigSet(t, admin, "maxmemory-policy", "noeviction")
 
@@ -118,7 +119,7 @@ func TestReadinessStandalone(t *testing.T) {
 	mustConfigSet(t, admin, "maxmemory", "0")
 	wantFailures(t, store)
 
-	waiting := sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 1})
+	waiting := redisstore.New(client, redisstore.Options{WaitReplicas: 1})
 	wantFailures(t, waiting, "replicas "+node)
 
 	resume := srv.Pause(t)
@@ -144,7 +145,7 @@ func TestReadinessCluster(t *testing.T) {
 	c := redistest.NewClusterWith(t, redistest.ClusterOptions{Private: true}) // its configuration changes
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = client.Close() })
-	store := sm.NewRedisStore(client, sm.RedisOptions{})
+	store := redisstore.New(client, redisstore.Options{})
 	wantFailures(t, store)
 	if nodes := store.Inspect(context.Background()); len(nodes) != 3 {
 		t.Errorf("inspected %d masters, want 3: %+v", len(nodes), nodes)
@@ -158,7 +159,7 @@ func TestReadinessCluster(t *testing.T) {
 	mustConfigSet(t, master.Client(t), "maxmemory", "0")
 	addrs := []string{c.Nodes()[0].Addr(), c.Nodes()[1].Addr(), c.Nodes()[2].Addr()}
 	slices.Sort(addrs)
-	wantFailures(t, sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 2}),
+	wantFailures(t, redisstore.New(client, redisstore.Options{WaitReplicas: 2}),
 		"replicas "+addrs[0], "replicas "+addrs[1], "replicas "+addrs[2])
 
 	// Refusals: every master is probed on its own; a refused login fails
@@ -168,10 +169,10 @@ func TestReadinessCluster(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	as := func(user, password string) *sm.RedisStore {
+	as := func(user, password string) *redisstore.Store {
 		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), Username: user, Password: password, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = client.Close() })
-		return sm.NewRedisStore(client, sm.RedisOptions{})
+		return redisstore.New(client, redisstore.Options{})
 	}
 	wantFailures(t, as("noscript", "pw"), "permissions "+addrs[0], "permissions "+addrs[1], "permissions "+addrs[2])
 	wantFailures(t, as("noscript", "wrong"), "auth "+strings.Join(c.Addrs(), ","))
@@ -186,7 +187,7 @@ func TestReadinessSentinel(t *testing.T) {
 		MasterName: st.MasterName(), SentinelAddrs: st.Addrs(), ContextTimeoutEnabled: true,
 	})
 	t.Cleanup(func() { _ = client.Close() })
-	store := sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 1})
+	store := redisstore.New(client, redisstore.Options{WaitReplicas: 1})
 	wantFailures(t, store)
 	master := st.Master(t)
 	admin := master.Client(t)
@@ -222,10 +223,10 @@ func TestReadinessRefusals(t *testing.T) {
 		}
 	}
 	node := srv.Addr()
-	storeAs := func(user, password string) *sm.RedisStore {
+	storeAs := func(user, password string) *redisstore.Store {
 		client := redis.NewClient(&redis.Options{Addr: node, Username: user, Password: password, ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = client.Close() })
-		return sm.NewRedisStore(client, sm.RedisOptions{ProbeKeys: []string{"idemq:{idemsvc-probe}:readiness-probe"}})
+		return redisstore.New(client, redisstore.Options{ProbeKeys: []string{"idemq:{idemsvc-probe}:readiness-probe"}})
 	}
 	for _, c := range []struct {
 		user, password, check, denied string

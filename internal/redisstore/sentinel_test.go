@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 )
@@ -30,7 +31,7 @@ func TestSentinelFailover(t *testing.T) {
 		ContextTimeoutEnabled: true,
 	})
 	t.Cleanup(func() { _ = client.Close() })
-	store := sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 1})
+	store := redisstore.New(client, redisstore.Options{WaitReplicas: 1})
 	master, replica := st.Master(t), st.Replica(t)
 
 	done := newSubject(t, store)
@@ -78,7 +79,7 @@ func TestSentinelFailover(t *testing.T) {
 	// the master died. With no replica of its own, it cannot confirm
 	// anything, so the store still fails closed.
 	for _, s := range []*subject{done, unconfirmed} {
-		if n, err := promoted.Client(t).Exists(ctx, sm.RedisKey(s.tenant, s.key)).Result(); err != nil || n != 1 {
+		if n, err := promoted.Client(t).Exists(ctx, redisstore.Key(s.tenant, s.key)).Result(); err != nil || n != 1 {
 			t.Errorf("record %s on the promoted replica: EXISTS = %d, %v; want 1", s.key, n, err)
 		}
 	}
@@ -151,14 +152,14 @@ func beginUntil(store sm.Store, s *subject) (stop func() []beginCall) {
 func TestRetryElsewhereWaitsForReplicas(t *testing.T) {
 	t.Parallel()
 	st := redistest.NewSentinel(t)
-	open := func() *sm.RedisStore {
+	open := func() *redisstore.Store {
 		client := redis.NewFailoverClient(&redis.FailoverOptions{
 			MasterName: st.MasterName(), SentinelAddrs: st.Addrs(), ContextTimeoutEnabled: true,
 		})
 		t.Cleanup(func() { _ = client.Close() })
 		// WAIT's timeout leaves a loaded machine's replica time to confirm;
 		// a paused replica never does.
-		return sm.NewRedisStore(client, sm.RedisOptions{WaitReplicas: 1, WaitTimeout: time.Second})
+		return redisstore.New(client, redisstore.Options{WaitReplicas: 1, WaitTimeout: time.Second})
 	}
 	first, second := open(), open()
 	replica := st.Replica(t)

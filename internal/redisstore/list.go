@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine
+package redisstore
 
 import (
 	"context"
@@ -11,98 +11,14 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"time"
+
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// ListRequest asks for a page of a tenant's records in one state.
-type ListRequest struct {
-	State     State
-	OlderThan time.Duration // the last transition at least this long ago
-	Limit     int           // records per page, 1–MaxListLimit; 0 is DefaultListLimit
-	Cursor    string        // "" for the first page, then the last page's NextCursor
-}
-
-// ListPage is one page of a listing.
-type ListPage struct {
-	Records    []Record // without their responses
-	NextCursor string   // "" once the listing is over
-}
-
-// Listing's page sizes.
-const (
-	DefaultListLimit = 100
-	MaxListLimit     = 1000
-)
-
 // errStaleCursor answers a cursor whose node changed under it.
-var errStaleCursor = &InvalidError{Field: "cursor", Reason: "can no longer be followed (the store's nodes changed, by a failover or a restart); start the listing again"}
-
-func checkList(tenant string, req *ListRequest) error {
-	if err := checkTenant(tenant); err != nil {
-		return err
-	}
-	switch req.State {
-	case StateInProgress, StateCompleted, StateFailed:
-	default:
-		return invalid("state", "must be in_progress, completed or failed")
-	}
-	if req.OlderThan < 0 {
-		return invalid("older_than_s", "must be 0 or more")
-	}
-	if req.Limit == 0 {
-		req.Limit = DefaultListLimit
-	}
-	if req.Limit < 1 || req.Limit > MaxListLimit {
-		return invalid("limit", "must be 1 to %d", MaxListLimit)
-	}
-	return nil
-}
-
-// listed reports whether s belongs in a listing of req at time now: in the
-// state asked for (a released record is not listed: it is gone for Begin
-// too) and last changed at least req.OlderThan ago.
-func listed(s *stored, req *ListRequest, now int64) bool {
-	return s.state == req.State && !(s.state == StateFailed && s.retryable) &&
-		s.updated <= now-req.OlderThan.Milliseconds()
-}
-
-// List implements Store: records sorted by key, the cursor being the last
-// key of the page before.
-func (m *MemoryStore) List(_ context.Context, tenant string, req ListRequest) (ListPage, error) {
-	if err := checkList(tenant, &req); err != nil {
-		return ListPage{}, err
-	}
-	after := ""
-	if req.Cursor != "" {
-		b, err := base64.RawURLEncoding.DecodeString(req.Cursor)
-		if err != nil || len(b) == 0 || b[0] != 'm' {
-			return ListPage{}, invalid("cursor", "is not a cursor this store gave")
-		}
-		after = string(b[1:])
-	}
-	m.mu.Lock()
-	now := nowMs()
-	var found []*stored
-	for k, s := range m.records {
-		if k.tenant == tenant && s.key > after && s.expires >= now && listed(s, &req, now) {
-			found = append(found, s)
-		}
-	}
-	page := ListPage{}
-	slices.SortFunc(found, func(a, b *stored) int { return strings.Compare(a.key, b.key) })
-	if len(found) > req.Limit {
-		found = found[:req.Limit]
-		page.NextCursor = base64.RawURLEncoding.EncodeToString([]byte("m" + found[len(found)-1].key))
-	}
-	for _, s := range found {
-		r, _ := s.record(tenant, now, false) // without the response, nothing to decode
-		page.Records = append(page.Records, r)
-	}
-	m.mu.Unlock()
-	return page, nil
-}
+var errStaleCursor = &statemachine.InvalidError{Field: "cursor", Reason: "can no longer be followed (the store's nodes changed, by a failover or a restart); start the listing again"}
 
 // redisCursor is where a listing on Redis stands: on which master (its
 // address and run id, which changes with every restart; and for a Cluster
@@ -126,7 +42,7 @@ func decodeRedisCursor(s string) (redisCursor, error) {
 	var c redisCursor
 	b, err := base64.RawURLEncoding.DecodeString(s)
 	if err != nil || json.Unmarshal(b, &c) != nil || c.Node == "" && c.RunID == "" {
-		return c, invalid("cursor", "is not a cursor this store gave")
+		return c, statemachine.ErrForeignCursor
 	}
 	return c, nil
 }
@@ -151,46 +67,46 @@ const (
 // the node's clock. SCAN returns every key present for the whole scan at
 // least once; a cursor carries the node's run id, so one that outlived a
 // restart or failover of its node is refused rather than followed.
-func (s *RedisStore) List(ctx context.Context, tenant string, req ListRequest) (ListPage, error) {
-	if err := checkList(tenant, &req); err != nil {
-		return ListPage{}, err
+func (s *Store) List(ctx context.Context, tenant string, req statemachine.ListRequest) (statemachine.ListPage, error) {
+	if err := statemachine.CheckList(tenant, &req); err != nil {
+		return statemachine.ListPage{}, err
 	}
 	var cur redisCursor
 	if req.Cursor != "" {
 		var err error
 		if cur, err = decodeRedisCursor(req.Cursor); err != nil {
-			return ListPage{}, err
+			return statemachine.ListPage{}, err
 		}
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	nodes, err := s.listNodes(ctx)
 	if err != nil {
-		return ListPage{}, fmt.Errorf("%w: list: %w", ErrStoreUnavailable, err)
+		return statemachine.ListPage{}, fmt.Errorf("%w: list: %w", statemachine.ErrStoreUnavailable, err)
 	}
 	i := 0
 	if req.Cursor != "" {
 		if i = slices.IndexFunc(nodes, func(n listNode) bool { return n.addr == cur.Node }); i < 0 {
-			return ListPage{}, errStaleCursor
+			return statemachine.ListPage{}, errStaleCursor
 		}
 	}
 	match := "idem:{" + tenant + ":*}"
-	page := ListPage{}
+	page := statemachine.ListPage{}
 	calls := 0
 	for ; i < len(nodes); i, cur = i+1, (redisCursor{}) {
 		n := nodes[i]
 		for {
 			b, err := scanBatch(ctx, n, match, cur.Scan)
 			if err != nil {
-				return ListPage{}, fmt.Errorf("%w: list: %w", ErrStoreUnavailable, err)
+				return statemachine.ListPage{}, fmt.Errorf("%w: list: %w", statemachine.ErrStoreUnavailable, err)
 			}
 			if cur.RunID != "" && (b.runID != cur.RunID || b.epoch != cur.Epoch) {
-				return ListPage{}, errStaleCursor
+				return statemachine.ListPage{}, errStaleCursor
 			}
 			calls++
 			at := redisCursor{Node: n.addr, RunID: b.runID, Epoch: b.epoch, Scan: cur.Scan}
 			for _, r := range b.records {
-				if r.name <= cur.After || !listed(&r.s, &req, b.now) {
+				if r.name <= cur.After || !statemachine.Listed(&r.s, &req, b.now) {
 					continue
 				}
 				if len(page.Records) == req.Limit {
@@ -198,7 +114,7 @@ func (s *RedisStore) List(ctx context.Context, tenant string, req ListRequest) (
 					page.NextCursor = at.encode()
 					return page, nil
 				}
-				rec, _ := r.s.record(tenant, b.now, false)
+				rec, _ := r.s.Record(tenant, b.now, false)
 				page.Records = append(page.Records, rec)
 				at.After = r.name
 			}
@@ -227,7 +143,7 @@ type listNode struct {
 }
 
 // listNodes returns the masters, sorted by address.
-func (s *RedisStore) listNodes(ctx context.Context) ([]listNode, error) {
+func (s *Store) listNodes(ctx context.Context) ([]listNode, error) {
 	c, ok := s.client.(*redis.ClusterClient)
 	if !ok {
 		return []listNode{{client: s.client}}, nil
@@ -255,7 +171,7 @@ type scanned struct {
 
 type scannedRecord struct {
 	name string
-	s    stored
+	s    statemachine.Stored
 }
 
 // scanBatch runs one SCAN on n with the node's run id, epoch and clock in
@@ -298,7 +214,7 @@ func scanBatch(ctx context.Context, n listNode, match string, from uint64) (scan
 		if raws[i] == "" {
 			continue // expired or deleted since the SCAN
 		}
-		s, err := decodeStored(raws[i])
+		s, err := statemachine.DecodeStored(raws[i])
 		if err != nil {
 			return b, fmt.Errorf("record %s: %w", strconv.Quote(name[:min(len(name), 8)]), err)
 		}
@@ -321,7 +237,7 @@ func readHeads(ctx context.Context, c redis.Cmdable, names []string) ([]string, 
 		want[i] = listHeadBytes
 	}
 	cmds := make([]*redis.StringCmd, len(names))
-	for range 1 + headPrefixes {
+	for range 1 + statemachine.HeadPrefixes {
 		_, err := c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, name := range names {
 				if want[i] > 0 {
@@ -339,7 +255,7 @@ func readHeads(ctx context.Context, c redis.Cmdable, names []string) ([]string, 
 				continue
 			}
 			raw := cmds[i].Val()
-			n, whole := headLength(raw)
+			n, whole := statemachine.HeadLength(raw)
 			switch {
 			case whole:
 				raws[i], want[i] = raw[:n], 0
@@ -355,22 +271,5 @@ func readHeads(ctx context.Context, c redis.Cmdable, names []string) ([]string, 
 			return raws, nil
 		}
 	}
-	return nil, errCorrupt // a head's length prefixes did not end within their count
-}
-
-// headPrefixes is the number of length-prefixed strings in a record's head.
-const headPrefixes = 4
-
-// headLength reads the length of the record head at the start of raw, as
-// far as raw holds it: the whole head's length and true, or false and how
-// many bytes are known to belong to the head so far.
-func headLength(raw string) (int, bool) {
-	at := fixedHeadBytes
-	for _, prefix := range [headPrefixes]int{2, 2, 2, 4} {
-		if len(raw) < at+prefix {
-			return at + prefix, false
-		}
-		at += prefix + int(bigEndian(raw[at:at+prefix]))
-	}
-	return at, len(raw) >= at
+	return nil, statemachine.ErrCorrupt // a head's length prefixes did not end within their count
 }

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine
+package redisstore
 
 import (
 	"context"
@@ -8,13 +8,15 @@ import (
 	"fmt"
 	"sync"
 
+	"github.com/idemsvc/idemsvc/internal/statemachine"
+
 	"github.com/redis/go-redis/v9"
 )
 
 // BeginBatch implements Batcher: each item checked and answered as Begin
 // would, their scripts pipelined in one round trip per master.
-func (s *RedisStore) BeginBatch(ctx context.Context, items []BatchBegin) []BeginOutcome {
-	out := make([]BeginOutcome, len(items))
+func (s *Store) BeginBatch(ctx context.Context, items []statemachine.BatchBegin) []statemachine.BeginOutcome {
+	out := make([]statemachine.BeginOutcome, len(items))
 	calls := make([]scriptCall, len(items))
 	run := make([]int, 0, len(items))
 	for i := range items {
@@ -40,8 +42,8 @@ func (s *RedisStore) BeginBatch(ctx context.Context, items []BatchBegin) []Begin
 // FinishBatch implements Batcher: each item checked and answered as
 // Complete or Fail would, their scripts pipelined in one round trip per
 // master.
-func (s *RedisStore) FinishBatch(ctx context.Context, items []BatchFinish) []FinishOutcome {
-	out := make([]FinishOutcome, len(items))
+func (s *Store) FinishBatch(ctx context.Context, items []statemachine.BatchFinish) []statemachine.FinishOutcome {
+	out := make([]statemachine.FinishOutcome, len(items))
 	calls := make([]scriptCall, len(items))
 	ops := make([]string, len(items))
 	run := make([]int, 0, len(items))
@@ -75,7 +77,7 @@ func (s *RedisStore) FinishBatch(ctx context.Context, items []BatchFinish) []Fin
 // while Redis fails over (only the calls still without an answer). An
 // error of a call is ErrStoreUnavailable: its script may or may not have
 // run.
-func (s *RedisStore) runBatch(ctx context.Context, op string, shed bool, calls []scriptCall, run []int) ([]reply, []error) {
+func (s *Store) runBatch(ctx context.Context, op string, shed bool, calls []scriptCall, run []int) ([]reply, []error) {
 	replies := make([]reply, len(calls))
 	errs := make([]error, len(calls))
 	if len(run) == 0 {
@@ -108,7 +110,7 @@ func (s *RedisStore) runBatch(ctx context.Context, op string, shed bool, calls [
 			if err == nil {
 				err = errs[i]
 			}
-			errs[i] = fmt.Errorf("%w: %s batch: %w", ErrStoreUnavailable, op, unredirected(errs[i]))
+			errs[i] = fmt.Errorf("%w: %s batch: %w", statemachine.ErrStoreUnavailable, op, unredirected(errs[i]))
 			continue
 		}
 		r, derr := decodeReply(cmds[i].Val())
@@ -126,7 +128,7 @@ func (s *RedisStore) runBatch(ctx context.Context, op string, shed bool, calls [
 // WaitReplicas one pipeline on the client does (a ClusterClient splits it
 // by master itself); with it, each master's pipeline runs on that master's
 // connection and ends with WAIT, so that WAIT counts its scripts' writes.
-func (s *RedisStore) sendBatch(ctx context.Context, calls []scriptCall, items []int, cmds []*redis.Cmd, errs []error) error {
+func (s *Store) sendBatch(ctx context.Context, calls []scriptCall, items []int, cmds []*redis.Cmd, errs []error) error {
 	cluster, ok := s.client.(*redis.ClusterClient)
 	if s.waitReplicas == 0 || !ok {
 		return s.sendPipeline(ctx, s.client, calls, items, cmds, errs)
@@ -166,7 +168,7 @@ func (s *RedisStore) sendBatch(ctx context.Context, calls []scriptCall, items []
 // node (then WAIT, with WaitReplicas). Calls that meet an empty script
 // cache (NOSCRIPT, which a pipeline does not handle as Script.Run does)
 // are sent again with EVAL, which loads the script: they did not run.
-func (s *RedisStore) sendPipeline(ctx context.Context, node redis.Cmdable, calls []scriptCall, items []int, cmds []*redis.Cmd, errs []error) error {
+func (s *Store) sendPipeline(ctx context.Context, node redis.Cmdable, calls []scriptCall, items []int, cmds []*redis.Cmd, errs []error) error {
 	err := s.pipelineOnce(ctx, node, false, calls, items, cmds, errs)
 	var reload []int
 	for _, i := range items {
@@ -182,7 +184,7 @@ func (s *RedisStore) sendPipeline(ctx context.Context, node redis.Cmdable, calls
 
 // pipelineOnce is one pipeline of sendPipeline: EVALSHA, or EVAL when
 // eval; it returns the first error of a call.
-func (s *RedisStore) pipelineOnce(ctx context.Context, node redis.Cmdable, eval bool, calls []scriptCall, items []int, cmds []*redis.Cmd, errs []error) error {
+func (s *Store) pipelineOnce(ctx context.Context, node redis.Cmdable, eval bool, calls []scriptCall, items []int, cmds []*redis.Cmd, errs []error) error {
 	var wait *redis.Cmd
 	_, _ = node.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, i := range items {

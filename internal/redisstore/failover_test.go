@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 
-package statemachine_test
+package redisstore_test
 
 import (
 	"errors"
@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 
 	"github.com/redis/go-redis/v9"
 
@@ -57,7 +58,7 @@ func TestFailoverAvailability(t *testing.T) {
 			return c
 		}
 		probers := newProbers(t, newClient)
-		ref := sm.RedisKey(handlers.DefaultTenant, unique("ref"))
+		ref := redisstore.Key(handlers.DefaultTenant, unique("ref"))
 		for _, f := range []fault{faultKill, faultPause} {
 			victim := cluster.MasterOf(t, ref)
 			replicas := cluster.ReplicasOf(t, victim)
@@ -124,7 +125,7 @@ func newProbers(t *testing.T, newClient func() redis.UniversalClient) []prober {
 	t.Helper()
 	var probers []prober
 	for _, wait := range []int{0, 1} {
-		store := sm.NewRedisStore(newClient(), sm.RedisOptions{WaitReplicas: wait})
+		store := redisstore.New(newClient(), redisstore.Options{WaitReplicas: wait})
 		probers = append(probers, prober{fmt.Sprintf("store wait=%d", wait), func(key string) error {
 			_, err := store.Begin(ctx, handlers.DefaultTenant, sm.BeginRequest{Key: key})
 			if err != nil && !errors.Is(err, sm.ErrStoreUnavailable) {
@@ -133,7 +134,7 @@ func newProbers(t *testing.T, newClient func() redis.UniversalClient) []prober {
 			return err
 		}})
 	}
-	srv := idemtest.Serve(t, handlers.Config{Store: sm.NewRedisStore(newClient(), sm.RedisOptions{})})
+	srv := idemtest.Serve(t, handlers.Config{Store: redisstore.New(newClient(), redisstore.Options{})})
 	client, err := idem.NewClientWithResponses(srv.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -303,7 +304,7 @@ func keysOn(t *testing.T, cluster *redistest.Cluster, master *redistest.Node) fu
 	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range names {
 			names[i] = unique("k")
-			cmds[i] = p.ClusterKeySlot(ctx, sm.RedisKey(handlers.DefaultTenant, names[i]))
+			cmds[i] = p.ClusterKeySlot(ctx, redisstore.Key(handlers.DefaultTenant, names[i]))
 		}
 		return nil
 	})
