@@ -60,4 +60,4 @@ lint-deploy:
 # scenarios, ROBUSTNESS_SCENARIOS picks some (comma-separated).
 ROBUSTNESS_DURATION ?= 10m
 robustness:
-	ROBUSTNESS_DURATION=$(ROBUSTNESS_DURATION) go test -count=1 -v -timeout 60m -run 'TestRobustness$$' ./internal/robustness/
+	ROBUSTNESS_DURATION=$(ROBUSTNESS_DURATION) go test -count=1 -v -timeout 60m -run 'TestRobustness$$' ./internal/testkit/robustness/

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // Twenty callers of one key at once: fn runs once, and every caller gets

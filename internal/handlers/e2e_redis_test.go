@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // Every endpoint, through a real server, on one Redis node and on a Redis

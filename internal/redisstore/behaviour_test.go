@@ -13,8 +13,8 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/redisstore"
-	"github.com/idemsvc/idemsvc/internal/redistest"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 func TestBeginAcquiresAndReplays(t *testing.T) {

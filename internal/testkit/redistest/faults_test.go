@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 func TestPersistentServerKeepsDataAcrossKill(t *testing.T) {

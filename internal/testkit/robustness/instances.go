@@ -18,7 +18,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // APIKey is the key of the tenant the traffic acts as.

@@ -3,7 +3,7 @@
 // Package robustness checks idemsvc's promise under faults, in the manner
 // of etcd's robustness tests: real Redis topologies (standalone with and
 // without an fsynced append-only file, Sentinel, a 3+3 Cluster) started by
-// internal/redistest, three idemsvc processes of the real binary in front
+// internal/testkit/redistest, three idemsvc processes of the real binary in front
 // of each, traffic through the HTTP API that records every call with its
 // call and return times and its answer, failpoints (kill -9 and SIGSTOP of
 // masters, replicas and idemsvc processes, CLUSTER FAILOVER, a stale
