@@ -94,19 +94,6 @@ func (c *pathCounter) get(path string) int {
 	return c.n[path]
 }
 
-// eventually polls cond until it holds, for a few seconds at most, and
-// reports whether it did.
-func eventually(cond func() bool) bool {
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
-}
-
 // waitFor polls cond until it holds, failing the test after a few seconds.
 // Call it from the test's goroutine only.
 func waitFor(t testing.TB, what string, cond func() bool) {

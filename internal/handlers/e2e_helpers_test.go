@@ -5,9 +5,7 @@ package handlers_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
-	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -351,13 +349,6 @@ func requireMembers(t *testing.T, body []byte, names ...string) map[string]json.
 		t.Fatalf("members %v, want %v; body %s", got, want, body)
 	}
 	return m
-}
-
-// unique returns a key no other test uses.
-func unique(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s-%x", prefix, b)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -43,7 +43,7 @@ func requireUnavailable(t *testing.T, e *env, key, token string) {
 		requireProblem(t, resp, body, http.StatusServiceUnavailable, "store-unavailable")
 		requireRetryAfter(t, resp, 1, 60)
 	}
-	rb := c.begin(idem.BeginRequest{Key: unique("fresh"), Owner: ptr("req-1")})
+	rb := c.begin(idem.BeginRequest{Key: idemtest.Unique("fresh"), Owner: ptr("req-1")})
 	check("begin of a new key", rb.HTTPResponse, rb.Body)
 	if rb.Headers503 == nil || rb.Headers503.RetryAfter < 1 {
 		t.Fatalf("Retry-After not parsed by the client: %+v", rb.Headers503)
@@ -92,7 +92,7 @@ func TestE2EStoreUnavailable(t *testing.T) {
 		t.Parallel()
 		e, srv := startOnOwnRedis(t)
 		c := e.as(t, "")
-		key := unique("order")
+		key := idemtest.Unique("order")
 		l := c.acquire(idem.BeginRequest{Key: key})
 
 		srv.Stop(t)
@@ -114,7 +114,7 @@ func TestE2EStoreUnavailable(t *testing.T) {
 		t.Parallel()
 		e, srv := startOnOwnRedis(t)
 		c := e.as(t, "")
-		key := unique("order")
+		key := idemtest.Unique("order")
 		l := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](60000)})
 
 		resume := srv.Pause(t)
@@ -148,7 +148,7 @@ func TestE2EReplicasShareCluster(t *testing.T) {
 		clients = append(clients, e.client(t, ""))
 		awaitReady(t, e) // the cluster client has loaded the slot map
 	}
-	key := unique("order")
+	key := idemtest.Unique("order")
 	const n = 300
 	results := make([]*idem.BeginResponse, n)
 	errs := make([]error, n)

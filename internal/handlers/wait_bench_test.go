@@ -68,7 +68,7 @@ func idleWaiters(b *testing.B, client redis.UniversalClient, nodes []*redis.Clie
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		prefix := unique("idle")
+		prefix := idemtest.Unique("idle")
 		tokens := make([]string, keys)
 		for i := range keys {
 			res, err := store.Begin(b.Context(), handlers.DefaultTenant, statemachine.BeginRequest{Key: fmt.Sprintf("%s-%d", prefix, i), Lease: 10 * time.Minute})

@@ -34,7 +34,7 @@ func TestWaitersSurviveFailover(t *testing.T) {
 		master := cl.Nodes()[0]
 		var keys []string
 		for len(keys) < 4 {
-			if key := unique("failover"); cl.MasterOf(t, redisstore.Key(handlers.DefaultTenant, key)) == master {
+			if key := idemtest.Unique("failover"); cl.MasterOf(t, redisstore.Key(handlers.DefaultTenant, key)) == master {
 				keys = append(keys, key)
 			}
 		}
@@ -50,7 +50,7 @@ func TestWaitersSurviveFailover(t *testing.T) {
 		t.Parallel()
 		st := redistest.NewSentinel(t)
 		st.WaitHealthy(t)
-		keys := []string{unique("failover"), unique("failover")}
+		keys := []string{idemtest.Unique("failover"), idemtest.Unique("failover")}
 		waitAcrossFailover(t, st.Client(t), keys, func() {
 			st.Master(t).Kill(t)
 			st.WaitFailover(t)

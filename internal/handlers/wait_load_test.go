@@ -46,7 +46,7 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 	e.http.Transport.(*http.Transport).MaxConnsPerHost = 0
 	e.http.Transport.(*http.Transport).MaxIdleConnsPerHost = keys
 	c := e.as(t, "")
-	prefix := unique("wait-load")
+	prefix := idemtest.Unique("wait-load")
 	names := make([]string, keys)
 	tokens := make([]string, keys)
 	for i := range names {
@@ -195,7 +195,7 @@ func waiterLatencies(tb testing.TB, e *env, n int) []time.Duration {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	prefix := unique("wait-latency")
+	prefix := idemtest.Unique("wait-latency")
 	latencies := make([]time.Duration, 0, n)
 	for i := range n {
 		key := fmt.Sprintf("%s-%d", prefix, i)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -253,7 +254,7 @@ func TestBinaryBodyReplaysByteForByte(t *testing.T) {
 func TestConcurrentBeginHasOneWinner(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) sm.Store) {
 		stores := []sm.Store{open(t), open(t), open(t)}
-		tenant, key := unique("t"), unique("race")
+		tenant, key := idemtest.Unique("t"), idemtest.Unique("race")
 		var acquired, busy atomic.Int64
 		var wg sync.WaitGroup
 		start := make(chan struct{})
@@ -293,7 +294,7 @@ func TestAwkwardKeys(t *testing.T) {
 	}
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) sm.Store) {
 		store := open(t)
-		tenant := unique("t")
+		tenant := idemtest.Unique("t")
 		for i, key := range keys {
 			res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: key})
 			if err != nil || !res.Acquired {
@@ -315,8 +316,8 @@ func TestAwkwardKeys(t *testing.T) {
 func TestTenantsAreSeparate(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) sm.Store) {
 		store := open(t)
-		a, b := unique("a"), unique("b")
-		key := unique("shared-key")
+		a, b := idemtest.Unique("a"), idemtest.Unique("b")
+		key := idemtest.Unique("shared-key")
 		la, err := store.Begin(ctx, a, sm.BeginRequest{Key: key, Fingerprint: "fa"})
 		if err != nil || !la.Acquired {
 			t.Fatalf("tenant a: %+v, %v", la, err)
@@ -434,12 +435,12 @@ func TestLimitsAreCappedAtWhatARecordHolds(t *testing.T) {
 		"redis":  redisstore.New(redistest.SharedServer(t).Client(t), redisstore.Options{Limits: limits}),
 	}
 	for name, store := range stores {
-		_, err := store.Begin(ctx, "t", sm.BeginRequest{Key: unique("k"), Owner: strings.Repeat("o", 1<<16)})
+		_, err := store.Begin(ctx, "t", sm.BeginRequest{Key: idemtest.Unique("k"), Owner: strings.Repeat("o", 1<<16)})
 		var inv *sm.InvalidError
 		if !errors.As(err, &inv) || inv.Field != "owner" {
 			t.Errorf("%s: a 65,536-byte owner: got %v, want invalid owner", name, err)
 		}
-		if _, err := store.Begin(ctx, "t", sm.BeginRequest{Key: unique("k"), Owner: strings.Repeat("o", 1<<16-1)}); err != nil {
+		if _, err := store.Begin(ctx, "t", sm.BeginRequest{Key: idemtest.Unique("k"), Owner: strings.Repeat("o", 1<<16-1)}); err != nil {
 			t.Errorf("%s: a 65,535-byte owner: %v", name, err)
 		}
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -74,7 +75,7 @@ func scriptMicros(b *testing.B, client *redis.Client) float64 {
 
 func BenchmarkBeginNewKey(b *testing.B) {
 	store, client := benchStore(b)
-	tenant := unique("bench")
+	tenant := idemtest.Unique("bench")
 	runParallel(b, client, func(i int64) error {
 		_, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: "order-" + strconv.FormatInt(i, 10)})
 		return err
@@ -83,7 +84,7 @@ func BenchmarkBeginNewKey(b *testing.B) {
 
 func BenchmarkBeginCompletedKey(b *testing.B) {
 	store, client := benchStore(b)
-	tenant, key := unique("bench"), "order-1"
+	tenant, key := idemtest.Unique("bench"), "order-1"
 	res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: key})
 	if err != nil {
 		b.Fatal(err)
@@ -103,7 +104,7 @@ func BenchmarkBeginCompletedKey(b *testing.B) {
 
 func BenchmarkComplete(b *testing.B) {
 	store, client := benchStore(b)
-	tenant := unique("bench")
+	tenant := idemtest.Unique("bench")
 	tokens := make([]string, b.N)
 	var prepared atomic.Int64
 	var wg sync.WaitGroup
@@ -129,7 +130,7 @@ func BenchmarkComplete(b *testing.B) {
 
 func BenchmarkMemoryBeginNewKey(b *testing.B) {
 	store := sm.NewMemoryStore(sm.Limits{})
-	tenant := unique("bench")
+	tenant := idemtest.Unique("bench")
 	var next atomic.Int64
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {

@@ -4,9 +4,7 @@ package redisstore_test
 
 import (
 	"context"
-	"crypto/rand"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -32,13 +30,6 @@ func forEachBackend(t *testing.T, test func(t *testing.T, open func(t *testing.T
 
 var ctx = context.Background()
 
-// unique returns a name no other test uses, so tests share servers safely.
-func unique(prefix string) string {
-	var b [6]byte
-	rand.Read(b[:])
-	return fmt.Sprintf("%s-%x", prefix, b)
-}
-
 // subject is one record under test: a store, a tenant and a key.
 type subject struct {
 	t      *testing.T
@@ -49,7 +40,7 @@ type subject struct {
 }
 
 func newSubject(t *testing.T, store sm.Store) *subject {
-	return &subject{t: t, store: store, tenant: unique("t"), key: unique("order")}
+	return &subject{t: t, store: store, tenant: idemtest.Unique("t"), key: idemtest.Unique("order")}
 }
 
 func (s *subject) begin(req sm.BeginRequest) (sm.BeginResult, error) {

@@ -58,7 +58,7 @@ func TestFailoverAvailability(t *testing.T) {
 			return c
 		}
 		probers := newProbers(t, newClient)
-		ref := redisstore.Key(handlers.DefaultTenant, unique("ref"))
+		ref := redisstore.Key(handlers.DefaultTenant, idemtest.Unique("ref"))
 		for _, f := range []fault{faultKill, faultPause} {
 			victim := cluster.MasterOf(t, ref)
 			replicas := cluster.ReplicasOf(t, victim)
@@ -86,7 +86,7 @@ func TestFailoverAvailability(t *testing.T) {
 			return c
 		}
 		probers := newProbers(t, newClient)
-		keys := func() string { return unique("k") }
+		keys := func() string { return idemtest.Unique("k") }
 		for _, f := range []fault{faultKill, faultPause} {
 			victim := st.Master(t)
 			replicas := st.Replicas(t)
@@ -212,7 +212,7 @@ func measureFailover(t *testing.T, topology string, f fault, probers []prober, k
 	}
 
 	warm := time.Now()
-	waitUntil(t, 10*time.Second, "every prober succeeds before the fault", func() bool { return allSucceededSince(warm) })
+	idemtest.Eventually(t, 10*time.Second, "every prober succeeds before the fault", func() bool { return allSucceededSince(warm) })
 	faultAt := time.Now()
 	restore := inject()
 	promotedAt, promoted := waitPromotion(t, candidates)
@@ -303,7 +303,7 @@ func keysOn(t *testing.T, cluster *redistest.Cluster, master *redistest.Node) fu
 	cmds := make([]*redis.IntCmd, candidates)
 	_, err = rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i := range names {
-			names[i] = unique("k")
+			names[i] = idemtest.Unique("k")
 			cmds[i] = p.ClusterKeySlot(ctx, redisstore.Key(handlers.DefaultTenant, names[i]))
 		}
 		return nil
@@ -341,16 +341,4 @@ func replicaAddrs(nodes ...*redistest.Node) []string {
 		addrs[i] = n.Addr()
 	}
 	return addrs
-}
-
-// waitUntil polls cond until it holds, failing t after within.
-func waitUntil(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", within, what)
-		}
-		time.Sleep(probeInterval)
-	}
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -263,7 +264,7 @@ func TestReadinessRefusals(t *testing.T) {
 				t.Errorf("failures %+v show the password", f)
 			}
 			// A begin and its complete fail as readiness says, or succeed.
-			key := unique("k")
+			key := idemtest.Unique("k")
 			res, err := store.Begin(ctx, "t", sm.BeginRequest{Key: key})
 			if err == nil {
 				_, err = store.Complete(ctx, "t", sm.CompleteRequest{Key: key, Token: res.Lease.Token})

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // BenchmarkList100k lists 100,000 completed records of one tenant (1 KiB
@@ -22,7 +23,7 @@ import (
 func BenchmarkList100k(b *testing.B) {
 	const n = 100_000
 	store, client := benchStore(b)
-	tenant := unique("t")
+	tenant := idemtest.Unique("t")
 	body := string(make([]byte, 1024))
 	parallel := func(count int, op func(i int)) {
 		var next atomic.Int64
@@ -36,7 +37,7 @@ func BenchmarkList100k(b *testing.B) {
 		}
 		wg.Wait()
 	}
-	for _, t := range []string{tenant, unique("other")} {
+	for _, t := range []string{tenant, idemtest.Unique("other")} {
 		parallel(n, func(i int) {
 			key := fmt.Sprintf("k-%d", i)
 			res, err := store.Begin(ctx, t, sm.BeginRequest{Key: key})
@@ -68,7 +69,7 @@ func BenchmarkList100k(b *testing.B) {
 		var done atomic.Int64
 		var wg sync.WaitGroup
 		deadline := time.Now().Add(d)
-		live := unique("live")
+		live := idemtest.Unique("live")
 		for w := range 16 {
 			wg.Go(func() {
 				for i := 0; time.Now().Before(deadline); i++ {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -71,7 +72,7 @@ func listAll(t *testing.T, store sm.Store, tenant string, req sm.ListRequest) ma
 func TestList(t *testing.T) {
 	forEachBackend(t, func(t *testing.T, open func(t *testing.T) sm.Store) {
 		store := open(t)
-		tenant, other := unique("t"), unique("t")
+		tenant, other := idemtest.Unique("t"), idemtest.Unique("t")
 		completed := fill(t, store, tenant, "done", 230, func(key, token string) error {
 			_, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: token, Response: sm.Response{Body: "paid"}})
 			return err
@@ -166,7 +167,7 @@ func TestListCursorOutlivingItsNode(t *testing.T) {
 	t.Parallel()
 	srv := redistest.NewServer(t)
 	store := redisstore.New(redis.NewClient(&redis.Options{Addr: srv.Addr()}), redisstore.Options{})
-	tenant := unique("t")
+	tenant := idemtest.Unique("t")
 	fill(t, store, tenant, "busy", 30, nil)
 	page, err := store.List(ctx, tenant, sm.ListRequest{State: sm.StateInProgress, Limit: 10})
 	if err != nil || page.NextCursor == "" {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -160,7 +161,7 @@ func TestEvictingPolicyRefusesBegins(t *testing.T) {
 		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs(), ContextTimeoutEnabled: true})
 		t.Cleanup(func() { _ = client.Close() })
 		store := redisstore.New(client, redisstore.Options{})
-		tenant := unique("t")
+		tenant := idemtest.Unique("t")
 		// keysOf returns a key of tenant whose record master serves, and
 		// one whose record another master serves.
 		victim := c.Nodes()[0]

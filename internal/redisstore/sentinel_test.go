@@ -13,6 +13,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -126,7 +127,7 @@ func beginUntil(store sm.Store, s *subject) (stop func() []beginCall) {
 	quit := make(chan struct{})
 	wg.Go(func() {
 		for {
-			for _, key := range []string{s.key, unique("new")} {
+			for _, key := range []string{s.key, idemtest.Unique("new")} {
 				res, err := store.Begin(ctx, s.tenant, sm.BeginRequest{Key: key})
 				calls = append(calls, beginCall{key, res, err})
 			}

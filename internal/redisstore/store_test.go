@@ -15,6 +15,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -213,11 +214,11 @@ func TestKeysOfOneTenantSpreadOverSlots(t *testing.T) {
 	cluster := redistest.SharedCluster(t)
 	client := cluster.Client(t)
 	store := redisstore.New(client, redisstore.Options{})
-	tenant := unique("t")
+	tenant := idemtest.Unique("t")
 	slots := map[int64]bool{}
 	masters := map[string]bool{}
 	for i := range 100 {
-		key := unique("k")
+		key := idemtest.Unique("k")
 		if _, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: key}); err != nil {
 			t.Fatal(err)
 		}
@@ -309,7 +310,7 @@ func TestWaitReplicas(t *testing.T) {
 func TestMemoryUsageOfACompletedRecord(t *testing.T) {
 	client := redistest.SharedServer(t).Client(t)
 	store := redisstore.New(client, redisstore.Options{})
-	tenant, key := "payments", unique("order")
+	tenant, key := "payments", idemtest.Unique("order")
 	res, err := store.Begin(ctx, tenant, sm.BeginRequest{
 		Key: key, Owner: "7f9c2ba4-e88f-4a2c-9d4e-3b1f0c6a8d21",
 		Fingerprint: "9f86d081884c7d659a2feaa0c55ad015a3bf4f1b2b0b822cd15d6c15b0f00a08",

@@ -2,10 +2,11 @@
 
 // Package idemtest is the kit that idemsvc's tests share: idemsvc served
 // in process on a real loopback port, the stores to run against, tenants
-// files, polling, and reading a metric. It is for tests only.
+// files, polling, unique names, and reading a metric. It is for tests only.
 package idemtest
 
 import (
+	"crypto/rand"
 	"fmt"
 	"io"
 	"net/http"
@@ -126,13 +127,30 @@ func Serve(tb testing.TB, cfg handlers.Config, wrap ...func(http.Handler) http.H
 // what it waited for, when it does not within d.
 func Eventually(tb testing.TB, d time.Duration, what string, cond func() bool) {
 	tb.Helper()
+	if !Poll(d, cond) {
+		tb.Fatalf("idemtest: %s: not within %v", what, d)
+	}
+}
+
+// Poll polls cond every 10 ms until it holds, and reports whether it did
+// within d. Unlike Eventually it may run on any goroutine.
+func Poll(d time.Duration, cond func() bool) bool {
 	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			tb.Fatalf("idemtest: %s: not within %v", what, d)
+			return false
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
+	return true
+}
+
+// Unique returns prefix and 12 random hex digits: a key or name no other
+// test uses, so that tests share servers safely.
+func Unique(prefix string) string {
+	var b [6]byte
+	_, _ = rand.Read(b[:])
+	return fmt.Sprintf("%s-%x", prefix, b)
 }
 
 // Metric is the value of the metric name with labels, as the exposition
