@@ -18,7 +18,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest/answer"
+	"github.com/idemsvc/idemsvc/internal/answer"
 )
 
 // hotLease is the lease of the hot key: it must outlast the run.

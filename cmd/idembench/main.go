@@ -29,7 +29,7 @@
 //
 // With --answer-bytes N, cycle completes and the replay keys are completed
 // with a JSON answer of N bytes (a page of orders, as
-// internal/idemtest/answer makes it) instead of their small and 1 KiB
+// internal/answer makes it) instead of their small and 1 KiB
 // bodies: the cost of storing and replaying answers of a size.
 //
 // --mix takes one name, or weights such as begin=1,cycle=1,replay=2: each

@@ -58,7 +58,7 @@ const (
 )
 
 // jsonRatios is the size of a JSON answer compressed, over its size, by
-// answer size: the mean over seeds 1 to 16 of idemtest/answer's JSON at
+// answer size: the mean over seeds 1 to 16 of internal/answer's JSON at
 // zstd's fastest level (TestJSONRatio).
 var jsonRatios = []struct {
 	size  int

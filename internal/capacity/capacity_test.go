@@ -9,7 +9,7 @@ import (
 
 	"github.com/klauspost/compress/zstd"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest/answer"
+	"github.com/idemsvc/idemsvc/internal/answer"
 )
 
 // TestSizeClass holds SizeClass to jemalloc's classes around the sizes

@@ -13,12 +13,12 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	answers "github.com/idemsvc/idemsvc/internal/answer"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
-	answers "github.com/idemsvc/idemsvc/internal/idemtest/answer"
-	"github.com/idemsvc/idemsvc/internal/redistest"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // Over HTTP, a 16 KiB JSON answer (kept compressed) and 16 KiB of random
@@ -30,7 +30,7 @@ func TestE2ECompressedAnswers(t *testing.T) {
 	for _, b := range limitedBackends()[:3] { // memory, redis, cluster
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			tenant, key := unique("zstd"), "sk-"+unique("z")
+			tenant, key := idemtest.Unique("zstd"), "sk-"+idemtest.Unique("z")
 			keyring, err := auth.Parse(fmt.Appendf(nil, "tenants:\n  - name: %s\n    api_key_sha256: [%q]\n    limits: {stored_bytes: 10000000}\n", tenant, auth.Digest(key)))
 			if err != nil {
 				t.Fatal(err)
@@ -56,7 +56,7 @@ func TestE2ECompressedAnswers(t *testing.T) {
 			}
 
 			json := answers.JSON(16<<10, 7)
-			l := c.acquire(idem.BeginRequest{Key: unique("json")})
+			l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("json")})
 			c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &json}})
 			afterJSON := waitStored("the JSON answer's bytes", func(n int64) bool { return n > 0 })
 			if afterJSON > 16<<10*3/10 {
@@ -72,7 +72,7 @@ func TestE2ECompressedAnswers(t *testing.T) {
 
 			random := answers.Incompressible(16<<10, 7)
 			b64, enc := base64.StdEncoding.EncodeToString([]byte(random)), idem.BodyEncodingBase64
-			l = c.acquire(idem.BeginRequest{Key: unique("random")})
+			l = c.acquire(idem.BeginRequest{Key: idemtest.Unique("random")})
 			c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &b64, BodyEncoding: &enc}})
 			waitStored("the random body's bytes", func(n int64) bool { return n == afterJSON+16<<10 })
 			r = c.begin(idem.BeginRequest{Key: l.Key})
@@ -90,12 +90,12 @@ func TestE2EDamagedCompressedRecord(t *testing.T) {
 	t.Parallel()
 	srv := redistest.SharedServer(t)
 	rdb := srv.Client(t)
-	e := startOn(t, statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}))
+	e := startOn(t, redisstore.New(rdb, redisstore.Options{}))
 	c := e.as(t, "")
 	json := answers.JSON(16<<10, 8)
-	l := c.acquire(idem.BeginRequest{Key: unique("damaged")})
+	l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("damaged")})
 	c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &json}})
-	rkey := statemachine.RedisKey("default", l.Key)
+	rkey := redisstore.Key("default", l.Key)
 	raw, err := rdb.Get(context.Background(), rkey).Bytes()
 	if err != nil {
 		t.Fatal(err)

@@ -12,9 +12,9 @@ import (
 	"unsafe"
 )
 
-// stored is a record as a store keeps it, lease token included. Times are
+// Stored is a record as a store keeps it, lease token included. Times are
 // milliseconds since the Unix epoch on the store's clock.
-type stored struct {
+type Stored struct {
 	state       State
 	recovered   bool
 	retryable   bool
@@ -24,13 +24,13 @@ type stored struct {
 	lease       int64 // lease expiry
 	expires     int64 // end of retention
 	retention   int64 // seconds
-	token       token
+	token       Token
 	call        [8]byte // the last Extend call, to recognise a re-sent one
 	owner       string
 	fingerprint string
 	key         string
 	errMsg      string
-	response    string // encodeResponse's form; empty while in progress
+	response    string // EncodeResponse's form; empty while in progress
 }
 
 // The record layout of internal/lua/record.lua: a fixed head, four
@@ -40,14 +40,14 @@ const (
 	fixedHeadBytes = 4 + 4 + 4*8 + 4 + 16 + 8
 )
 
-var errCorrupt = errors.New("statemachine: corrupt record")
+var ErrCorrupt = errors.New("statemachine: corrupt record")
 
-// decodeStored parses a record written by the Lua scripts. A head without
+// DecodeStored parses a record written by the Lua scripts. A head without
 // a response (as complete, fail and extend reply) decodes with none.
-func decodeStored(raw string) (stored, error) {
-	var s stored
+func DecodeStored(raw string) (Stored, error) {
+	var s Stored
 	if len(raw) < fixedHeadBytes || raw[0] != recordVersion {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	s.state = State(raw[1])
 	s.recovered = raw[2] == 1
@@ -63,16 +63,16 @@ func decodeStored(raw string) (stored, error) {
 	rest := raw[fixedHeadBytes:]
 	var ok bool
 	if s.owner, rest, ok = cutString(rest, 2); !ok {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	if s.fingerprint, rest, ok = cutString(rest, 2); !ok {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	if s.key, rest, ok = cutString(rest, 2); !ok {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	if s.errMsg, rest, ok = cutString(rest, 4); !ok {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	s.response = rest
 	return s, nil
@@ -100,12 +100,14 @@ func cutString(s string, n int) (value, rest string, ok bool) {
 	return s[n : n+size], s[n+size:], true
 }
 
-// The response's form inside a record: flags u8, status u16, header count
-// u32, each header's name and value with u32 lengths, then the body as
-// stored. Flags: bit 0 the body was sent base64-encoded; bits 1-2 the
-// body's encoding in the record (compress.go: identity or zstd). A zero
-// Response is the empty string.
-func encodeResponse(r *Response) string {
+// EncodeResponse returns the response's form inside a record: flags u8,
+// status u16, header count u32, each header's name and value with u32
+// lengths, then the body as stored. Flags: bit 0 the body was sent
+// base64-encoded; bits 1-2 the body's encoding in the record (compress.go:
+// identity or zstd: bodies of at least compressFrom bytes may be
+// compressed, Limits.CompressBodiesFrom). A zero Response is the empty
+// string.
+func EncodeResponse(r *Response, compressFrom int) string {
 	if r.IsZero() {
 		return ""
 	}
@@ -113,7 +115,7 @@ func encodeResponse(r *Response) string {
 	for name, value := range r.Headers {
 		size += 8 + len(name) + len(value)
 	}
-	if len(r.Body) >= compressMinBytes {
+	if len(r.Body) >= compressFrom {
 		size += zstdOverhead(len(r.Body)) // room for an attempt that does not shrink it
 	}
 	b := make([]byte, 1, size)
@@ -125,7 +127,7 @@ func encodeResponse(r *Response) string {
 		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers[name])))
 		b = append(b, r.Headers[name]...)
 	}
-	b, encoding := appendBody(b, r.Body)
+	b, encoding := appendBody(b, r.Body, compressFrom)
 	b[0] = encoding
 	if r.Base64 {
 		b[0] |= flagBase64
@@ -133,17 +135,17 @@ func encodeResponse(r *Response) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
-// storedSize is what a response's form counts against a tenant's
+// StoredSize is what a response's form counts against a tenant's
 // stored_bytes: the body as stored (compressed or not), header names and
 // values.
-func storedSize(form string, r *Response) int64 {
+func StoredSize(form string, r *Response) int64 {
 	if form == "" {
 		return 0
 	}
 	return int64(len(form) - 7 - 8*len(r.Headers))
 }
 
-// decodeResponse decodes encodeResponse's form; a compressed body may
+// decodeResponse decodes EncodeResponse's form; a compressed body may
 // decode to at most maxBody bytes.
 func decodeResponse(s string, maxBody int) (Response, error) {
 	var r Response
@@ -151,7 +153,7 @@ func decodeResponse(s string, maxBody int) (Response, error) {
 		return r, nil
 	}
 	if len(s) < 7 {
-		return r, errCorrupt
+		return r, ErrCorrupt
 	}
 	r.Base64 = s[0]&flagBase64 != 0
 	r.StatusCode = int(bigEndian(s[1:3]))
@@ -163,11 +165,11 @@ func decodeResponse(s string, maxBody int) (Response, error) {
 	for range n {
 		name, after, ok := cutString(rest, 4)
 		if !ok {
-			return r, errCorrupt
+			return r, ErrCorrupt
 		}
 		value, after, ok := cutString(after, 4)
 		if !ok {
-			return r, errCorrupt
+			return r, ErrCorrupt
 		}
 		r.Headers[name] = value
 		rest = after
@@ -182,13 +184,13 @@ func decodeResponse(s string, maxBody int) (Response, error) {
 		}
 		r.Body = body
 	default:
-		return r, fmt.Errorf("%w: unknown body encoding %d", errCorrupt, s[0]&encodingMask>>1)
+		return r, fmt.Errorf("%w: unknown body encoding %d", ErrCorrupt, s[0]&encodingMask>>1)
 	}
 	return r, nil
 }
 
-// leaseOf returns the lease of an in-progress record.
-func (s *stored) leaseOf() Lease {
+// Lease returns the lease of an in-progress record.
+func (s *Stored) Lease() Lease {
 	return Lease{
 		Token:     s.token.String(),
 		Attempt:   s.attempt,
@@ -197,9 +199,9 @@ func (s *stored) leaseOf() Lease {
 	}
 }
 
-// record returns the public view of s at time now, with its response if
+// Record returns the public view of s at time now, with its response if
 // withResponse, its body decoded to at most maxBody bytes.
-func (s *stored) record(tenant string, now int64, withResponse bool, maxBody int) (Record, error) {
+func (s *Stored) Record(tenant string, now int64, withResponse bool, maxBody int) (Record, error) {
 	r := Record{
 		Tenant:      tenant,
 		Key:         s.key,
@@ -229,15 +231,39 @@ func (s *stored) record(tenant string, now int64, withResponse bool, maxBody int
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
 
-// acquired answers a Begin, on either store, that holds the lease of s.
-func acquired(tenant string, s *stored, now int64) (BeginResult, error) {
-	rec, err := s.record(tenant, now, false, 0)
-	return BeginResult{Acquired: true, Lease: s.leaseOf(), Record: rec}, err
+// Acquired answers a Begin, on either store, that holds the lease of s.
+func Acquired(tenant string, s *Stored, now int64) (BeginResult, error) {
+	rec, err := s.Record(tenant, now, false, 0)
+	return BeginResult{Acquired: true, Lease: s.Lease(), Record: rec}, err
 }
 
-// replay answers a Begin on the finished record s, its body decoded to at
+// Busy is the error of a Begin that meets s in progress under a live
+// lease at time now: ErrInProgress, saying which attempt holds the key.
+func Busy(s *Stored, now int64) error {
+	return &InProgressError{Attempt: s.attempt, LeaseExpiresAt: msTime(s.lease),
+		Since: msTime(s.updated), Now: msTime(now)}
+}
+
+// Replay answers a Begin on the finished record s, its body decoded to at
 // most maxBody bytes.
-func replay(tenant string, s *stored, now int64, maxBody int) (BeginResult, error) {
-	rec, err := s.record(tenant, now, true, maxBody)
+func Replay(tenant string, s *Stored, now int64, maxBody int) (BeginResult, error) {
+	rec, err := s.Record(tenant, now, true, maxBody)
 	return BeginResult{Record: rec}, err
+}
+
+// HeadPrefixes is the number of length-prefixed strings in a record's head.
+const HeadPrefixes = 4
+
+// HeadLength reads the length of the record head at the start of raw, as
+// far as raw holds it: the whole head's length and true, or false and how
+// many bytes are known to belong to the head so far.
+func HeadLength(raw string) (int, bool) {
+	at := fixedHeadBytes
+	for _, prefix := range [HeadPrefixes]int{2, 2, 2, 4} {
+		if len(raw) < at+prefix {
+			return at + prefix, false
+		}
+		at += prefix + int(bigEndian(raw[at:at+prefix]))
+	}
+	return at, len(raw) >= at
 }

@@ -14,18 +14,17 @@ import (
 	"github.com/klauspost/compress/zstd"
 )
 
-// A body of at least compressMinBytes is stored zstd-compressed when that
-// saves at least 1/compressMinGain of it; otherwise (a shorter body, or
-// one that does not compress, such as an image or ciphertext) it is stored
-// as sent. The figures are measured: docs/capacity.md, "Choosing the
-// threshold".
-const compressMinGain = 8
+// A body of at least compressMinBytes (Limits.CompressBodiesFrom) is
+// stored zstd-compressed when that saves at least 1/compressMinGain of it;
+// otherwise (a shorter body, or one that does not compress, such as an
+// image or ciphertext) it is stored as sent. The figures are measured:
+// docs/capacity.md, "Choosing the threshold".
+const (
+	compressMinBytes = 1024
+	compressMinGain  = 8
+)
 
-// compressMinBytes is a variable only for the benchmarks that compare with
-// bodies stored as sent (export_test.go).
-var compressMinBytes = 1024
-
-// The body's encoding in the record: bits 1-2 of encodeResponse's flags
+// The body's encoding in the record: bits 1-2 of EncodeResponse's flags
 // byte. Records written before compression have 0 there (identity).
 const (
 	flagBase64       = 1 << 0
@@ -76,10 +75,10 @@ func mustDecoder(d *zstd.Decoder, err error) *zstd.Decoder {
 }
 
 // appendBody appends body to dst as a record stores it, and returns its
-// encoding: zstd when body is long enough and compresses well enough,
-// otherwise identity.
-func appendBody(dst []byte, body string) ([]byte, byte) {
-	if len(body) >= compressMinBytes {
+// encoding: zstd when body has at least from bytes and compresses well
+// enough, otherwise identity.
+func appendBody(dst []byte, body string, from int) ([]byte, byte) {
+	if len(body) >= from {
 		head := len(dst)
 		out := bodyEncoder.EncodeAll(bytesOf(body), dst)
 		if n := len(out) - head; n <= len(body)-len(body)/compressMinGain {
@@ -100,17 +99,17 @@ func decompressBody(compressed string, maxBytes int) (string, error) {
 	in := bytesOf(compressed)
 	var h zstd.Header
 	if err := h.Decode(in); err != nil {
-		return "", fmt.Errorf("%w: %w", errCorrupt, err)
+		return "", fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	if !h.HasFCS || h.FrameContentSize > uint64(maxBytes) {
-		return "", fmt.Errorf("%w: %w", errCorrupt, errTooLarge)
+		return "", fmt.Errorf("%w: %w", ErrCorrupt, errTooLarge)
 	}
 	out, err := bodyDecoder.DecodeAll(in, make([]byte, 0, h.FrameContentSize))
 	if err != nil {
-		return "", fmt.Errorf("%w: %w", errCorrupt, err)
+		return "", fmt.Errorf("%w: %w", ErrCorrupt, err)
 	}
 	if uint64(len(out)) != h.FrameContentSize {
-		return "", fmt.Errorf("%w: a compressed body of %d bytes, not the %d its frame declares", errCorrupt, len(out), h.FrameContentSize)
+		return "", fmt.Errorf("%w: a compressed body of %d bytes, not the %d its frame declares", ErrCorrupt, len(out), h.FrameContentSize)
 	}
 	return unsafe.String(unsafe.SliceData(out), len(out)), nil
 }

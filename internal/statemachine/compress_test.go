@@ -12,10 +12,8 @@ import (
 	"testing"
 
 	"github.com/klauspost/compress/zstd"
-	"github.com/redis/go-redis/v9"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest/answer"
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/answer"
 )
 
 // bodies are the bodies the codec tests store: JSON answers around the
@@ -39,7 +37,7 @@ func TestResponseCodec(t *testing.T) {
 	for name, body := range bodies() {
 		for _, b64 := range []bool{false, true} {
 			r := Response{StatusCode: 201, Headers: map[string]string{"Content-Type": "application/json", "X-Id": "7"}, Body: body, Base64: b64}
-			form := encodeResponse(&r)
+			form := EncodeResponse(&r, compressMinBytes)
 			got, err := decodeResponse(form, 1<<20)
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)
@@ -47,7 +45,7 @@ func TestResponseCodec(t *testing.T) {
 			if got.Body != body || got.StatusCode != 201 || got.Base64 != b64 || len(got.Headers) != 2 || got.Headers["X-Id"] != "7" {
 				t.Fatalf("%s: decoded %d bytes (%v), want the %d sent", name, len(got.Body), got.Base64, len(body))
 			}
-			stored := storedSize(form, &r)
+			stored := StoredSize(form, &r)
 			compressed := form[0]&encodingMask == encodingZstd
 			headers := int64(len("Content-Type") + len("application/json") + len("X-Id") + len("7"))
 			if compressed {
@@ -81,7 +79,7 @@ func TestUncompressedFormDecodes(t *testing.T) {
 	}
 }
 
-// oldForm is encodeResponse's form as idemsvc wrote it before compression,
+// oldForm is EncodeResponse's form as idemsvc wrote it before compression,
 // with one Content-Type header.
 func oldForm(flags byte, status uint16, body string) string {
 	b := []byte{flags}
@@ -100,7 +98,7 @@ func oldForm(flags byte, status uint16, body string) string {
 // a large allocation.
 func TestCorruptCompressedBody(t *testing.T) {
 	r := Response{StatusCode: 200, Body: answer.JSON(16<<10, 5)}
-	form := encodeResponse(&r)
+	form := EncodeResponse(&r, compressMinBytes)
 	if form[0]&encodingMask != encodingZstd {
 		t.Fatal("a 16 KiB JSON answer is not kept compressed")
 	}
@@ -127,7 +125,7 @@ func TestCorruptCompressedBody(t *testing.T) {
 		"a size that lies":       lyingSize(t, form[:head], form[head:]),
 	} {
 		got, err := decodeResponse(s, 1<<20)
-		if !errors.Is(err, errCorrupt) {
+		if !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: %v and %d bytes, want a corrupt record", name, err, len(got.Body))
 		}
 	}
@@ -172,82 +170,8 @@ func lyingSize(t *testing.T, prefix, frame string) string {
 	return prefix + string(b)
 }
 
-// TestRedisRecordsOldAndCorrupt: on Redis, a record written before
-// compression (a long body as sent) replays, and a record whose compressed
-// body is damaged answers a corrupt record's error on begin and status,
-// while listing, which never reads the body, still shows it.
-func TestRedisRecordsOldAndCorrupt(t *testing.T) {
-	client := redistest.SharedServer(t).Client(t)
-	store := NewRedisStore(client, RedisOptions{})
-	tenant := "codec-" + NewToken()[:8]
-	body := answer.JSON(16<<10, 9)
-	put := func(key, response string) {
-		t.Helper()
-		res, err := store.Begin(t.Context(), tenant, BeginRequest{Key: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if _, err := store.Complete(t.Context(), tenant, CompleteRequest{Key: key, Token: res.Lease.Token, Response: Response{StatusCode: 200, Body: body}}); err != nil {
-			t.Fatal(err)
-		}
-		raw, err := client.Get(t.Context(), RedisKey(tenant, key)).Result()
-		if err != nil {
-			t.Fatal(err)
-		}
-		s, err := decodeStored(raw)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if s.response[0]&encodingMask != encodingZstd {
-			t.Fatal("a 16 KiB JSON answer is not stored compressed")
-		}
-		if response != "" {
-			raw = raw[:len(raw)-len(s.response)] + response
-			if err := client.Set(t.Context(), RedisKey(tenant, key), raw, redis.KeepTTL).Err(); err != nil {
-				t.Fatal(err)
-			}
-		}
-	}
-	put("old", oldForm(0, 200, body))
-	res, err := store.Begin(t.Context(), tenant, BeginRequest{Key: "old"})
-	if err != nil || res.Acquired || res.Record.Response.Body != body {
-		t.Errorf("replay of a record written before compression: %v, %d bytes", err, len(res.Record.Response.Body))
-	}
-
-	put("sound", "")
-	s, _ := decodeStored(client.Get(t.Context(), RedisKey(tenant, "sound")).Val())
-	damaged := []byte(s.response)
-	damaged[len(damaged)-5] ^= 0xff
-	put("damaged", string(damaged))
-	if _, err := store.Begin(t.Context(), tenant, BeginRequest{Key: "damaged"}); !errors.Is(err, errCorrupt) {
-		t.Errorf("replay of a damaged record: %v, want a corrupt record", err)
-	}
-	if _, err := store.Status(t.Context(), tenant, "damaged", true); !errors.Is(err, errCorrupt) {
-		t.Errorf("status with the response of a damaged record: %v, want a corrupt record", err)
-	}
-	if rec, err := store.Status(t.Context(), tenant, "damaged", false); err != nil || rec.State != StateCompleted {
-		t.Errorf("status without the response of a damaged record: %v, %v", rec.State, err)
-	}
-	listed := map[string]bool{}
-	for req := (ListRequest{State: StateCompleted}); ; {
-		page, err := store.List(t.Context(), tenant, req)
-		if err != nil {
-			t.Fatalf("listing: %v", err)
-		}
-		for _, r := range page.Records {
-			listed[r.Key] = true
-		}
-		if req.Cursor = page.NextCursor; req.Cursor == "" {
-			break
-		}
-	}
-	if len(listed) != 3 {
-		t.Errorf("listed %v, want old, sound and damaged", listed)
-	}
-}
-
 // TestZstdOverhead: an incompressible body's frame fits zstdOverhead, so
-// that encodeResponse's one allocation holds it.
+// that EncodeResponse's one allocation holds it.
 func TestZstdOverhead(t *testing.T) {
 	for _, n := range []int{1024, 128 << 10, 128<<10 + 1, 1 << 20} {
 		body := answer.Incompressible(n, uint64(n))
