@@ -18,7 +18,6 @@ import (
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
-	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // BenchmarkBody measures what a stored JSON answer costs, kept as sent
@@ -58,31 +57,13 @@ func bodyResponse(body string) sm.Response {
 // bodyStore is benchStore's store with bodies compressed from from bytes
 // (0: the default threshold; math.MaxInt: never, as before compression).
 func bodyStore(b *testing.B, from int) (*redisstore.Store, *redis.Client) {
-	srv := redistest.NewServer(b)
-	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers})
-	b.Cleanup(func() { client.Close() })
-	return redisstore.New(client, redisstore.Options{Limits: sm.Limits{CompressBodiesFrom: from}}), client
+	return benchStoreWith(b, redisstore.Options{Limits: sm.Limits{CompressBodiesFrom: from}})
 }
 
 func benchComplete(b *testing.B, from int, body string) {
 	store, client := bodyStore(b, from)
 	tenant := idemtest.Unique("bench")
-	tokens := make([]string, b.N)
-	var prepared atomic.Int64
-	var wg sync.WaitGroup
-	for range benchCallers {
-		wg.Go(func() {
-			for i := prepared.Add(1) - 1; i < int64(b.N); i = prepared.Add(1) - 1 {
-				res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: "order-" + strconv.FormatInt(i, 10)})
-				if err != nil {
-					b.Error(err)
-					return
-				}
-				tokens[i] = res.Lease.Token
-			}
-		})
-	}
-	wg.Wait()
+	tokens := beginKeys(b, store, tenant)
 	resp := bodyResponse(body)
 	cpu := startCPU()
 	runParallel(b, client, func(i int64) error {
