@@ -10,16 +10,16 @@ from __future__ import annotations
 import asyncio
 import http.client
 import itertools
-import json
 import time
-import urllib.parse
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
+from . import _protocol as proto
 from . import errors
-from ._types import Acquired, Lease, Replay, Response, Result, _current, begin_result, new_owner, short_message
+from ._protocol import BeginItem, BeginOutcome, FinishItem, FinishOutcome, Tries, backoff
+from ._types import Acquired, Lease, Replay, Response, Result, _current, begin_result, new_owner
 from .client import (
     BODY_OMITTED_HEADER, DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_MS, DEFAULT_RETRY_BUDGET, DEFAULT_WAIT_MS,
-    USER_AGENT, Client, _Pool, _Target, backoff, encode_json, replayed, retry_after,
+    USER_AGENT, Client, _Pool, _Target, replayed,
 )
 
 try:
@@ -132,54 +132,29 @@ class AsyncClient:
 
     async def _call(self, op: str, method: str, path: str, payload: Mapping[str, Any] | None, *,
                     timeout: float | None = None, budget: float | None = None,
-                    request_id: str | None = None) -> tuple[int, Any]:
-        body = None
-        if payload is not None:
-            if self.tenant is not None:
-                payload = {**payload, "tenant": self.tenant}
-            body = encode_json(payload).encode("utf-8")
-        headers = self._headers
-        if request_id and request_id.isprintable() and request_id.isascii():
-            headers = {**headers, "X-Request-Id": request_id}
-        deadline = time.monotonic() + (self.retry_budget if budget is None else budget)
+                    request_id: str | None = None, batch: bool = False) -> tuple[int, Any]:
+        body = proto.encode(payload, None if batch else self.tenant)
+        headers = proto.with_request_id(self._headers, request_id)
+        tries = Tries(op, self.retry_budget if budget is None else budget)
         timeout = timeout or self.call_timeout
         full = self._target.prefix + path
-        for attempt in itertools.count():
-            wait: float | None = None
-            err: errors.IdemError
+        while True:
             try:
                 status, hdrs, data = await self._transport.request(method, full, body, headers, timeout)
             except _NO_ANSWER as e:
-                err = errors.Unreachable(f"idemsvc: {op}: unavailable: {e!r}")
-                err.__cause__ = e
+                pause = tries.no_answer(e)
             else:
-                if status < 300:
-                    return status, (json.loads(data) if data else None)
-                ra = retry_after(hdrs.get("Retry-After"))
-                err = errors.problem_error(status, hdrs.get("Content-Type", ""), data, ra, op)
-                if status not in (503, 429):
-                    raise err
-                wait = ra
-            if wait is None:
-                wait = backoff(attempt)
-            if time.monotonic() + wait > deadline:
-                raise err
-            await asyncio.sleep(wait)
-        raise AssertionError("unreachable")
+                got = tries.answer(status, hdrs, data)
+                if got is None:
+                    return status, proto.decode(data)
+                pause = got
+            await asyncio.sleep(pause)
 
     async def begin(self, key: str, *, fingerprint: str | None = None, owner: str | None = None,
                     lease_ms: int | None = None, retention_s: int | None = None, wait_ms: int | None = None,
                     budget: float | None = None, timeout: float | None = None,
-              request_id: str | None = None) -> Acquired | Replay:
-        payload: dict[str, Any] = {"key": key, "owner": owner or new_owner()}
-        if fingerprint:
-            payload["fingerprint"] = fingerprint
-        if lease_ms:
-            payload["lease_ms"] = lease_ms
-        if retention_s:
-            payload["retention_s"] = retention_s
-        if wait_ms:
-            payload["wait_ms"] = wait_ms
+                    request_id: str | None = None) -> Acquired | Replay:
+        payload = proto.begin_body(key, owner, fingerprint, lease_ms, retention_s, wait_ms)
         status, body = await self._call("begin", "POST", "/v1/begin", payload,
                                         timeout=timeout or self.call_timeout + (wait_ms or 0) / 1000, budget=budget,
                                         request_id=request_id)
@@ -187,43 +162,40 @@ class AsyncClient:
 
     async def complete(self, key: str, lease_token: str, response: Response | None = None, *,
                        retention_s: int | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {"key": key, "lease_token": lease_token,
-                                   "response": (response or Response()).to_wire()}
-        if retention_s:
-            payload["retention_s"] = retention_s
+        payload = proto.complete_body(key, lease_token, response, retention_s)
         return (await self._call("complete", "POST", "/v1/complete", payload))[1]  # type: ignore[no-any-return]
 
     async def fail(self, key: str, lease_token: str, *, retryable: bool = True, error: str | None = None,
                    response: Response | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {"key": key, "lease_token": lease_token, "retryable": retryable}
-        if error:
-            payload["error"] = short_message(error)
-        if response is not None:
-            payload["response"] = response.to_wire()
+        payload = proto.fail_body(key, lease_token, retryable, error, response)
         return (await self._call("fail", "POST", "/v1/fail", payload))[1]  # type: ignore[no-any-return]
 
     async def extend(self, key: str, lease_token: str, lease_ms: int | None = None, *,
                      budget: float | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {"key": key, "lease_token": lease_token}
-        if lease_ms:
-            payload["lease_ms"] = lease_ms
+        payload = proto.extend_body(key, lease_token, lease_ms)
         return (await self._call("extend", "POST", "/v1/extend", payload, budget=budget))[1]  # type: ignore[no-any-return]
 
     async def status(self, key: str, include_response: bool = False, *, budget: float | None = None,
                      timeout: float | None = None) -> dict[str, Any]:
-        q = {"key": key}
-        if include_response:
-            q["include_response"] = "true"
-        if self.tenant is not None:
-            q["tenant"] = self.tenant
-        return (await self._call("status", "GET", "/v1/status?" + urllib.parse.urlencode(q), None,  # type: ignore[no-any-return]
-                                 budget=budget, timeout=timeout))[1]
+        return (await self._call("status", "GET", proto.status_path(key, include_response, self.tenant),  # type: ignore[no-any-return]
+                                 None, budget=budget, timeout=timeout))[1]
 
     async def delete(self, key: str) -> None:
-        q = {"key": key}
-        if self.tenant is not None:
-            q["tenant"] = self.tenant
-        await self._call("delete", "DELETE", "/v1/keys?" + urllib.parse.urlencode(q), None)
+        await self._call("delete", "DELETE", proto.delete_path(key, self.tenant), None)
+
+    async def begin_batch(self, items: Sequence[BeginItem | str], *,
+                          budget: float | None = None) -> list[BeginOutcome]:
+        """:meth:`idemsvc.Client.begin_batch`, awaited."""
+        payload = proto.begin_batch_body(items, self.tenant)
+        _, answer = await self._call("begin batch", "POST", "/v1/begin/batch", payload, budget=budget, batch=True)
+        return proto.begin_batch_results(answer, len(items))
+
+    async def finish_batch(self, items: Sequence[FinishItem], *,
+                           budget: float | None = None) -> list[FinishOutcome]:
+        """:meth:`idemsvc.Client.finish_batch`, awaited."""
+        payload = proto.finish_batch_body(items, self.tenant)
+        _, answer = await self._call("finish batch", "POST", "/v1/finish/batch", payload, budget=budget, batch=True)
+        return proto.finish_batch_results(answer, len(items))
 
     async def do(self, key: str, fn: Callable[[], Awaitable[Response]], *, fingerprint: str | None = None,
                  lease_ms: int = DEFAULT_LEASE_MS, retention_s: int | None = None,
