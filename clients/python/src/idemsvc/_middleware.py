@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import errors
+from ._steps import BODY_OMITTED_HEADER as BODY_OMITTED_HEADER
 from ._types import Replay, Response
 from .canonical import canonicalize
 
 REPLAYED_HEADER = "Idempotent-Replayed"
-BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
 DEFAULT_STORED_HEADERS = ("Content-Type", "Content-Language", "Location", "ETag", "Last-Modified")
 MAX_KEY_BYTES = 255
 PROBLEM_TYPE_PREFIX = "https://idemsvc.dev/problems/"
@@ -206,6 +206,21 @@ def credential_digest(key: bytes, authorization: str | None, cookie_headers: lis
 
 def _b64(b: bytes) -> str:
     return base64.urlsafe_b64encode(b).rstrip(b"=").decode("ascii")
+
+
+def stored_key_of(s: Settings, request: Any, key: str) -> tuple[str | None, bool]:
+    """The key stored for a request's key, and whether its credentials'
+    digest joins the fingerprint: with a ``scope``, the key scoped to the
+    subject it names (None for a key that cannot be scoped), and an
+    anonymous request (no subject) shares one scope, with its credentials
+    in the fingerprint, as without a scope."""
+    if s.scope is None:
+        return key, not s.unscoped
+    subject = s.scope(request)
+    return scoped_key(subject, key), not subject
+
+
+UNSCOPABLE_KEY = "idempotency key: key must be visible ASCII (0x21-0x7E)"
 
 
 def scoped_key(scope: str | None, key: str) -> str | None:

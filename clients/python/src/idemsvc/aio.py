@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import itertools
 import time
 from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
 from . import _protocol as proto
+from . import _steps as steps
 from . import errors
-from ._protocol import BeginItem, BeginOutcome, FinishItem, FinishOutcome, Tries, backoff
-from ._types import Acquired, Lease, Replay, Response, Result, _current, begin_result, new_owner
+from ._protocol import BeginItem, BeginOutcome, FinishItem, FinishOutcome, Tries
+from ._types import Acquired, Lease, Replay, Response, Result, begin_result
 from .client import (
-    BODY_OMITTED_HEADER, DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_MS, DEFAULT_RETRY_BUDGET, DEFAULT_WAIT_MS,
-    USER_AGENT, Client, _Pool, _Target, replayed,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_MS, DEFAULT_RETRY_BUDGET, DEFAULT_WAIT_MS, USER_AGENT, Client, _Pool,
+    _Target,
 )
 
 try:
@@ -201,80 +201,20 @@ class AsyncClient:
                  lease_ms: int = DEFAULT_LEASE_MS, retention_s: int | None = None,
                  wait_ms: int = DEFAULT_WAIT_MS, give_up_after: float | None = None) -> Result:
         """:meth:`idemsvc.Client.do` for a coroutine function."""
-        owner = new_owner()
-        end = None if give_up_after is None else time.monotonic() + give_up_after
-        for attempt in itertools.count():
-            try:
-                r = await self.begin(key, fingerprint=fingerprint, owner=owner, lease_ms=lease_ms,
-                                     retention_s=retention_s, wait_ms=wait_ms)
-            except errors.InProgress:
-                pause = backoff(attempt)
-                if end is not None and time.monotonic() + pause > end:
-                    raise
-                await asyncio.sleep(pause)
-                continue
-            if isinstance(r, Replay):
-                return replayed(r)
-            return await self.run(r, fn, lease_ms=lease_ms, retention_s=retention_s)
-        raise AssertionError("unreachable")
+        return await steps.adrive(steps.do(key, fn, fingerprint, lease_ms, retention_s, wait_ms, give_up_after),
+                                  self)
 
     async def run(self, acquired: Acquired, fn: Callable[[], Awaitable[Response]], *,
                   lease_ms: int = DEFAULT_LEASE_MS, retention_s: int | None = None,
                   omit_body: bool = False) -> Result:
-        held = self.hold(acquired, lease_ms)
-        token = _current.set(held.lease)
-        try:
-            resp = await fn()
-        except BaseException as e:
-            self.release(held)
-            # The operation ran (or broke off): its outcome is stored even if
-            # the task is being cancelled.
-            await asyncio.shield(self._fail_for(acquired, e))
-            if isinstance(e, errors.TerminalError):
-                raise errors.Failed(str(e), response=e.response, attempt=acquired.attempt) from e
-            raise
-        finally:
-            _current.reset(token)
-        self.release(held)
-        await asyncio.shield(self._complete_for(acquired, resp, retention_s, omit_body))
-        return Result(response=resp, replayed=False, attempt=acquired.attempt)
+        """:meth:`idemsvc.Client.run` for a coroutine function."""
+        return await steps.adrive(steps.run(acquired, fn, lease_ms, retention_s, omit_body), self)
 
     async def _complete_for(self, a: Acquired, resp: Response, retention_s: int | None, omit_body: bool) -> None:
-        try:
-            await self.complete(a.key, a.lease_token, resp, retention_s=retention_s)
-            return
-        except errors.TooLarge as e:
-            if not omit_body:
-                refused: errors.ProblemError = e
-            else:
-                headers = {**(resp.headers or {}), BODY_OMITTED_HEADER: "true"}
-                try:
-                    await self.complete(a.key, a.lease_token, Response(resp.status_code, headers),
-                                        retention_s=retention_s)
-                    return
-                except (errors.TooLarge, errors.InvalidRequest) as e2:
-                    refused = e2
-        except errors.InvalidRequest as e:
-            refused = e
-        msg = f"the response could not be stored: {refused}"
-        try:
-            await self.fail(a.key, a.lease_token, retryable=False, error=msg)
-        except errors.IdemError as ferr:
-            refused.add_note(f"and failing the attempt: {ferr}")
-        raise errors.Failed(msg, response=resp, attempt=a.attempt) from refused
+        await steps.adrive(steps.complete_for(a, resp, retention_s, omit_body), self)
 
     async def _fail_for(self, a: Acquired, e: BaseException) -> None:
-        try:
-            if isinstance(e, errors.TerminalError):
-                resp = e.response if isinstance(e.response, Response) else None
-                try:
-                    await self.fail(a.key, a.lease_token, retryable=False, error=str(e), response=resp)
-                except errors.TooLarge:
-                    await self.fail(a.key, a.lease_token, retryable=False, error=str(e))
-            else:
-                await self.fail(a.key, a.lease_token, error=f"{type(e).__name__}: {e}")
-        except errors.IdemError as ferr:
-            e.add_note(f"idemsvc: failing the attempt: {ferr}")
+        await steps.adrive(steps.fail_for(a, e), self)
 
     def hold(self, acquired: Acquired, lease_ms: int = DEFAULT_LEASE_MS) -> _Held:
         """Starts the heartbeat of an acquired lease on the running loop: a
@@ -297,22 +237,5 @@ class AsyncClient:
             held.task = asyncio.get_running_loop().create_task(self._beat(held))
 
     async def _beat(self, held: _Held) -> None:
-        sent = time.monotonic()
-        lease = held.lease
-        try:
-            await self.extend(lease.key, lease.token, int(held.lease_s * 1000),
-                              budget=max(0.0, held.expires - sent))
-        except (errors.LeaseLost, errors.NotFound) as e:
-            if not held.stopped:
-                held.lose(e)
-            return
-        except errors.IdemError as e:
-            if held.stopped:
-                return
-            if time.monotonic() >= held.expires:
-                held.lose(e)
-                return
-        else:
-            held.expires = sent + held.lease_s
-        if not held.stopped:
+        if await steps.adrive(steps.beat(held), self):
             held.timer = asyncio.get_running_loop().call_later(held.lease_s / 3, self._due, held)

@@ -15,7 +15,7 @@ from . import errors
 from ._middleware import (
     Answer, Settings, begin_error_answer, credential_digest, credential_key_of, fingerprint, legacy_answer,
     legacy_fingerprint, parse_key, problem, replay_answer,
-    retry_again, scoped_key, stored_headers,
+    retry_again, stored_headers, stored_key_of, UNSCOPABLE_KEY,
 )
 from ._types import Acquired, Replay, Response
 from .aio import AsyncClient
@@ -90,19 +90,11 @@ class IdempotencyMiddleware:
                 "invalid-request", 400, f"the {s.key_header} header must be one non-empty Structured Field String "
                 "of at most 255 characters, such as \"8e03978e\""))
             return
-        stored_key = key
-        with_credentials = not s.unscoped
-        if self._scoped:
-            assert s.scope is not None
-            subject = s.scope(scope)
-            # An anonymous request (no subject) shares one scope, and its
-            # credentials' digest joins the fingerprint, as without a scope.
-            with_credentials = not subject
-            scoped = scoped_key(subject, key)
-            if scoped is None:
-                await _send(send, problem("invalid-request", 400, "idempotency key: key must be visible ASCII (0x21-0x7E)"))
-                return
-            stored_key = scoped
+        scoped, with_credentials = stored_key_of(s, scope, key)
+        if scoped is None:
+            await _send(send, problem("invalid-request", 400, UNSCOPABLE_KEY))
+            return
+        stored_key = scoped
         try:
             body = await _read_body(receive, s.max_body_bytes)
         except _Disconnected:

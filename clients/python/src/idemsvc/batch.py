@@ -35,15 +35,16 @@ batch never waits, and its consumer may still finish it.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generic, Iterable, Sequence, TypeVar
 
+from . import _steps as steps
 from . import errors
 from ._protocol import BeginItem, BeginOutcome, FinishItem, FinishOutcome
+from ._steps import Steps, call
 from ._types import Acquired, Replay, Response, _current
-from .client import DEFAULT_LEASE_MS, Client
+from .client import DEFAULT_LEASE_MS
 from .decorator import Codec, JSONCodec, async_client_of, key_and_fingerprint, payload_digest, sync_client_of
 
 R = TypeVar("R")
@@ -286,68 +287,71 @@ def process_batch(records: Sequence[R], fn: Callable[[R], Any], *, key: Callable
     c = sync_client_of(client)
     out: list[Outcome[R]] = []
     for plan in _plans(records, fn, key, payload, prefix, codec, lease_ms, retention_s, terminal, batch_size):
-        try:
-            runs = plan.begun(c.begin_batch(plan.begin_items()))
-        except errors.Unavailable as e:
-            plan.unreachable(e)
-            runs = []
-        for run in runs:
-            run.held = c.hold(run.acquired, lease_ms)
-        try:
-            for run in runs:
-                token = _current.set(run.held.lease)
-                try:
-                    value = fn(_record(plan, run))
-                except Exception as e:
-                    plan.ran(run, exc=e)
-                else:
-                    plan.ran(run, value)
-                finally:
-                    _current.reset(token)
-        except BaseException as e:
-            _interrupted(plan, runs, e)
-            _finish(c, plan, runs)
-            raise
-        _finish(c, plan, runs)
-        out.extend(plan.result())
+        out.extend(steps.drive(_chunk(plan, fn, lease_ms), c))
     return out
 
 
-def _record(plan: _Plan[R], run: _Run) -> R:
-    return plan.records[run.index]
-
-
-def _interrupted(plan: _Plan[R], runs: Sequence[_Run], e: BaseException) -> None:
+def _chunk(plan: _Plan[R], fn: Callable[[R], Any], lease_ms: int) -> Steps[list[Outcome[R]]]:
+    """One chunk: a begin batch, fn for each record acquired (its lease
+    held), a finish batch."""
+    try:
+        runs = plan.begun((yield call("begin_batch", plan.begin_items())))
+    except errors.Unavailable as e:
+        plan.unreachable(e)
+        runs = []
     for run in runs:
-        if run.finish is None:
-            plan.ran(run, exc=e if isinstance(e, Exception) else RuntimeError(f"interrupted: {type(e).__name__}"))
+        run.held = yield call("hold", run.acquired, lease_ms)
+    try:
+        for run in runs:
+            token = _current.set(run.held.lease)
+            try:
+                value = yield call("invoke", fn, plan.records[run.index])
+            except Exception as e:
+                plan.ran(run, exc=e)
+            else:
+                plan.ran(run, value)
+            finally:
+                _current.reset(token)
+    except BaseException as e:
+        # Interrupted (KeyboardInterrupt, a cancelled task): what ran is
+        # finished, what did not is released.
+        for run in runs:
+            if run.finish is None:
+                plan.ran(run, exc=e if isinstance(e, Exception) else RuntimeError(f"interrupted: {type(e).__name__}"))
+        yield call("shielded", _finish(plan, runs))
+        raise
+    yield call("shielded", _finish(plan, runs))
+    return plan.result()
 
 
-def _finish_split(c: Client, items: Sequence[FinishItem]) -> list[FinishOutcome]:
+def _finish_split(items: Sequence[FinishItem]) -> Steps[list[FinishOutcome]]:
     """finish_batch, split in halves while idemsvc refuses the whole request
     as too large (results that together outgrow its request limit); an item
     refused alone gets that problem as its outcome."""
     try:
-        return c.finish_batch(items)
+        return (yield call("finish_batch", items))  # type: ignore[no-any-return]
     except errors.TooLarge as e:
         if len(items) == 1:
             return [e]
         h = len(items) // 2
-        return _finish_split(c, items[:h]) + _finish_split(c, items[h:])
+        return (yield from _finish_split(items[:h])) + (yield from _finish_split(items[h:]))
 
 
-def _finish(c: Client, plan: _Plan[R], runs: Sequence[_Run]) -> None:
+def _finish(plan: _Plan[R], runs: Sequence[_Run]) -> Steps[None]:
     try:
         items = plan.finish_items()
         if items:
-            again = plan.finished(_finish_split(c, items))
+            again = plan.finished((yield from _finish_split(items)))
             if again:
-                plan.refinished(again, _finish_split(c, [f for _, f in again]))
+                plan.refinished(again, (yield from _finish_split([f for _, f in again])))
     except errors.Unavailable as e:
         plan.unfinished(e, [r for r in runs if plan.outcomes[r.index] is None])
-    finally:
+    except BaseException:
         for run in runs:
-            c.release(run.held)
+            yield call("release", run.held)
+        raise
+    for run in runs:
+        yield call("release", run.held)
 
 
 _aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
@@ -365,55 +369,5 @@ async def aprocess_batch(records: Sequence[R], fn: Callable[[R], Any], *, key: C
     c = async_client_of(client, _aclients)
     out: list[Outcome[R]] = []
     for plan in _plans(records, fn, key, payload, prefix, codec, lease_ms, retention_s, terminal, batch_size):
-        try:
-            runs = plan.begun(await c.begin_batch(plan.begin_items()))
-        except errors.Unavailable as e:
-            plan.unreachable(e)
-            runs = []
-        for run in runs:
-            run.held = c.hold(run.acquired, lease_ms)
-        try:
-            for run in runs:
-                token = _current.set(run.held.lease)
-                try:
-                    value = fn(_record(plan, run))
-                    if inspect.isawaitable(value):
-                        value = await value
-                except Exception as e:
-                    plan.ran(run, exc=e)
-                else:
-                    plan.ran(run, value)
-                finally:
-                    _current.reset(token)
-        except BaseException as e:
-            _interrupted(plan, runs, e)
-            await asyncio.shield(_afinish(c, plan, runs))
-            raise
-        await asyncio.shield(_afinish(c, plan, runs))
-        out.extend(plan.result())
+        out.extend(await steps.adrive(_chunk(plan, fn, lease_ms), c))
     return out
-
-
-async def _afinish_split(c: Any, items: Sequence[FinishItem]) -> list[FinishOutcome]:
-    """:func:`_finish_split`, awaited."""
-    try:
-        return await c.finish_batch(items)  # type: ignore[no-any-return]
-    except errors.TooLarge as e:
-        if len(items) == 1:
-            return [e]
-        h = len(items) // 2
-        return await _afinish_split(c, items[:h]) + await _afinish_split(c, items[h:])
-
-
-async def _afinish(c: Any, plan: _Plan[R], runs: Sequence[_Run]) -> None:
-    try:
-        items = plan.finish_items()
-        if items:
-            again = plan.finished(await _afinish_split(c, items))
-            if again:
-                plan.refinished(again, await _afinish_split(c, [f for _, f in again]))
-    except errors.Unavailable as e:
-        plan.unfinished(e, [r for r in runs if plan.outcomes[r.index] is None])
-    finally:
-        for run in runs:
-            c.release(run.held)

@@ -14,11 +14,14 @@ import urllib.parse
 from typing import Any, Callable, Mapping, Sequence
 
 from . import _protocol as proto
+from . import _steps as steps
 from . import errors
 from ._protocol import (  # noqa: F401 (backoff, encode_json and retry_after are the client's API since 0.1)
     BeginItem, BeginOutcome, FinishItem, FinishOutcome, Tries, backoff, encode_json, retry_after,
 )
-from ._types import Acquired, Lease, Replay, Response, Result, _current, begin_result, new_owner
+from ._steps import BODY_OMITTED_HEADER as BODY_OMITTED_HEADER
+from ._steps import replayed as replayed
+from ._types import Acquired, Lease, Replay, Response, Result, begin_result
 
 VERSION = "0.1.0"
 USER_AGENT = "idemsvc-python/" + VERSION
@@ -329,82 +332,19 @@ class Client:
           again. A response idemsvc refuses to store fails the attempt
           terminally, so that no duplicate runs fn again.
         """
-        owner = new_owner()
-        end = None if give_up_after is None else time.monotonic() + give_up_after
-        for attempt in itertools.count():
-            try:
-                r = self.begin(key, fingerprint=fingerprint, owner=owner, lease_ms=lease_ms,
-                               retention_s=retention_s, wait_ms=wait_ms)
-            except errors.InProgress:
-                pause = backoff(attempt)
-                if end is not None and time.monotonic() + pause > end:
-                    raise
-                time.sleep(pause)
-                continue
-            if isinstance(r, Replay):
-                return replayed(r)
-            return self.run(r, fn, lease_ms=lease_ms, retention_s=retention_s)
-        raise AssertionError("unreachable")
+        return steps.drive(steps.do(key, fn, fingerprint, lease_ms, retention_s, wait_ms, give_up_after), self)
 
     def run(self, acquired: Acquired, fn: Callable[[], Response], *, lease_ms: int = DEFAULT_LEASE_MS,
             retention_s: int | None = None, omit_body: bool = False) -> Result:
         """Runs fn under an acquired lease, with a heartbeat, and completes or
         fails the attempt, as :meth:`do` does once it acquired the key."""
-        held = self.hold(acquired, lease_ms)
-        token = _current.set(held.lease)
-        try:
-            resp = fn()
-        except BaseException as e:
-            self.release(held)
-            self._fail_for(acquired, e)
-            if isinstance(e, errors.TerminalError):
-                raise errors.Failed(str(e), response=e.response, attempt=acquired.attempt) from e
-            raise
-        finally:
-            _current.reset(token)
-        self.release(held)
-        self._complete_for(acquired, resp, retention_s, omit_body)
-        return Result(response=resp, replayed=False, attempt=acquired.attempt)
+        return steps.drive(steps.run(acquired, fn, lease_ms, retention_s, omit_body), self)
 
     def _complete_for(self, a: Acquired, resp: Response, retention_s: int | None, omit_body: bool) -> None:
-        try:
-            self.complete(a.key, a.lease_token, resp, retention_s=retention_s)
-            return
-        except errors.TooLarge as e:
-            if not omit_body:
-                refused: errors.ProblemError = e
-            else:
-                headers = {**(resp.headers or {}), BODY_OMITTED_HEADER: "true"}
-                try:
-                    self.complete(a.key, a.lease_token, Response(resp.status_code, headers),
-                                  retention_s=retention_s)
-                    return
-                except (errors.TooLarge, errors.InvalidRequest) as e2:
-                    refused = e2
-        except errors.InvalidRequest as e:
-            refused = e
-        # The operation ran but its outcome cannot be stored: a terminal
-        # failure keeps duplicates from running it again.
-        msg = f"the response could not be stored: {refused}"
-        try:
-            self.fail(a.key, a.lease_token, retryable=False, error=msg)
-        except errors.IdemError as ferr:
-            refused.add_note(f"and failing the attempt: {ferr}")
-        raise errors.Failed(msg, response=resp, attempt=a.attempt) from refused
+        steps.drive(steps.complete_for(a, resp, retention_s, omit_body), self)
 
     def _fail_for(self, a: Acquired, e: BaseException) -> None:
-        try:
-            if isinstance(e, errors.TerminalError):
-                resp = e.response if isinstance(e.response, Response) else None
-                try:
-                    self.fail(a.key, a.lease_token, retryable=False, error=str(e), response=resp)
-                except errors.TooLarge:
-                    # Store the failure without its response rather than not at all.
-                    self.fail(a.key, a.lease_token, retryable=False, error=str(e))
-            else:
-                self.fail(a.key, a.lease_token, error=f"{type(e).__name__}: {e}")
-        except errors.IdemError as ferr:
-            e.add_note(f"idemsvc: failing the attempt: {ferr}")
+        steps.drive(steps.fail_for(a, e), self)
 
     # --- heartbeat ----------------------------------------------------------
 
@@ -422,35 +362,5 @@ class Client:
         held.stopped = True
 
     def _beat(self, held: _Held) -> None:
-        if held.stopped:
-            return
-        sent = time.monotonic()
-        lease = held.lease
-        try:
-            # Retried only while the lease may still be live.
-            self.extend(lease.key, lease.token, int(held.lease_s * 1000),
-                        budget=max(0.0, held.expires - sent))
-        except (errors.LeaseLost, errors.NotFound) as e:
-            if not held.stopped:
-                held.lose(e)
-            return
-        except errors.IdemError as e:
-            if held.stopped:
-                return
-            if time.monotonic() >= held.expires:
-                held.lose(e)
-                return
-        else:
-            held.expires = sent + held.lease_s
-        if not held.stopped:
+        if not held.stopped and steps.drive(steps.beat(held), self):
             self._beats.schedule(held, time.monotonic() + held.lease_s / 3)
-
-
-BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
-
-
-def replayed(r: Replay) -> Result:
-    """The Result of a finished attempt's stored outcome; a terminal failure raises Failed."""
-    if r.failed:
-        raise errors.Failed(r.error or "", response=r.response, attempt=r.attempt, replayed=True)
-    return Result(response=r.response, replayed=True, attempt=r.attempt)
