@@ -237,6 +237,32 @@ def test_results_over_the_request_limit_go_in_smaller_finishes(svc: Svc) -> None
         proxy.close()
 
 
+def test_an_interruption_finishes_what_ran_and_releases_the_rest(svc: Svc) -> None:
+    c = client_of(svc)
+    keys = [unique_key("int") for _ in range(3)]
+
+    def handle(r: str) -> str:
+        if r == keys[1]:
+            raise KeyboardInterrupt
+        return r
+
+    with pytest.raises(KeyboardInterrupt):
+        process_batch(keys, handle, key=lambda r: r, client=c, prefix="")
+    assert c.status(keys[0])["state"] == "completed"
+    for k in keys[1:]:  # released at once, not held until their leases run out
+        a = c.begin(k)
+        assert isinstance(a, Acquired) and a.attempt == 2
+
+
+def test_one_key_with_two_payloads_in_a_batch(svc: Svc) -> None:
+    c = client_of(svc)
+    k = unique_key("twice")
+    out = process_batch([{"id": k, "n": 1}, {"id": k, "n": 1}, {"id": k, "n": 2}], lambda r: r["n"],
+                        key=lambda r: r["id"], payload=lambda r: r["n"], client=c, prefix="")
+    assert [o.status for o in out] == ["completed", "replayed", "rejected"]
+    assert isinstance(out[2].error, idemsvc.FingerprintMismatch) and out[1].value == 1
+
+
 def test_payload_digest_as_key(svc: Svc) -> None:
     c = client_of(svc)
     body = {"order": unique_key(), "amount": 5}

@@ -227,15 +227,22 @@ class _Plan(Generic[R]):
     def result(self) -> list[Outcome[R]]:
         """Every record's outcome; a record whose key came earlier in the
         batch shares that one's (a ``completed`` one as ``replayed``)."""
-        first: dict[str, Outcome[R]] = {}
+        first: dict[str, tuple[int, Outcome[R]]] = {}
         out: list[Outcome[R]] = []
         for i, o in enumerate(self.outcomes):
             if o is None:
-                f = first[self.keys[i]]
-                o = Outcome(self.records[i], f.key, REPLAYED if f.status == COMPLETED else f.status, f.value, f.error,
-                            f.attempt)
+                j, f = first[self.keys[i]]
+                if self.fingerprints[i] != self.fingerprints[j]:
+                    # Another payload under the same key, as idemsvc would answer it.
+                    e = errors.FingerprintMismatch(422, {
+                        "title": "Fingerprint mismatch", "code": "fingerprint-mismatch",
+                        "detail": "the key was used earlier in this batch with another payload"}, None, "begin batch")
+                    o = Outcome(self.records[i], f.key, REJECTED, None, e, 0)
+                else:
+                    o = Outcome(self.records[i], f.key, REPLAYED if f.status == COMPLETED else f.status, f.value,
+                                f.error, f.attempt)
             else:
-                first.setdefault(o.key, o)
+                first.setdefault(o.key, (i, o))
             out.append(o)
         return out
 
