@@ -65,15 +65,9 @@ class IdempotencyMiddleware:
                  unscoped: bool = False, legacy_fingerprints: bool = True):
         self.app = app
         self.client = client
-        self.settings = s = Settings(key_header=key_header, methods=methods, optional=optional,
-                                     lease_ms=lease_ms, retention_s=retention_s, wait_ms=wait_ms,
-                                     max_body_bytes=max_body_bytes, max_stored_body_bytes=max_stored_body_bytes,
-                                     budget_s=budget_s, scope=scope, credential_cookies=tuple(credential_cookies),
-                                     credential_secret=(credential_secret.encode("utf-8")
-                                                        if isinstance(credential_secret, str) else credential_secret),
-                                     unscoped=unscoped, legacy_fingerprints=legacy_fingerprints)
-        if headers is not None:
-            s.headers = tuple(headers)
+        self.settings = s = Settings(key_header, methods, optional, headers, lease_ms, retention_s, wait_ms,
+                                     max_body_bytes, max_stored_body_bytes, budget_s, scope, credential_cookies,
+                                     credential_secret, unscoped, legacy_fingerprints)
         self._key_env = "HTTP_" + key_header.upper().replace("-", "_")
         self._credential_key = credential_key_of(s, client._config)
         self._scoped = s.scope is not None
