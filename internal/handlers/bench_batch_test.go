@@ -11,8 +11,8 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/redistest"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // BenchmarkHTTPBeginBatchRedis is a begin batch of 100 new keys through
@@ -22,7 +22,7 @@ import (
 // (-cpuprofile, -memprofile).
 func BenchmarkHTTPBeginBatchRedis(b *testing.B) {
 	rdb := redistest.SharedServer(b).Client(b)
-	srv := httptest.NewServer(benchService(b, statemachine.NewRedisStore(rdb, statemachine.RedisOptions{})))
+	srv := httptest.NewServer(benchService(b, redisstore.New(rdb, redisstore.Options{})))
 	defer srv.Close()
 	c, err := idem.New(srv.URL, idem.WithAPIKey("bench-key"), idem.WithHTTP(srv.Client()))
 	if err != nil {
