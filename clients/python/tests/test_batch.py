@@ -348,6 +348,24 @@ def test_unavailable_idemsvc_reports_every_record_for_a_retry() -> None:
     assert isinstance(out[0].error, idemsvc.Unreachable)
 
 
+def test_a_busy_idemsvc_reports_the_records_for_a_retry_and_releases_what_ran(svc: Svc) -> None:
+    proxy = LosingProxy(svc.base_url)
+    try:
+        c = Client(proxy.url, svc.api_key, retry_budget=0.3)
+        keys = [unique_key("busy") for _ in range(2)]
+        proxy.refuse_next("/v1/begin/batch", 100, 429, "5")  # a gateway's 429, its Retry-After past the budget
+        out = process_batch(keys, lambda r: r, key=lambda r: r, client=c, prefix="")
+        assert [o.status for o in out] == ["error", "error"] and all(o.retry for o in out)
+        assert isinstance(out[0].error, idemsvc.ProblemError) and out[0].error.status == 429
+        proxy.refuse_next("/v1/begin/batch", 0, 429)
+        proxy.refuse_next("/v1/finish/batch", 100, 503, "5")
+        out = process_batch(keys, lambda r: r + "!", key=lambda r: r, client=c, prefix="")
+        assert [o.status for o in out] == ["error", "error"] and [o.value for o in out] == [k + "!" for k in keys]
+        assert all(client_of(svc).status(k)["state"] == "in_progress" for k in keys)  # until the lease runs out
+    finally:
+        proxy.close()
+
+
 def test_a_long_batch_keeps_its_leases(svc: Svc) -> None:
     c = client_of(svc)
     keys = [unique_key("long") for _ in range(3)]

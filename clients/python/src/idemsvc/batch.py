@@ -147,8 +147,9 @@ class _Plan(Generic[R]):
         status = IN_PROGRESS if isinstance(e, errors.InProgress) else ERROR if isinstance(e, _TRANSIENT) else REJECTED
         self.set(i, status, value, e, attempt)
 
-    def unreachable(self, e: errors.Unavailable) -> None:
-        """The begin batch got no answer: every record is tried again later."""
+    def unreachable(self, e: errors.IdemError) -> None:
+        """The begin batch got no answer, or was refused for now (503, 429,
+        after the retry budget): every record is tried again later."""
         for i in self.firsts:
             self.set(i, ERROR, None, e)
 
@@ -218,7 +219,7 @@ class _Plan(Generic[R]):
             else:
                 self.failed(run)
 
-    def unfinished(self, e: errors.Unavailable, runs: Iterable[_Run]) -> None:
+    def unfinished(self, e: errors.IdemError, runs: Iterable[_Run]) -> None:
         """A finish batch that got no answer: the leases run out, and a
         redelivery runs the records again (or replays them, had it landed)."""
         for run in runs:
@@ -303,7 +304,9 @@ def _chunk(plan: _Plan[R], fn: Callable[[R], Any], lease_ms: int) -> Steps[list[
     held), a finish batch."""
     try:
         runs = plan.begun((yield call("begin_batch", plan.begin_items())))
-    except errors.Unavailable as e:
+    except errors.IdemError as e:
+        if not _for_now(e):
+            raise
         plan.unreachable(e)
         runs = []
     for run in runs:
@@ -331,6 +334,12 @@ def _chunk(plan: _Plan[R], fn: Callable[[R], Any], lease_ms: int) -> Steps[list[
     return plan.result()
 
 
+def _for_now(e: errors.IdemError) -> bool:
+    """A batch call's error that a later delivery may not meet: no answer,
+    or 503 or 429 (idemsvc's or a gateway's) until the retry budget ran out."""
+    return isinstance(e, errors.Unavailable) or (isinstance(e, errors.ProblemError) and e.status in (429, 503))
+
+
 def _finish_split(items: Sequence[FinishItem]) -> Steps[list[FinishOutcome]]:
     """finish_batch, split in halves while idemsvc refuses the whole request
     as too large (results that together outgrow its request limit); an item
@@ -351,7 +360,9 @@ def _finish(plan: _Plan[R], runs: Sequence[_Run]) -> Steps[None]:
             again = plan.finished((yield from _finish_split(items)))
             if again:
                 plan.refinished(again, (yield from _finish_split([f for _, f in again])))
-    except errors.Unavailable as e:
+    except errors.IdemError as e:
+        if not _for_now(e):
+            raise
         plan.unfinished(e, [r for r in runs if plan.outcomes[r.index] is None])
     except BaseException:
         for run in runs:
