@@ -32,22 +32,28 @@ def call(method: str, *args: Any, **kwargs: Any) -> Step:
     return method, args, kwargs
 
 
+def _do(client: Any, step: Step, sleep: Callable[[float], Any], sub: Callable[[Steps[Any]], Any]) -> Any:
+    """One step's call (an awaitable, for an asyncio client)."""
+    name, args, kwargs = step
+    if name == "sleep":
+        return sleep(*args)
+    if name == "invoke":
+        return args[0](*args[1:])
+    if name == "shielded":
+        return sub(args[0])
+    return getattr(client, name)(*args, **kwargs)
+
+
 def drive(steps: Steps[T], client: Any) -> T:
     """Runs steps on a synchronous client."""
+    def sub(s: Steps[Any]) -> Any:
+        return drive(s, client)
+
     try:
         step = next(steps)
         while True:
-            name, args, kwargs = step
             try:
-                res: Any = None
-                if name == "sleep":
-                    time.sleep(*args)
-                elif name == "invoke":
-                    res = args[0](*args[1:])
-                elif name == "shielded":
-                    res = drive(args[0], client)
-                else:
-                    res = getattr(client, name)(*args, **kwargs)
+                res = _do(client, step, time.sleep, sub)
             except BaseException as e:
                 step = steps.throw(e)
             else:
@@ -57,23 +63,17 @@ def drive(steps: Steps[T], client: Any) -> T:
 
 
 async def adrive(steps: Steps[T], client: Any) -> T:
-    """Runs steps on an asyncio client."""
+    """Runs steps on an asyncio client, awaiting what is awaitable."""
     import asyncio
+
+    def sub(s: Steps[Any]) -> Any:
+        return asyncio.shield(adrive(s, client))
 
     try:
         step = next(steps)
         while True:
-            name, args, kwargs = step
             try:
-                res: Any = None
-                if name == "sleep":
-                    await asyncio.sleep(*args)
-                elif name == "invoke":
-                    res = args[0](*args[1:])
-                elif name == "shielded":
-                    res = await asyncio.shield(adrive(args[0], client))
-                else:
-                    res = getattr(client, name)(*args, **kwargs)
+                res = _do(client, step, asyncio.sleep, sub)
                 if inspect.isawaitable(res):
                     res = await res
             except BaseException as e:
