@@ -442,11 +442,12 @@ func TestE2EFloodWithoutLimitsFillsRedis(t *testing.T) {
 		t.Fatalf("the unlimited flood stored %d bytes in a Redis of %d without a failure", stored, maxmemory)
 	}
 	victim := e.as(t, keys["victim"])
-	body := strings.Repeat("v", 64<<10)
+	// 64 KiB that compression cannot shrink, as the flood's.
+	body, enc := base64.StdEncoding.EncodeToString([]byte(answers.Incompressible(64<<10, 2))), idem.BodyEncodingBase64
 	r := victim.begin(idem.BeginRequest{Key: idemtest.Unique("victim")})
 	if r.JSON201 != nil {
 		if c := victim.complete(idem.CompleteRequest{Key: r.JSON201.Key, LeaseToken: r.JSON201.LeaseToken,
-			Response: &idem.StoredResponse{Body: &body}}); c.StatusCode() == http.StatusOK {
+			Response: &idem.StoredResponse{Body: &body, BodyEncoding: &enc}}); c.StatusCode() == http.StatusOK {
 			t.Fatalf("the victim's calls still succeed on a full Redis")
 		}
 	}
