@@ -59,7 +59,10 @@ func TestE2ECompressedAnswers(t *testing.T) {
 			l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("json")})
 			c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &json}})
 			afterJSON := waitStored("the JSON answer's bytes", func(n int64) bool { return n > 0 })
-			if afterJSON > 16<<10*3/10 {
+			switch {
+			case b.name == "memory" && afterJSON != 16<<10:
+				t.Errorf("a 16 KiB JSON answer counts %d stored bytes on the memory store, which keeps it as sent", afterJSON)
+			case b.name != "memory" && afterJSON > 16<<10*3/10:
 				t.Errorf("a 16 KiB JSON answer counts %d stored bytes, want its compressed size (under 0.3×)", afterJSON)
 			}
 			r := c.begin(idem.BeginRequest{Key: l.Key})

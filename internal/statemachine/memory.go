@@ -4,7 +4,7 @@ package statemachine
 
 import (
 	"context"
-	"strings"
+	"math"
 	"sync"
 	"time"
 )
@@ -146,12 +146,11 @@ func (m *MemoryStore) Fail(_ context.Context, tenant string, req FailRequest) (R
 	return rec, err
 }
 
-// keptForm is r's form as the memory store keeps it, compressed as in
-// Redis, in an allocation of its own size (EncodeResponse's is sized for
-// the body uncompressed).
-func (m *MemoryStore) keptForm(r *Response) string {
-	return strings.Clone(EncodeResponse(r, m.limits.CompressBodiesFrom))
-}
+// keptForm is r's form as the memory store keeps it: the body as sent,
+// never compressed. Every replay of a record then shares its one stored
+// body, where decompressing would give each replay a copy of its own (300
+// slow readers of a 6 MiB answer would hold 1.8 GB: TestBoundedMemory).
+func (m *MemoryStore) keptForm(r *Response) string { return EncodeResponse(r, math.MaxInt) }
 
 // finish moves the in-progress record fenced by tok to state, as complete.lua
 // and fail.lua do; a second call with the same token answers as the first.
