@@ -39,10 +39,11 @@ const (
 	// BlobThresholdBytes is IDEMSVC_BLOB_THRESHOLD_BYTES's default: a
 	// compressed body over it goes to the blob store.
 	BlobThresholdBytes = 64 << 10
-	// CompressMinBytes and compressMinGain are the codec's rule
-	// (internal/statemachine/compress.go): a body of at least 1 KiB is kept
-	// compressed when that saves at least an eighth of it.
+	// CompressMinBytes, CompressMaxBytes and compressMinGain are the
+	// codec's rule (internal/statemachine/compress.go): a body of 1 KiB to
+	// 256 KiB is kept compressed when that saves at least an eighth of it.
 	CompressMinBytes = 1024
+	CompressMaxBytes = 256 << 10
 	compressMinGain  = 8
 
 	// ServiceCycleMicros is idemsvc's CPU for a begin and a complete of a
@@ -166,10 +167,9 @@ func Model(in Input) Result {
 		ratio = JSONRatio(in.AnswerBytes)
 	}
 	compressed := in.AnswerBytes
-	if in.AnswerBytes >= CompressMinBytes {
-		if c := int(math.Ceil(float64(in.AnswerBytes) * ratio)); c <= in.AnswerBytes-in.AnswerBytes/compressMinGain {
-			compressed = c
-		}
+	c := int(math.Ceil(float64(in.AnswerBytes) * ratio))
+	if in.AnswerBytes >= CompressMinBytes && in.AnswerBytes <= CompressMaxBytes && c <= in.AnswerBytes-in.AnswerBytes/compressMinGain {
+		compressed = c
 	}
 	compressMicros := 0.0
 	if compressed < in.AnswerBytes {
@@ -179,7 +179,7 @@ func Model(in Input) Result {
 	res.Rows = []Row{
 		in.row("as sent (before compression)", in.AnswerBytes, 0, false, true),
 		in.row("compressed (zstd)", compressed, compressMicros, false, compressed < in.AnswerBytes),
-		in.row("by reference (blob store)", ReferenceBytes, compressMicros, true, compressed > BlobThresholdBytes),
+		in.row("by reference (blob store)", ReferenceBytes, compressMicros, true, c > BlobThresholdBytes),
 	}
 	for i := range res.Rows {
 		res.Rows[i].VersusAsSent = res.Rows[i].RedisBytes / res.Rows[0].RedisBytes
@@ -255,7 +255,7 @@ func (res Result) Print(w io.Writer) error {
 	tw.Flush()
 	b.WriteString("\n* estimated: a reference of about 200 bytes in place of the body\n")
 	b.WriteString("- not how idemsvc stores this answer: ")
-	b.WriteString("it compresses bodies of 1 KiB and more that shrink by an eighth, and sends compressed bodies over 64 KiB to a blob store when one is configured\n")
+	b.WriteString("it compresses bodies of 1 to 256 KiB that shrink by an eighth, and sends bodies whose compressed size is over 64 KiB to a blob store when one is configured\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }

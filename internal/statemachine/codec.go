@@ -115,7 +115,7 @@ func EncodeResponse(r *Response, compressFrom int) string {
 	for name, value := range r.Headers {
 		size += 8 + len(name) + len(value)
 	}
-	if len(r.Body) >= compressFrom {
+	if len(r.Body) >= compressFrom && len(r.Body) <= compressMaxBytes {
 		size += zstdOverhead(len(r.Body)) // room for an attempt that does not shrink it
 	}
 	b := make([]byte, 1, size)

@@ -19,8 +19,15 @@ import (
 // otherwise (a shorter body, or one that does not compress, such as an
 // image or ciphertext) it is stored as sent. The figures are measured:
 // docs/capacity.md, "Choosing the threshold".
+//
+// A body over compressMaxBytes is kept as sent too: a replay decompresses
+// into memory of its own, and a large body that compresses well would let
+// a few bytes read from Redis become that much memory at once for each of
+// many replays (300 readers of a 1 MiB answer, TestBoundedMemory), where
+// the transfer of a body kept whole from Redis paces them.
 const (
 	compressMinBytes = 1024
+	compressMaxBytes = 256 << 10
 	compressMinGain  = 8
 )
 
@@ -75,10 +82,10 @@ func mustDecoder(d *zstd.Decoder, err error) *zstd.Decoder {
 }
 
 // appendBody appends body to dst as a record stores it, and returns its
-// encoding: zstd when body has at least from bytes and compresses well
-// enough, otherwise identity.
+// encoding: zstd when body has from to compressMaxBytes bytes and
+// compresses well enough, otherwise identity.
 func appendBody(dst []byte, body string, from int) ([]byte, byte) {
-	if len(body) >= from {
+	if len(body) >= from && len(body) <= compressMaxBytes {
 		head := len(dst)
 		out := bodyEncoder.EncodeAll(bytesOf(body), dst)
 		if n := len(out) - head; n <= len(body)-len(body)/compressMinGain {

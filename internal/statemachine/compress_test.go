@@ -21,7 +21,7 @@ import (
 // empty and one-byte ones.
 func bodies() map[string]string {
 	m := map[string]string{"empty": "", "one byte": "x", "repeated 1 MiB-64": strings.Repeat("ab", (1<<20-64)/2)}
-	for _, n := range []int{64, 1000, 1023, 1024, 1025, 1100, 2048, 4095, 16 << 10, 64<<10 + 1, 256 << 10, 1<<20 - 64} {
+	for _, n := range []int{64, 1000, 1023, 1024, 1025, 1100, 2048, 4095, 16 << 10, 64<<10 + 1, 256 << 10, 256<<10 + 1, 1<<20 - 64} {
 		m["json "+strconv.Itoa(n)] = answer.JSON(n, uint64(n))
 	}
 	for _, n := range []int{1023, 1024, 1025, 16 << 10, 1<<20 - 64} {
@@ -31,8 +31,8 @@ func bodies() map[string]string {
 }
 
 // TestResponseCodec: every body decodes byte for byte; a body is kept
-// compressed exactly when it has the threshold's length and saves an
-// eighth; what it counts is what the record holds.
+// compressed exactly when it has 1 to 256 KiB and saves an eighth; what
+// it counts is what the record holds.
 func TestResponseCodec(t *testing.T) {
 	for name, body := range bodies() {
 		for _, b64 := range []bool{false, true} {
@@ -56,7 +56,9 @@ func TestResponseCodec(t *testing.T) {
 				t.Errorf("%s: stored %d bytes as sent, want %d", name, stored-headers, len(body))
 			}
 			switch {
-			case strings.HasPrefix(name, "json") && len(body) >= 1024 && !compressed:
+			case len(body) > compressMaxBytes && compressed:
+				t.Errorf("%s: a body over %d bytes is kept compressed", name, compressMaxBytes)
+			case strings.HasPrefix(name, "json") && len(body) >= 1024 && len(body) <= compressMaxBytes && !compressed:
 				t.Errorf("%s: a JSON answer over the threshold is kept as sent", name)
 			case strings.HasPrefix(name, "random") && compressed:
 				t.Errorf("%s: an incompressible body is kept compressed", name)
