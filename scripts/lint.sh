@@ -4,8 +4,9 @@
 # generated code (Go, and the TypeScript SDK's types) that matches its
 # sources, the OpenAPI description through Redocly and Spectral's OWASP
 # ruleset, the TypeScript SDK's import graph (no circles), the Markdown's
-# relative links and anchors, and the Python SDK's type hints. The deployment files have their
-# own, heavier lint: scripts/lint-deploy.sh (make lint-deploy).
+# relative links and anchors, and the Python SDK's type hints. The
+# deployment files have their own, heavier lint: scripts/lint-deploy.sh
+# (make lint-deploy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
