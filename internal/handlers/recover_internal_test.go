@@ -9,30 +9,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
-
-// lockedBuffer is a log output written by the server's goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // A handler that panics once its answer has begun has the answer cut
 // off, so that the client cannot take what it got for the whole answer;
@@ -40,7 +23,13 @@ func (b *lockedBuffer) String() string {
 // can fail, so the handler here is the test's own, behind the service's
 // middleware, on a real server.)
 func TestPanicAfterTheAnswerBeganCutsItOff(t *testing.T) {
-	logs := &lockedBuffer{}
+	// The log goes to a file, which the server's goroutine writes and the
+	// test reads without sharing memory.
+	logs, err := os.Create(filepath.Join(t.TempDir(), "log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { logs.Close() })
 	s := New(Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Logger: slog.New(slog.NewJSONHandler(logs, nil))})
 	srv := httptest.NewServer(s.observe(s.recoverPanic(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
@@ -59,8 +48,12 @@ func TestPanicAfterTheAnswerBeganCutsItOff(t *testing.T) {
 		t.Errorf("the cut answer read as a whole one: %d", resp.StatusCode)
 	}
 	var line struct{ Level, Msg, Panic, Stack string }
-	if err := json.Unmarshal([]byte(strings.SplitN(logs.String(), "\n", 2)[0]), &line); err != nil ||
+	logged, err := os.ReadFile(logs.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(strings.SplitN(string(logged), "\n", 2)[0]), &line); err != nil ||
 		line.Level != "ERROR" || line.Msg != "panic" || line.Panic != "late" || line.Stack == "" {
-		t.Errorf("the panic is not logged (%v):\n%s", err, logs.String())
+		t.Errorf("the panic is not logged (%v):\n%s", err, logged)
 	}
 }
