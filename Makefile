@@ -72,4 +72,4 @@ lint-deploy: ## The deployment files: compose, helm lint, kubeconform, the dashb
 # scenarios, ROBUSTNESS_SCENARIOS picks some (comma-separated).
 ROBUSTNESS_DURATION ?= 10m
 robustness: ## Every Redis topology under every failpoint, checked for linearizability
-	ROBUSTNESS_DURATION=$(ROBUSTNESS_DURATION) go test -count=1 -v -timeout 60m -run 'TestRobustness$$' ./internal/robustness/
+	ROBUSTNESS_DURATION=$(ROBUSTNESS_DURATION) go test -count=1 -v -timeout 60m -run 'TestRobustness$$' ./internal/testkit/robustness/
