@@ -438,4 +438,20 @@ if [ -n "${PROFILE:-}" ]; then
     profile "idemsvc-$mix" "$idemsvc_pprof" idemsvc "idemsvc_$mix" "$idemsvc_port" 0 "$idemsvc_pid" "$mix" 64
   done
   echo "profiles (NAME.cpu.pprof, NAME.top.txt, NAME.cum.txt), and the binaries for go tool pprof, in $results"
+  if picked express; then
+    # node --cpu-prof writes its profile when the app exits (on SIGTERM).
+    port=$(free_port)
+    node --cpu-prof --cpu-prof-dir="$results/express-prof" "$express/app.mjs" --listen "127.0.0.1:$port" \
+      sdk "http://127.0.0.1:$idemsvc_port" "$sdk_dist" 2>"$dir/express-prof.log" &
+    prof_pid=$!
+    pids+=("$prof_pid")
+    wait_http "http://127.0.0.1:$port/"
+    load sdk_express "$port" "$prof_pid" "$idemsvc_pid" pay 64
+    kill "$prof_pid"
+    wait "$prof_pid" || true
+    node "$express/cpuprofile-top.mjs" "$results"/express-prof/*.cpuprofile 40 clients/ts >"$results/express.top.txt"
+    echo "the Express app behind the TS middleware under express, top of its profile (wall time: writev includes the waits for the CPU):"
+    sed -n '1,25p' "$results/express.top.txt"
+    echo "profile and its summary: $results/express-prof, $results/express.top.txt"
+  fi
 fi

@@ -8,6 +8,10 @@
 //       behind the TypeScript SDK's Express middleware (clients/ts, or the
 //       build in SDK_DIST) with its defaults, on idemsvc at URL, the API
 //       key from IDEMSVC_API_KEY;
+//   node app.mjs --listen 127.0.0.1:8093 raw URL SDK_DIST
+//       the handler itself calling the SDK's begin and complete on the
+//       request's key, without the middleware: what the two calls cost
+//       apart from the middleware's own work (by hand, not in make load-sdk);
 //   node app.mjs --listen 127.0.0.1:8092 lib REDIS_URL
 //       behind express-idempotency with its Redis adapter, the most used
 //       Express idempotency middleware on npm that keeps answers in Redis,
@@ -42,6 +46,15 @@ if (mode === 'alone') {
   const { idempotency } = await import(`${dist}/express.js`);
   const client = new IdemClient({ baseUrl: args[3], apiKey: process.env.IDEMSVC_API_KEY });
   app.post('/pay', idempotency(client), express.json(), pay);
+} else if (mode === 'raw') {
+  const { IdemClient } = await import(`${args[4]}/index.js`);
+  const client = new IdemClient({ baseUrl: args[3], apiKey: process.env.IDEMSVC_API_KEY });
+  app.post('/pay', express.json(), async (req, res) => {
+    const key = req.headers['idempotency-key'];
+    const b = await client.begin({ key, fingerprint: 'v1:x', lease_ms: 30000 });
+    await client.complete({ key, lease_token: b.lease_token, response: { status_code: 201, body: 'x' } });
+    pay(req, res);
+  });
 } else if (mode === 'lib') {
   const { idempotency } = await import('express-idempotency');
   const { default: { default: RedisAdapter } } = await import('express-idempotency-redis-adapter'); // CommonJS: exports.default
