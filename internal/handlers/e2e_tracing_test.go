@@ -97,7 +97,7 @@ func TestE2ETracing(t *testing.T) {
 }
 
 // A caller's trace goes on into idemsvc through the Go SDK when its HTTP
-// client is instrumented, as the README shows.
+// client is instrumented, as docs/operating.md shows.
 func TestE2ETracingThroughTheSDK(t *testing.T) {
 	t.Parallel()
 	recorder := tracetest.NewSpanRecorder()

@@ -216,7 +216,7 @@ func TestEvictingPolicyRefusesBegins(t *testing.T) {
 // arguments count against maxmemory while they arrive, then the record
 // stays): the least, to 2%, as a multiple of n, found by setting maxmemory
 // just above what the node counts. The reserve's default rests on it
-// staying under 1.5 (README, "Room for outcomes"); and a complete with
+// staying under 1.5 (docs/redis.md, "Room for outcomes"); and a complete with
 // less free than its own size is refused, which is why the reserve exists.
 func TestOutcomeHeadroom(t *testing.T) {
 	t.Parallel()
