@@ -77,6 +77,13 @@ export const DEFAULT_RETRY_BUDGET_MS = 15_000;
 /** This SDK's version, sent in the User-Agent of every call. */
 export const VERSION = '0.1.0';
 
+/**
+ * The client's connections: kept alive, and an idle one closed after 4 s
+ * (fetch's default), well before a server's idle timeout closes it under a
+ * call being sent (a call cut so is retried all the same).
+ */
+const AGENT_OPTIONS: http.AgentOptions = { keepAlive: true, timeout: 4_000 };
+
 const MIN_BACKOFF_MS = 50;
 const MAX_BACKOFF_MS = 2_000;
 const MAX_ERROR_BYTES = 1024;
@@ -141,7 +148,7 @@ export class IdemClient {
         protocol: url.protocol,
         hostname: url.hostname.replace(/^\[(.*)\]$/, '$1'),
         port: url.port || (secure ? 443 : 80),
-        agent: secure ? new https.Agent({ keepAlive: true }) : new http.Agent({ keepAlive: true }),
+        agent: new (secure ? https.Agent : http.Agent)(AGENT_OPTIONS),
       },
       basePath: url.pathname.replace(/\/+$/, ''),
     };
