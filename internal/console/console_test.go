@@ -30,8 +30,8 @@ import (
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/console"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // chromium is Debian's Chromium, which scripts/test.sh installs.
