@@ -191,7 +191,7 @@ node_app() {
   printf -v "${var}_pid" %s "$!"
   wait_http "http://127.0.0.1:$port/"
 }
-tsbase_pid=
+tsbase_pid= ex_alone_port= ex_alone_pid= ex_sdk_port= ex_sdk_pid= ex_lib_port= ex_lib_pid=
 if picked express; then
   node_app ex_alone alone
   node_app ex_sdk sdk "http://127.0.0.1:$idemsvc_port" "$sdk_dist"
@@ -295,6 +295,10 @@ fmt_row() { printf '%-16s %9s %8s %8s %8s %8s %9s %8s %7s\n' "$@"; }
 own_rate() { awk -v l="$1" -v r="$run" -v s="$open_share" '$1 == l { n++; if (n == r) printf "%.0f\n", $2 * s }' "$dir/figures"; }
 for run in $(seq "$runs"); do
   pair begin "bare_begin $barechi_port 0 $barechi_pid begin 64" "idemsvc_begin $idemsvc_port 0 $idemsvc_pid begin 64" "$(svcbase begin)"
+  # Each server's open loop at OPEN_SHARE of its own closed-loop begins/s of
+  # this run, right after they were measured: the machine drifts less between.
+  bare_rate=$(own_rate bare_begin) idemsvc_rate=$(own_rate idemsvc_begin)
+  pair open "bare_open $barechi_port 0 $barechi_pid begin 128 $bare_rate" "idemsvc_open $idemsvc_port 0 $idemsvc_pid begin 128 $idemsvc_rate"
   pair cycle "bare_cycle $barechi_port 0 $barechi_pid cycle 64" "idemsvc_cycle $idemsvc_port 0 $idemsvc_pid cycle 64" "$(svcbase cycle)"
   pair replay "bare_replay $barechi_port 0 $barechi_pid replay 64" "idemsvc_replay $idemsvc_port 0 $idemsvc_pid replay 64" "$(svcbase replay)"
   pair pay64 "alone_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "sdk_pay64 $sdk_port $sdk_pid $idemsvc_pid pay 64" "$(base 64)"
@@ -307,9 +311,6 @@ for run in $(seq "$runs"); do
     if [ -n "${TS_SDK_BASE:-}" ]; then tsclient base_tsclient "$results/ts-base-dist"; fi
   fi
   pair proxy1 "direct_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "proxy_pay1 $proxy_port $proxy_pid $idemsvc_pid pay 1"
-  # Each server's open loop at OPEN_SHARE of its own closed-loop begins/s of this run.
-  bare_rate=$(own_rate bare_begin) idemsvc_rate=$(own_rate idemsvc_begin)
-  pair open "bare_open $barechi_port 0 $barechi_pid begin 128 $bare_rate" "idemsvc_open $idemsvc_port 0 $idemsvc_pid begin 128 $idemsvc_rate"
   echo
   echo "run $run of $runs (open loop at $bare_rate/s on barechi, $idemsvc_rate/s on idemsvc; load $(cut -d' ' -f1-3 /proc/loadavg))"
   fmt_row "" "${columns[@]}"
