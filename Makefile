@@ -44,9 +44,10 @@ load: ## idemsvc over HTTP under idembench, beside a bare chi handler
 	benchmarks/http-load.sh
 
 # The caller's whole path: a service behind the Go SDK's middleware beside
-# the same service alone, and idemsvc beside a bare handler, closed and open
-# loop, interleaved.
-load-sdk: ## A service behind the Go SDK's middleware beside the same service alone
+# the same service alone, an Express app behind the TypeScript SDK's beside
+# it alone and behind an in-process library, and idemsvc beside a bare
+# handler, closed and open loop, interleaved (docs/performance-ts.md).
+load-sdk: ## Services behind the Go and TypeScript SDKs' middleware beside the same services alone
 	benchmarks/caller-load.sh
 
 # Instructions per request of idemsvc and the bare handler, counted by

@@ -3,7 +3,7 @@
 // Retrying, shared by the client's calls (client.ts) and doOnce's begins
 // (do.ts).
 
-import { randomBytes } from 'node:crypto';
+import { randomUUID } from 'node:crypto';
 
 const MIN_BACKOFF_MS = 50;
 const MAX_BACKOFF_MS = 2_000;
@@ -32,5 +32,6 @@ export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
 
 /** A random owner for a begin, so that its retries get the lease it may already have been given. */
 export function newOwner(): string {
-  return `idem-ts-${randomBytes(16).toString('hex')}`;
+  // randomUUID draws from a cache of entropy: cheaper per call than randomBytes.
+  return `idem-ts-${randomUUID().replaceAll('-', '')}`;
 }
