@@ -50,7 +50,7 @@ func TestResponseCodec(t *testing.T) {
 			if n := StoredSize(form, &r); n != int64(len(body))+headers {
 				t.Errorf("%s: counts %d stored bytes, want the body as sent and the headers, %d", name, n, int64(len(body))+headers)
 			}
-			stored := int64(len(form)-7-8*len(r.Headers)) // what the record holds after its fixed fields
+			stored := int64(len(form) - 7 - 8*len(r.Headers)) // what the record holds after its fixed fields
 			if compressed {
 				if len(body) < compressMinBytes || stored-headers > int64(len(body)-len(body)/compressMinGain) {
 					t.Errorf("%s: kept compressed, %d of %d bytes", name, stored-headers, len(body))
