@@ -33,19 +33,16 @@ type BeginBatchResult struct {
 // problem is in its result.
 func (c *Client) BeginBatch(ctx context.Context, items []BeginParams) ([]BeginBatchResult, error) {
 	buf := bodies.Get().(*[]byte)
-	body := append((*buf)[:0], `{"items":[`...)
-	for i, p := range items {
-		if i > 0 {
-			body = append(body, ',')
+	body := appendBatch((*buf)[:0], len(items), func(b []byte, i int) []byte {
+		p := &items[i]
+		owner := p.Owner
+		if owner == "" {
+			owner = newOwner()
 		}
-		if p.Owner == "" {
-			p.Owner = newOwner()
-		}
-		body = appendBeginRequest(body, &BeginRequest{Key: p.Key, Owner: &p.Owner, Tenant: c.tenant,
+		return appendBeginRequest(b, &BeginRequest{Key: p.Key, Owner: &owner, Tenant: c.tenant,
 			Fingerprint: nonEmpty(p.Fingerprint), LeaseMs: millis(p.Lease),
 			RetentionS: seconds(p.Retention), WaitMs: millis(p.Wait)})
-	}
-	body = append(body, "]}"...)
+	})
 	results, err := c.batch(ctx, "begin batch", c.fastURI(func(f *fastPath) string { return f.uris.beginBatch }),
 		c.api.ClientInterface.BeginBatchWithBody, body, len(items))
 	putBody(buf, body)
@@ -93,30 +90,16 @@ type FinishBatchResult struct {
 // the whole call's; each item's own problem is in its result.
 func (c *Client) FinishBatch(ctx context.Context, items []FinishParams) ([]FinishBatchResult, error) {
 	buf := bodies.Get().(*[]byte)
-	body := append((*buf)[:0], `{"items":[`...)
-	for i, p := range items {
-		if i > 0 {
-			body = append(body, ',')
-		}
-		// Each item is its single call's body with "kind" first, as
-		// encoding/json writes struct{Kind; CompleteRequest}: the object's
-		// "{" becomes the "," after "kind" (key is never omitted).
-		at := len(body)
+	body := appendBatch((*buf)[:0], len(items), func(b []byte, i int) []byte {
+		p := &items[i]
 		if p.Fail == nil {
-			body = append(body, `{"kind":"complete"`...)
-			at = len(body)
-			body = appendCompleteRequest(body, &CompleteRequest{Key: p.Key, LeaseToken: p.Token, Response: p.Response.stored(),
+			return appendCompleteItem(b, &CompleteRequest{Key: p.Key, LeaseToken: p.Token, Response: p.Response.stored(),
 				RetentionS: seconds(p.Retention), Tenant: c.tenant})
-		} else {
-			retryable := !p.Fail.Terminal
-			body = append(body, `{"kind":"fail"`...)
-			at = len(body)
-			body = appendFailRequest(body, &FailRequest{Key: p.Key, LeaseToken: p.Token, Retryable: &retryable,
-				Error: nonEmpty(shortMessage(p.Fail.Error)), Response: p.Fail.Response.stored(), Tenant: c.tenant})
 		}
-		body[at] = ','
-	}
-	body = append(body, "]}"...)
+		retryable := !p.Fail.Terminal
+		return appendFailItem(b, &FailRequest{Key: p.Key, LeaseToken: p.Token, Retryable: &retryable,
+			Error: nonEmpty(shortMessage(p.Fail.Error)), Response: p.Fail.Response.stored(), Tenant: c.tenant})
+	})
 	results, err := c.batch(ctx, "finish batch", c.fastURI(func(f *fastPath) string { return f.uris.finishBatch }),
 		c.api.ClientInterface.FinishBatchWithBody, body, len(items))
 	putBody(buf, body)
@@ -135,6 +118,39 @@ func (c *Client) FinishBatch(ctx context.Context, items []FinishParams) ([]Finis
 		}
 	}
 	return out, nil
+}
+
+// appendBatch appends a batch's body, {"items": [...]}, with item
+// appending the body of item i.
+func appendBatch(b []byte, n int, item func(b []byte, i int) []byte) []byte {
+	b = append(b, `{"items":[`...)
+	for i := range n {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = item(b, i)
+	}
+	return append(b, "]}"...)
+}
+
+// appendCompleteItem and appendFailItem append a finish batch's item: its
+// single call's body with "kind" first, as encoding/json writes
+// struct{Kind string; CompleteRequest}. The body's "{" becomes the ","
+// after "kind" (its key is never omitted, so it is never empty).
+func appendCompleteItem(b []byte, r *CompleteRequest) []byte {
+	b = append(b, `{"kind":"complete"`...)
+	at := len(b)
+	b = appendCompleteRequest(b, r)
+	b[at] = ','
+	return b
+}
+
+func appendFailItem(b []byte, r *FailRequest) []byte {
+	b = append(b, `{"kind":"fail"`...)
+	at := len(b)
+	b = appendFailRequest(b, r)
+	b[at] = ','
+	return b
 }
 
 // fastURI is the fast path's URI of a batch call, "" without a fast path.
