@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
@@ -27,14 +29,20 @@ var (
 // by one caller at a time on loopback. It reports the wall time per item
 // (ns/item), idemsvc's CPU per item (cpu-ns/item, from the process's
 // utime and stime: without the caller's) and, for batches, the caller's
-// wait per begin batch (us/begin-batch).
+// wait per begin batch (us/begin-batch). The wait's parts come beside
+// it: Redis's time per item (redis-us/item, from INFO commandstats: the
+// time Redis spent running the commands, serially) and the caller's CPU
+// per item (caller-cpu-ns/item: the SDK's, from this process's utime and
+// stime).
 //
 //	go test -run '^$' -bench BenchmarkBatch -benchtime 3000x -count 3 ./cmd/idemsvc
 func BenchmarkBatch(b *testing.B) {
 	benchBinaryOnce.Do(func() { benchBinary = idemsvcBinary(b) })
+	redis := redistest.SharedServer(b)
 	p := startBinary(b, benchBinary, []string{
-		"IDEMSVC_REDIS_URL=redis://" + redistest.SharedServer(b).Addr(), "IDEMSVC_INSECURE_NO_AUTH=true",
+		"IDEMSVC_REDIS_URL=redis://" + redis.Addr(), "IDEMSVC_INSECURE_NO_AUTH=true",
 	})
+	rdb := redis.Client(b)
 	c, err := idem.New("http://" + p.addr)
 	if err != nil {
 		b.Fatal(err)
@@ -51,7 +59,7 @@ func BenchmarkBatch(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			var batchWait time.Duration
 			batches := 0
-			cpu0 := cpuTime(b, p.cmd.Process.Pid)
+			cpu0, self0, redis0 := cpuTime(b, p.cmd.Process.Pid), cpuTime(b, os.Getpid()), redisUsec(b, rdb)
 			b.ResetTimer()
 			if size == 0 {
 				for range b.N {
@@ -97,9 +105,37 @@ func BenchmarkBatch(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(items), "ns/item")
 			b.ReportMetric(float64(cpuTime(b, p.cmd.Process.Pid)-cpu0)/float64(items), "cpu-ns/item")
+			b.ReportMetric(float64(cpuTime(b, os.Getpid())-self0)/float64(items), "caller-cpu-ns/item")
+			b.ReportMetric(float64(redisUsec(b, rdb)-redis0)/float64(items), "redis-us/item")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
+}
+
+// redisUsec is the time Redis spent running commands so far, in
+// microseconds: the sum of INFO commandstats' usec.
+func redisUsec(tb testing.TB, rdb *redis.Client) int64 {
+	tb.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var sum int64
+	for line := range strings.Lines(info) {
+		// cmdstat_evalsha:calls=3,usec=30,usec_per_call=10.00,...
+		_, stats, ok := strings.Cut(line, ":calls=")
+		if !ok {
+			continue
+		}
+		_, usec, _ := strings.Cut(stats, ",usec=")
+		usec, _, _ = strings.Cut(usec, ",")
+		n, err := strconv.ParseInt(usec, 10, 64)
+		if err != nil {
+			tb.Fatalf("%q: %v", line, err)
+		}
+		sum += n
+	}
+	return sum
 }
 
 // cpuTime is the user and system CPU time pid has used, in nanoseconds
