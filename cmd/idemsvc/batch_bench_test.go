@@ -6,6 +6,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -27,13 +28,12 @@ var (
 // complete per item, as single calls or as batches of 1, 10 and 100,
 // through the Go SDK, to an idemsvc binary of its own on one Redis node,
 // by one caller at a time on loopback. It reports the wall time per item
-// (ns/item), idemsvc's CPU per item (cpu-ns/item, from the process's
-// utime and stime: without the caller's) and, for batches, the caller's
-// wait per begin batch (us/begin-batch). The wait's parts come beside
-// it: Redis's time per item (redis-us/item, from INFO commandstats: the
-// time Redis spent running the commands, serially) and the caller's CPU
-// per item (caller-cpu-ns/item: the SDK's, from this process's utime and
-// stime).
+// (ns/item), idemsvc's CPU per item (cpu-ns/item: its threads' time, as
+// the scheduler counts it) and, for batches, the caller's wait per begin
+// batch (us/begin-batch), with the wait's parts: Redis's time per item
+// (redis-us/item, from INFO commandstats: the time Redis spent running
+// commands, one after another) and the caller's CPU per item
+// (caller-cpu-ns/item: the SDK's, this process's threads' time).
 //
 //	go test -run '^$' -bench BenchmarkBatch -benchtime 3000x -count 3 ./cmd/idemsvc
 func BenchmarkBatch(b *testing.B) {
@@ -138,21 +138,29 @@ func redisUsec(tb testing.TB, rdb *redis.Client) int64 {
 	return sum
 }
 
-// cpuTime is the user and system CPU time pid has used, in nanoseconds
-// (proc(5): utime and stime, in clock ticks of 10 ms on Linux).
+// cpuTime is the CPU time pid's threads have used, in nanoseconds: the
+// sum of their /proc/<pid>/task/<tid>/schedstat's first field, which the
+// scheduler keeps to the nanosecond (utime and stime in /proc/<pid>/stat
+// count 10 ms ticks, too coarse for a batch's share). A Go process's
+// threads last as long as it does.
 func cpuTime(tb testing.TB, pid int) int64 {
 	tb.Helper()
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		tb.Fatal(err)
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(tasks) == 0 {
+		tb.Fatalf("threads of %d: %v", pid, err)
 	}
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	// After the command: state is field 3, utime 14 and stime 15.
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		tb.Fatalf("%s: %v %v", stat, err1, err2)
+	var sum int64
+	for _, task := range tasks {
+		stat, err := os.ReadFile(task)
+		if err != nil {
+			continue // a thread that ended meanwhile
+		}
+		ns, _, _ := strings.Cut(string(stat), " ")
+		n, err := strconv.ParseInt(ns, 10, 64)
+		if err != nil {
+			tb.Fatalf("%s: %q: %v", task, stat, err)
+		}
+		sum += n
 	}
-	const tick = int64(10 * time.Millisecond)
-	return (utime + stime) * tick
+	return sum
 }
