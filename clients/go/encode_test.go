@@ -5,6 +5,8 @@ package idem
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/idemsvc/idemsvc/clients/go/encodecheck"
 )
 
 // strings escape every way encoding/json escapes.
@@ -151,4 +153,19 @@ func TestBatchBodiesAreEncodingJSONs(t *testing.T) {
 	if got := appendBatch(nil, 0, nil); string(got) != `{"items":[]}` {
 		t.Errorf("an empty batch: %s", got)
 	}
+}
+
+// TestRequestBodiesCarryEveryField: each hot call's body holds every field
+// of its generated request type, set by reflection, so that a field added
+// to api/openapi.yaml cannot be left out of encode.go while the examples
+// above, which hold today's fields, still pass.
+func TestRequestBodiesCarryEveryField(t *testing.T) {
+	begin := encodecheck.Filled[BeginRequest](t)
+	encodecheck.Check(t, begin, appendBeginRequest(nil, &begin))
+	complete := encodecheck.Filled[CompleteRequest](t)
+	encodecheck.Check(t, complete, appendCompleteRequest(nil, &complete))
+	fail := encodecheck.Filled[FailRequest](t)
+	encodecheck.Check(t, fail, appendFailRequest(nil, &fail))
+	extend := encodecheck.Filled[ExtendRequest](t)
+	encodecheck.Check(t, extend, appendExtendRequest(nil, &extend))
 }
