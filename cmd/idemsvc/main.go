@@ -203,7 +203,7 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 		if keyring == nil {
 			log.Warn("NO AUTHENTICATION: no tenants file, so every call is accepted as tenant " + handlers.DefaultTenant + ".")
 		}
-		return statemachine.NewMemoryStore(limits), quota.NewMemory(quota.Options{Logger: log}), func() {}, nil
+		return statemachine.NewMemoryStore(limits), quota.NewMemory(quota.Options{Logger: log, NewToken: statemachine.NewToken}), func() {}, nil
 	}
 	if keyring == nil {
 		if !cfg.insecureNoAuth {
@@ -247,7 +247,7 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 	}
 	go checker.watch(ctx, allRead)
 	go watchRoom(ctx, store, roomCheckInterval, log)
-	limiter := quota.NewRedis(client, quota.Options{Logger: log, Timeout: cfg.redisTimeout})
+	limiter := quota.NewRedis(client, quota.Options{Logger: log, Timeout: cfg.redisTimeout, NewToken: statemachine.NewToken})
 	return store, limiter, func() { _ = client.Close() }, nil
 }
 

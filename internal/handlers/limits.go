@@ -37,15 +37,14 @@ func (s *Service) admitBegin(ctx context.Context, tenant string, lim auth.Limits
 		return a, err
 	}
 	if lim.InProgress > 0 && !a.overBudget {
-		token := statemachine.NewToken()
 		lease := req.Lease
 		if lease == 0 {
 			lease = s.limits.DefaultLease
 		}
-		if s.limiter.Hold(ctx, tenant, lim, token, lease+wait) {
-			a.hold, req.Token = token, token
-		} else {
+		if token, ok := s.limiter.Hold(ctx, tenant, lim, lease+wait); !ok {
 			a.full = true
+		} else if token != "" {
+			a.hold, req.Token = token, token
 		}
 	}
 	req.NoAcquire = a.overBudget || a.full
