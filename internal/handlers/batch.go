@@ -87,7 +87,14 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 				answers[d.i].err = s.beginFailed(d.t, d.lim, d.a, o.Err)
 				continue
 			}
-			answers[d.i].visit = s.beginDone(ctx, d.t, d.lim, d.a, o.Result).VisitBeginResponse
+			// An item waits for no read slot: the batch's other items
+			// would wait with it, or for a slot the batch holds itself.
+			out, err := s.beginDone(ctx, d.t, d.lim, d.a, o.Result, false)
+			if err != nil {
+				answers[d.i].err = err
+				continue
+			}
+			answers[d.i].visit = out.VisitBeginResponse
 			answers[d.i].outcome = beginOutcome(&o.Result)
 		}
 	}

@@ -43,6 +43,10 @@ const (
 	LimitWaiters     = "waiters"
 	LimitInProgress  = "in_progress"
 	LimitReadBytes   = "read_bytes_per_s"
+	// LimitReadsInFlight: large stored responses a tenant has in flight
+	// on one instance (IDEMSVC_READS_IN_FLIGHT), which the handlers
+	// bound.
+	LimitReadsInFlight = "reads_in_flight"
 )
 
 // Error is a begin refused for a limit.
