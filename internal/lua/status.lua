@@ -2,10 +2,12 @@
 --
 -- KEYS[1]  the record
 --
--- Reply {code, now_ms, record}:
---   OK          the record, response included
+-- Reply {code, now_ms, record, size}:
+--   OK          the record, response included, if its whole length (size)
+--               is no more than INLINE; its head only otherwise (idemsvc
+--               reads the response itself)
 --   NOT_FOUND   no record
 local now = now_ms()
-local raw = redis.call('GET', KEYS[1])
+local raw, size = read_record()
 if not raw then return {NOT_FOUND, now} end
-return {OK, now, raw}
+return {OK, now, raw, size}

@@ -171,6 +171,11 @@ type reply struct {
 	code int64
 	now  int64
 	rec  stored // when the script sent one
+	// raw is the record as sent, and size its whole length when the
+	// script said it: longer than raw, raw is its head only (see
+	// readResponse).
+	raw  string
+	size int64
 }
 
 // Limits implements Store.
@@ -184,11 +189,19 @@ func (s *RedisStore) Begin(ctx context.Context, tenant string, req BeginRequest)
 	if err != nil {
 		return BeginResult{}, err
 	}
-	r, err := s.run(ctx, "begin", !req.Waited, c.script, c.key, c.args...)
-	if err != nil {
-		return BeginResult{}, err
+	for read := 1; ; read++ {
+		r, err := s.run(ctx, "begin", !req.Waited, c.script, c.key, c.args...)
+		if err != nil {
+			return BeginResult{}, err
+		}
+		if err := s.readResponse(ctx, c.key, &r); err != nil {
+			if errors.Is(err, errRecordChanged) && read < maxReads {
+				continue // begin again: the record is another now
+			}
+			return BeginResult{}, err
+		}
+		return c.beginResult(tenant, &r)
 	}
-	return c.beginResult(tenant, &r)
 }
 
 // scriptCall is one script run on one key, and how to read its reply.
@@ -325,14 +338,25 @@ func (s *RedisStore) Status(ctx context.Context, tenant, key string, withRespons
 	if err := s.limits.checkKey(tenant, key); err != nil {
 		return Record{}, err
 	}
-	r, err := s.run(ctx, "status", true, s.scripts.Status, RedisKey(tenant, key))
-	if err != nil {
-		return Record{}, err
+	rk := RedisKey(tenant, key)
+	for read := 1; ; read++ {
+		r, err := s.run(ctx, "status", true, s.scripts.Status, rk)
+		if err != nil {
+			return Record{}, err
+		}
+		if r.code != codeOK {
+			return Record{}, r.err("status")
+		}
+		if withResponse {
+			if err := s.readResponse(ctx, rk, &r); err != nil {
+				if errors.Is(err, errRecordChanged) && read < maxReads {
+					continue
+				}
+				return Record{}, err
+			}
+		}
+		return r.rec.record(tenant, r.now, withResponse)
 	}
-	if r.code != codeOK {
-		return Record{}, r.err("status")
-	}
-	return r.rec.record(tenant, r.now, withResponse)
 }
 
 // Delete implements Store; see internal/lua/delete.lua.
@@ -448,7 +472,7 @@ func (s *RedisStore) sendWithWait(ctx context.Context, node redis.Cmdable, send 
 func decodeReply(v any) (reply, error) {
 	var r reply
 	parts, ok := v.([]any)
-	if !ok || len(parts) < 2 || len(parts) > 3 {
+	if !ok || len(parts) < 2 || len(parts) > 4 {
 		return r, fmt.Errorf("unexpected script reply %T of %d parts", v, len(parts))
 	}
 	if r.code, ok = parts[0].(int64); !ok {
@@ -459,7 +483,7 @@ func decodeReply(v any) (reply, error) {
 	}
 	switch r.code {
 	case codeOK, codeBusy, codeDone:
-		if len(parts) != 3 {
+		if len(parts) < 3 {
 			return r, fmt.Errorf("reply code %d without a record", r.code)
 		}
 		raw, ok := parts[2].(string)
@@ -469,6 +493,12 @@ func decodeReply(v any) (reply, error) {
 		var err error
 		if r.rec, err = decodeStored(raw); err != nil {
 			return r, err
+		}
+		r.raw = raw
+		if len(parts) == 4 {
+			if r.size, ok = parts[3].(int64); !ok {
+				return r, fmt.Errorf("unexpected reply size %T", parts[3])
+			}
 		}
 	case codeMismatch, codeLeaseLost, codeNotFound, codeRefused, codeUnread:
 	default:

@@ -32,6 +32,10 @@ func (s *RedisStore) BeginBatch(ctx context.Context, items []BatchBegin) []Begin
 			out[i].Err = errs[i]
 			continue
 		}
+		if err := s.readResponse(ctx, calls[i].key, &replies[i]); err != nil {
+			out[i].Err = err // a record changed while read: the item may be sent again
+			continue
+		}
 		out[i].Result, out[i].Err = calls[i].beginResult(items[i].Tenant, &replies[i])
 	}
 	return out
