@@ -16,7 +16,7 @@
 -- and 'PUBLISH' on one node or under Sentinel.
 
 local IN_PROGRESS, COMPLETED, FAILED = 1, 2, 3
--- Reply codes: the first element of every reply (statemachine/redis.go).
+-- Reply codes: the first element of every reply (internal/redisstore/store.go).
 local OK, BUSY, DONE, MISMATCH, LEASE_LOST, NOT_FOUND = 0, 1, 2, 3, 4, 5
 local LAYOUT = '>BBBBI4i8i8i8i8I4c16c8I2c0I2c0I2c0I4c0'
 local NO_CALL = '\0\0\0\0\0\0\0\0'
@@ -47,7 +47,7 @@ local function decode(raw) return fields(struct.unpack(LAYOUT, raw)) end
 -- tenant's replays of large records would hold up every tenant's calls. A
 -- larger record is read by its head (read_head); idemsvc reads its
 -- response after the script, with GETRANGE in chunks
--- (statemachine/redisread.go).
+-- (redisstore/read.go).
 local INLINE = 65536
 
 -- read_head returns the head of the record KEYS[1] (every field but the
