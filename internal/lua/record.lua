@@ -46,8 +46,7 @@ local function decode(raw) return fields(struct.unpack(LAYOUT, raw)) end
 -- head and STRLEN, 11 us), during which it serves no one else: one
 -- tenant's replays of large records would hold up every tenant's calls. A
 -- larger record is read by its head (read_head); idemsvc reads its
--- response after the script, with GETRANGE in chunks
--- (redisstore/read.go).
+-- response after the script, with GETRANGE (redisstore/read.go).
 local INLINE = 65536
 
 -- read_head returns the head of the record KEYS[1] (every field but the
