@@ -21,8 +21,8 @@
 -- WAIT on its connection confirms the first run's write.
 --
 -- Reply {code, now_ms, record[, size]}: size, the record's whole length,
--- comes with DONE; when it is longer than the record sent (over INLINE),
--- the record is its head only, and idemsvc reads the response itself.
+-- comes with DONE when the record is longer than INLINE: the record sent
+-- is then its head only, and idemsvc reads the response itself.
 --   OK          acquired (or re-begun by the same owner, or this call ran before)
 --   BUSY        someone else holds a live lease
 --   DONE        completed, or failed terminally: replay the record
@@ -53,7 +53,8 @@ if raw then
     end
   elseif retryable == 0 then
     if ARGV[8] == '1' then return {UNREAD, now} end
-    return {DONE, now, raw, size}
+    if #raw < size then return {DONE, now, raw, size} end
+    return {DONE, now, raw}
   end
 end
 
