@@ -85,9 +85,10 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 		adm = append(adm, admitted{i, t, lim, a, breq})
 	}
 	if len(holds) > 0 {
-		for j, ok := range s.limiter.HoldAll(ctx, holds) {
+		tokens, ok := s.limiter.HoldAll(ctx, holds)
+		for j := range holds {
 			d := &adm[holding[j]]
-			d.a.held(&d.breq, holds[j].Token, ok)
+			d.a.held(&d.breq, tokens[j], ok[j])
 		}
 	}
 	if len(adm) > 0 {
@@ -103,7 +104,14 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 				answers[d.i].err = s.beginFailed(d.t, d.lim, d.a, o.Err)
 				continue
 			}
-			answers[d.i].visit = s.beginDone(ctx, d.t, d.lim, d.a, o.Result).VisitBeginResponse
+			// An item waits for no read slot: the batch's other items
+			// would wait with it, or for a slot the batch holds itself.
+			out, err := s.beginDone(ctx, d.t, d.lim, d.a, o.Result, false)
+			if err != nil {
+				answers[d.i].err = err
+				continue
+			}
+			answers[d.i].visit = out.VisitBeginResponse
 			answers[d.i].outcome = beginOutcome(&o.Result)
 		}
 	}

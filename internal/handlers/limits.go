@@ -32,7 +32,8 @@ func (s *Service) admitBegin(ctx context.Context, tenant string, lim auth.Limits
 	if err != nil || hold == nil {
 		return a, err
 	}
-	a.held(req, hold.Token, s.limiter.Hold(ctx, tenant, lim, hold.Token, hold.D))
+	token, ok := s.limiter.Hold(ctx, tenant, lim, hold.D)
+	a.held(req, token, ok)
 	return a, nil
 }
 
@@ -52,18 +53,19 @@ func (s *Service) admitRate(ctx context.Context, tenant string, lim auth.Limits,
 		if lease == 0 {
 			lease = s.limits.DefaultLease
 		}
-		hold = &quota.Hold{Tenant: tenant, Limits: lim, Token: statemachine.NewToken(), D: lease + wait}
+		hold = &quota.Hold{Tenant: tenant, Limits: lim, D: lease + wait}
 	}
 	return a, hold, nil
 }
 
-// held takes the answer to the hold of token: counted, the begin acquires
-// with token; refused, it may only replay.
+// held takes the answer to a hold: counted under token, the begin
+// acquires with token ("" when nothing was counted: the store picks it);
+// refused, it may only replay.
 func (a *admission) held(req *statemachine.BeginRequest, token string, ok bool) {
-	if ok {
-		a.hold, req.Token = token, token
-	} else {
+	if !ok {
 		a.full = true
+	} else if token != "" {
+		a.hold, req.Token = token, token
 	}
 	req.NoAcquire = a.overBudget || a.full
 }

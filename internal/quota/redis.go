@@ -33,11 +33,14 @@ import (
 //     calls (count, uncount) are cheap beside it, and no begin that does
 //     not wait makes them;
 //   - the leases held (in_progress) are a sorted set per tenant of lease
-//     token -> the end of the lease plus a margin, which a begin adds to
-//     (slot.lua, if under the limit) before it runs: on a Cluster the
-//     record and the tenant's set may be on two masters, so the count
-//     cannot be taken in the begin's own script, and taking it after the
-//     begin acquired would need a second transition to undo. The end of a
+//     token -> the end of the lease plus a margin. Each instance reserves
+//     tokens in it in batches (slot.lua, as many as the limit leaves room
+//     for) and hands them to its begins, which acquire with them (see
+//     Hold): on a Cluster the record and the tenant's set may be on two
+//     masters, so the count cannot be taken in the begin's own script,
+//     taking it after the begin acquired would need a second transition
+//     to undo, and a call per begin would cost the begin path a round
+//     trip. The end of a
 //     lease (complete, fail, a begin that did not acquire) and its moves
 //     (acquired, extended) reach the set with the flush, in one call per
 //     tenant (internal/lua/leases.lua), so complete, fail and extend keep
@@ -98,41 +101,17 @@ func (r *redisBackend) addBytes(ctx context.Context, tenant string, deltas map[i
 	return v[0], first, nil
 }
 
-func (r *redisBackend) addSlot(ctx context.Context, tenant, set, id string, limit int64, ttl time.Duration) (bool, error) {
-	n, err := lua.Slot.Run(ctx, r.client, []string{limitKey(tenant, set)},
-		id, limit, strconv.FormatInt(ttl.Milliseconds(), 10)).Int64()
+func (r *redisBackend) addSlots(ctx context.Context, tenant, set string, ids []string, limit int64, ttl time.Duration) (int, error) {
+	args := make([]any, 0, 2+len(ids))
+	args = append(args, limit, strconv.FormatInt(ttl.Milliseconds(), 10))
+	for _, id := range ids {
+		args = append(args, id)
+	}
+	n, err := lua.Slot.Run(ctx, r.client, []string{limitKey(tenant, set)}, args...).Int64()
 	if err != nil {
-		return false, fmt.Errorf("%s: %w", set, err)
+		return 0, fmt.Errorf("%s: %w", set, err)
 	}
-	return n == 1, nil
-}
-
-// addSlots pipelines the slots' scripts: one round trip per node. The
-// few that met NOSCRIPT (Redis lost its script cache) run again one by
-// one, loading the script.
-func (r *redisBackend) addSlots(ctx context.Context, slots []slot) ([]bool, []error) {
-	ok, errs := make([]bool, len(slots)), make([]error, len(slots))
-	cmds := make([]*redis.Cmd, len(slots))
-	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, s := range slots {
-			cmds[i] = lua.Slot.EvalSha(ctx, p, []string{limitKey(s.tenant, s.set)},
-				s.id, s.limit, strconv.FormatInt(s.ttl.Milliseconds(), 10))
-		}
-		return nil
-	}) // each command's error is its own
-	for i, s := range slots {
-		n, err := cmds[i].Int64()
-		if redis.HasErrorPrefix(err, "NOSCRIPT") {
-			ok[i], errs[i] = r.addSlot(ctx, s.tenant, s.set, s.id, s.limit, s.ttl)
-			continue
-		}
-		if err != nil {
-			errs[i] = fmt.Errorf("%s: %w", s.set, err)
-			continue
-		}
-		ok[i] = n == 1
-	}
-	return ok, errs
+	return int(min(n, int64(len(ids)))), nil
 }
 
 func (r *redisBackend) removeSlot(ctx context.Context, tenant, set, id string) error {
