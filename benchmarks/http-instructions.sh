@@ -26,8 +26,10 @@
 # KEEP=DIR keeps callgrind's files there, as SERVER-LOAD.callgrind with the
 # binaries, for callgrind_annotate (instructions per function).
 #
-# SVC_ENV='NAME=value ...' runs both idemsvc builds (not barechi) with
-# these variables: SVC_ENV=IDEMSVC_ACCESS_LOG=errors, say, or GOGC=100.
+# SVC_ENV='NAME=value ...' runs idemsvc (not barechi) with these
+# variables: SVC_ENV=IDEMSVC_ACCESS_LOG=errors, say, or GOGC=100;
+# SVC_BASE_ENV likewise the build of SVC_BASE. SVC_BASE=HEAD with either
+# compares two settings of one build in one run.
 #
 # SVC_BASE=REV adds idemsvc built from git revision REV, counted the same
 # way: a change to idemsvc, measured to the instruction. Each count comes
@@ -66,7 +68,11 @@ count() {
   barechi) args=(--redis-url "$redis_url") ;;
   *)
     args=(--redis-url "$redis_url" --tenants-file "$dir/tenants.yaml" --log-level info)
-    read -r -a envs <<<"${SVC_ENV:-}"
+    if [ "$server" = idemsvc ]; then
+      read -r -a envs <<<"${SVC_ENV:-}"
+    else
+      read -r -a envs <<<"${SVC_BASE_ENV:-}"
+    fi
     ;;
   esac
   rm -f "$dir"/cg.out.*
