@@ -14,7 +14,7 @@ import (
 // collects every few MB allocated, several hundred times a second under
 // load; a larger GOGC lets the heap grow further between collections,
 // bounded by the memory limit (LimitMemory). Chosen by measurement
-// (make load-instructions, docs/shedding-and-cpu.md).
+// (make load-instructions, docs/performance.md, Shedding and CPU).
 const DefaultGCPercent = 400
 
 // memoryHeadroom is what a process needs beyond its bodies in flight: its
