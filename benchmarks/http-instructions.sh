@@ -27,6 +27,11 @@
 # KEEP=DIR keeps callgrind's files there, as SERVER-LOAD.callgrind with the
 # binaries, for callgrind_annotate (instructions per function).
 #
+# SVC_ENV='NAME=value ...' runs idemsvc (not barechi) with these
+# variables: SVC_ENV=IDEMSVC_ACCESS_LOG=errors, say, or GOGC=100;
+# SVC_BASE_ENV likewise the build of SVC_BASE. SVC_BASE=HEAD with either
+# compares two settings of one build in one run.
+#
 # SVC_BASE=REV adds idemsvc built from git revision REV, counted the same
 # way: a change to idemsvc, measured to the instruction. Each count comes
 # from one run; the same binary and load give the same count to within
@@ -58,19 +63,26 @@ bench_tenant
 # cycle) of SERVER under a load of MIX. (Not in a subshell: the server's
 # PID must reach pids, and a failure must stop the script.)
 count() {
-  local server=$1 load=$2 mix port vg_pid args=() up=0 answer=()
+  local server=$1 load=$2 mix port vg_pid args=() envs=() up=0 answer=()
   mix=${load%16k}
   [ "$mix" != "$load" ] && answer=(--answer-bytes 16384)
   port=$(free_port)
   case $server in
   barechi) args=(--redis-url "$redis_url") ;;
-  *) args=(--redis-url "$redis_url" --tenants-file "$dir/tenants.yaml" --log-level info) ;;
+  *)
+    args=(--redis-url "$redis_url" --tenants-file "$dir/tenants.yaml" --log-level info)
+    if [ "$server" = idemsvc ]; then
+      read -r -a envs <<<"${SVC_ENV:-}"
+    else
+      read -r -a envs <<<"${SVC_BASE_ENV:-}"
+    fi
+    ;;
   esac
   rm -f "$dir"/cg.out.*
   # Go's asynchronous preemption signals would only slow valgrind down;
   # the runtime reads the clock with RDTSCP where the CPU has it, which
   # valgrind before 3.20 does not know (SIGILL at start).
-  GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/cg.out.%p" \
+  env "${envs[@]}" GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/cg.out.%p" \
     "$dir/$server" --listen "127.0.0.1:$port" "${args[@]}" >>"$dir/$server.log" 2>&1 &
   vg_pid=$!
   pids+=("$vg_pid")

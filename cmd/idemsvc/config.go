@@ -48,6 +48,7 @@ type config struct {
 	tenantsFile         string
 	insecureNoAuth      bool
 	logLevel            slog.Level
+	accessLog           handlers.AccessLog
 	limits              statemachine.Limits
 	maxRequestBytes     int64
 	// maxBodyBytesInFlight bounds the request bodies held at once.
@@ -101,10 +102,11 @@ func parseConfig(args, env []string) (config, error) {
 	waitTimeout := fs.Int("redis-wait-timeout-ms", 1000, "how long to wait for them before answering 503")
 	timeout := fs.Int("redis-timeout-ms", 1000, "how long one store operation may take before answering 503")
 	maxInFlight := fs.Int("redis-max-in-flight", redisstore.DefaultMaxInFlight,
-		"scripts run on Redis at a time; a begin, status or delete that finds none free within 20 ms gets 503 at once")
+		"scripts run on Redis at a time; past it calls queue, and a begin, status or delete that joins a queue standing for 100 ms gets 503 within 5 ms")
 	tenants := fs.String("tenants-file", "", "the tenants file (YAML)")
 	insecure := fs.Bool("insecure-no-auth", false, "serve Redis without tenants: every call acts as tenant default")
 	level := fs.String("log-level", "info", "debug, info, warn or error; requests are logged at info")
+	accessLog := fs.String("access-log", "all", "all, errors or off: which requests get a line in the log (errors: answers of 400 and above)")
 	maxKey := fs.Int("max-key-bytes", d.MaxKeyBytes, "longest key")
 	maxRequest := fs.Int64("max-request-bytes", handlers.DefaultMaxBodyBytes, "largest request body")
 	maxResponse := fs.Int("max-response-bytes", d.MaxResponseBytes, "largest stored response: body after decoding, plus headers")
@@ -216,6 +218,10 @@ func parseConfig(args, env []string) (config, error) {
 	}
 	if err := c.logLevel.UnmarshalText([]byte(*level)); err != nil {
 		problems = append(problems, fmt.Errorf("log-level: %q is not debug, info, warn or error", *level))
+	}
+	var err error
+	if c.accessLog, err = handlers.ParseAccessLog(*accessLog); err != nil {
+		problems = append(problems, fmt.Errorf("access-log: %q is not all, errors or off", *accessLog))
 	}
 	if len(problems) == 0 { // a value that did not parse is not checked again as its zero
 		problems = c.check()

@@ -135,7 +135,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		defer cancel()
 		_ = stopTracing(flushCtx)
 	}()
-	hc := handlers.Config{Store: store, Keyring: keyring, Logger: log, Registry: registry,
+	hc := handlers.Config{Store: store, Keyring: keyring, Logger: log, AccessLog: cfg.accessLog, Registry: registry,
 		MaxBodyBytes: cfg.maxRequestBytes, MaxBodyBytesInFlight: cfg.maxBodyBytesInFlight, MaxWait: cfg.maxWait, MaxBatch: cfg.maxBatch, ReadsInFlight: cfg.readsInFlight, Limiter: limiter,
 		TrustedProxies: cfg.trustedProxies, StoreTimeout: cfg.storeTimeout()}
 	if provider != nil {

@@ -229,3 +229,40 @@ func TestE2EPastedKeyIsReported(t *testing.T) {
 		t.Errorf("the log holds the key:\n%s", out)
 	}
 }
+
+// TestE2EAccessLog: AccessLogErrors logs the requests answered 400 and
+// above only, AccessLogOff none, AccessLogAll every one.
+func TestE2EAccessLog(t *testing.T) {
+	t.Parallel()
+	for _, tt := range []struct {
+		mode        handlers.AccessLog
+		ok, refused bool // logged: a 201, a 400
+	}{
+		{handlers.AccessLogAll, true, true},
+		{handlers.AccessLogErrors, false, true},
+		{handlers.AccessLogOff, false, false},
+	} {
+		logs := &logLines{}
+		e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()),
+			Logger: slog.New(slog.NewJSONHandler(logs, nil)), AccessLog: tt.mode})
+		for _, r := range []struct {
+			id, body string
+			status   int
+			logged   bool
+		}{
+			{"ok", `{"key":"access-log"}`, http.StatusCreated, tt.ok},
+			{"refused", `{"key":""}`, http.StatusBadRequest, tt.refused},
+		} {
+			resp, _ := e.raw(t, http.MethodPost, "/v1/begin", "application/json", strings.NewReader(r.body), "X-Request-Id", r.id)
+			if resp.StatusCode != r.status {
+				t.Fatalf("%v %s: %d, want %d", tt.mode, r.id, resp.StatusCode, r.status)
+			}
+			logs.mu.Lock()
+			got := strings.Contains(logs.buf.String(), `"request_id":"`+r.id+`"`)
+			logs.mu.Unlock()
+			if got != r.logged {
+				t.Errorf("access log %v, a %d: logged %v, want %v", tt.mode, r.status, got, r.logged)
+			}
+		}
+	}
+}

@@ -158,6 +158,20 @@ func TestE2EWait(t *testing.T) {
 			}
 		})
 
+		t.Run("a 409 after a wait counts Retry-After from its answer", func(t *testing.T) {
+			t.Parallel()
+			e := startOn(t, b.Open(t))
+			c := e.as(t, "")
+			key := idemtest.Unique("order")
+			c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](10000)})
+			// Before the wait the attempt had run for no time: Retry-After
+			// 1. After 2.5 s it has run for 2.5 s or more, and its lease
+			// has at most 7.5 s left: Retry-After 3 to 8.
+			r := c.begin(idem.BeginRequest{Key: key, WaitMs: ptr[int64](2500)})
+			requireProblem(t, r.HTTPResponse, r.Body, http.StatusConflict, "in-progress")
+			requireRetryAfter(t, r.HTTPResponse, 3, 8)
+		})
+
 		t.Run("a waiter learns of a completion on another replica by a push", func(t *testing.T) {
 			t.Parallel()
 			// The fallback read comes after a minute: an answer sooner came

@@ -3,6 +3,7 @@
 package handlers
 
 import (
+	"fmt"
 	"log/slog"
 	"net/http"
 	"net/netip"
@@ -32,6 +33,9 @@ type Config struct {
 	// call is admin of DefaultTenant (development only).
 	Keyring *auth.Keyring
 	Logger  *slog.Logger
+	// AccessLog says which requests get their line in the log (default
+	// AccessLogAll).
+	AccessLog AccessLog
 	// Registry receives the service's metrics and serves /metrics; a new
 	// one when nil.
 	Registry *prometheus.Registry
@@ -77,6 +81,33 @@ type Config struct {
 	TrustedProxies []netip.Prefix
 }
 
+// AccessLog says which requests get a line in the log
+// (IDEMSVC_ACCESS_LOG).
+type AccessLog int
+
+const (
+	// AccessLogAll logs every request, at info (errors of the store at
+	// error): the default.
+	AccessLogAll AccessLog = iota
+	// AccessLogErrors logs only the requests answered 400 or above.
+	AccessLogErrors
+	// AccessLogOff logs no request; the metrics still count them all.
+	AccessLogOff
+)
+
+// ParseAccessLog reads all, errors or off.
+func ParseAccessLog(s string) (AccessLog, error) {
+	switch s {
+	case "all", "":
+		return AccessLogAll, nil
+	case "errors":
+		return AccessLogErrors, nil
+	case "off":
+		return AccessLogOff, nil
+	}
+	return 0, fmt.Errorf("access log %q is none of all, errors and off", s)
+}
+
 // Defaults of Config.
 const (
 	DefaultMaxBodyBytes         = 2 << 20
@@ -96,6 +127,7 @@ type Service struct {
 	tracer       trace.Tracer // nil when tracing is off
 	keyring      *auth.Keyring
 	log          *slog.Logger
+	accessLog    AccessLog
 	registry     *prometheus.Registry
 	metrics      *metrics
 	waiters      *waiters
@@ -160,6 +192,7 @@ func New(cfg Config) *Service {
 		store:             cfg.Store,
 		keyring:           cfg.Keyring,
 		log:               cfg.Logger,
+		accessLog:         cfg.AccessLog,
 		registry:          cfg.Registry,
 		metrics:           newMetrics(cfg.Registry, tenantLabeller(cfg.Limiter)),
 		maxBodyBytes:      cfg.MaxBodyBytes,

@@ -215,6 +215,7 @@ func newMetrics(reg prometheus.Registerer, tenantLabel func(string) string) *met
 // redisstore.Store does.
 type admitting interface {
 	InFlight() int
+	Queued() int
 	Shed() uint64
 }
 
@@ -226,9 +227,13 @@ func registerAdmission(reg prometheus.Registerer, a admitting) {
 			Name: "idemsvc_store_calls_in_flight",
 			Help: "Scripts running on Redis now; at IDEMSVC_REDIS_MAX_IN_FLIGHT, more calls wait or are refused.",
 		}, func() float64 { return float64(a.InFlight()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "idemsvc_store_calls_queued",
+			Help: "Calls waiting for one of the IDEMSVC_REDIS_MAX_IN_FLIGHT slots now.",
+		}, func() float64 { return float64(a.Queued()) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "idemsvc_store_overload_refusals_total",
-			Help: "Begins, statuses and deletes refused with 503 (store-unavailable) because the calls in flight stayed at IDEMSVC_REDIS_MAX_IN_FLIGHT for 20 ms; they did not take effect.",
+			Help: "Begins, statuses and deletes refused with 503 (store-unavailable) because the queue for IDEMSVC_REDIS_MAX_IN_FLIGHT slots was standing (not empty for 100 ms, while it let through 8 times that many calls, or none); they did not take effect.",
 		}, func() float64 { return float64(a.Shed()) }),
 	)
 }

@@ -132,7 +132,7 @@ func (s *Service) observe(next http.Handler) http.Handler {
 			level = slog.LevelError
 			s.metrics.storeErrors.WithLabelValues(route, outcome).Inc()
 		}
-		if !s.log.Enabled(r.Context(), level) {
+		if s.accessLog == AccessLogOff || (s.accessLog == AccessLogErrors && status < 400) || !s.log.Enabled(r.Context(), level) {
 			return
 		}
 		var buf [12]slog.Attr // no allocation for the list

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -163,8 +164,15 @@ const (
 )
 
 // storeRetryAfter is the Retry-After of a 503: the store is usually back,
-// or a replica promoted, within a second or two.
-const storeRetryAfter = "1"
+// or a replica promoted, within a second or two. It is 1 or 2 at random
+// (Retry-After is whole seconds), so that callers refused together do not
+// all come back together.
+func storeRetryAfter() string {
+	if rand.N(2) == 0 {
+		return "1"
+	}
+	return "2"
+}
 
 // writeProblem answers err as an RFC 9457 problem detail.
 func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
@@ -208,7 +216,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	case kindUnauthorized:
 		h.Set("WWW-Authenticate", `Bearer realm="idemsvc"`)
 	case kindStoreUnavailable:
-		h.Set("Retry-After", storeRetryAfter)
+		h.Set("Retry-After", storeRetryAfter())
 	}
 	if info := infoFrom(r.Context()); info != nil && !gone {
 		info.outcome = kind.name

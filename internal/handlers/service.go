@@ -130,11 +130,17 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 	}
 	s.readBudget(t, lim, &breq)
 	deadline := time.Now().Add(wait)
+	if wait > 0 {
+		// Its caller waits anyway: the store queues this call for up to
+		// the wait rather than shed it as overload.
+		first = statemachine.WithQueueWait(first, wait)
+	}
 	for call := first; ; call = ctx {
 		res, err := s.store.Begin(call, t, breq)
 		var busy *statemachine.InProgressError
 		if wait > 0 && errors.As(err, &busy) {
 			if left := time.Until(deadline); left > 0 {
+				waitStart := time.Now()
 				over, werr := s.waitLimited(ctx, t, lim, req.Body.Key, busy.Attempt, busy.LeaseExpiresAt, left)
 				if werr != nil {
 					s.settleHold(t, lim, a.hold, nil)
@@ -144,6 +150,9 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 					breq.Waited = true
 					continue // the attempt is over: begin again
 				}
+				// The 409 is sent now: its Retry-After counts from now,
+				// not from the store's answer before the wait.
+				busy.Now = busy.Now.Add(time.Since(waitStart))
 			}
 		}
 		if err != nil {

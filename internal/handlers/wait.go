@@ -117,8 +117,15 @@ func (w *waiters) watch(k waitKey, wk *waitedKey) {
 		defer watch.Stop()
 		ended, missed = watch.Ended(), watch.Missed()
 	}
-	// The fallback reads of many keys are spread over the interval.
-	poll := time.NewTimer(w.interval/2 + rand.N(w.interval/2+1))
+	// The reads of many keys are spread evenly over the interval: a
+	// polled key's first read comes within it; a watched key's a whole
+	// interval or more after the read its watch makes as it comes into
+	// force.
+	first := rand.N(w.interval) + 1
+	if w.watcher != nil {
+		first += w.interval
+	}
+	poll := time.NewTimer(first)
 	defer poll.Stop()
 	leaseEnd := time.NewTimer(max(time.Until(wk.lease), 0))
 	defer leaseEnd.Stop()
@@ -190,7 +197,8 @@ func (w *waiters) isOver(k waitKey, attempt int64) (bool, time.Time) {
 	w.metrics.waitPolls.Inc()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 	defer cancel()
-	rec, err := w.store.Status(ctx, k.tenant, k.key, false)
+	// Its waiters wait anyway: the read is queued, not shed as overload.
+	rec, err := w.store.Status(statemachine.WithQueueWait(ctx, time.Second), k.tenant, k.key, false)
 	if errors.Is(err, statemachine.ErrNotFound) {
 		return true, time.Time{}
 	}

@@ -6,8 +6,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"runtime/debug"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -305,25 +303,4 @@ func (p *bodyPace) end() {
 		t = time.Unix(0, set)
 	}
 	_ = p.c.Conn.SetReadDeadline(t)
-}
-
-// memoryHeadroom is what a process needs beyond its bodies in flight: its
-// code, stacks, connections' buffers and the records it encodes.
-const memoryHeadroom = 64 << 20
-
-// LimitMemory sets the Go runtime's soft memory limit to the budget plus
-// memoryHeadroom, unless GOMEMLIMIT (in env, KEY=value entries) sets one.
-// Without it the runtime lets the heap grow to twice what was live at the
-// last collection, and the bodies refused or served since are garbage
-// counted in the resident set: up to twice the budget. It returns the
-// limit in force.
-func LimitMemory(budget int64, env []string) int64 {
-	for _, kv := range env {
-		if strings.HasPrefix(kv, "GOMEMLIMIT=") {
-			return debug.SetMemoryLimit(-1)
-		}
-	}
-	limit := budget + memoryHeadroom
-	debug.SetMemoryLimit(limit)
-	return limit
 }

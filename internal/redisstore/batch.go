@@ -87,13 +87,13 @@ func (s *Store) runBatch(ctx context.Context, op string, shed bool, calls []scri
 	if len(run) == 0 {
 		return replies, errs
 	}
-	if err := s.admit(ctx, shed); err != nil {
+	if err := s.admission.acquire(ctx, shed, s.timeout); err != nil {
 		for _, i := range run {
 			errs[i] = fmt.Errorf("%s batch: %w", op, err)
 		}
 		return replies, errs
 	}
-	defer func() { <-s.slots }()
+	defer s.admission.release()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	cmds := make([]*redis.Cmd, len(calls))

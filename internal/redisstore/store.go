@@ -40,18 +40,21 @@ type Options struct {
 	// records may be dropped.
 	AllowEviction bool
 	// MaxInFlight bounds the scripts the store runs at a time (default
-	// DefaultMaxInFlight). A call beyond it waits for a slot: a begin,
-	// status or delete at most ShedWait, after which it is refused at
-	// once with ErrOverloaded, which is ErrStoreUnavailable and did not
-	// take effect; a complete, fail or extend for as long as its
-	// Timeout, so that an operation that ran is refused its outcome only
-	// when Redis cannot take it. Give the client a pool of at least
-	// MaxInFlight connections (per node), so that a call admitted never
-	// queues for a connection.
+	// DefaultMaxInFlight). A call beyond it queues for a slot, up to
+	// Timeout; a begin, status or delete that joins a standing queue
+	// waits at most ShedTarget, after which it is refused with
+	// ErrOverloaded, which is ErrStoreUnavailable and did not take effect
+	// (see admission.go). A complete, fail or extend is refused its slot
+	// only after Timeout, when Redis cannot take it. Give the client a
+	// pool of at least MaxInFlight connections (per node), so that a call
+	// admitted never queues for a connection.
 	MaxInFlight int
-	// ShedWait is how long a begin, status or delete waits for a slot
-	// (default 20ms).
-	ShedWait time.Duration
+	// ShedInterval is how long the queue for slots must stay non-empty to
+	// be standing (default DefaultShedInterval, 100ms).
+	ShedInterval time.Duration
+	// ShedTarget is the longest a sheddable call waits in a standing queue
+	// (default DefaultShedTarget, 5ms).
+	ShedTarget time.Duration
 	// ReserveBytes is the free memory under maxmemory that a master keeps
 	// for the outcomes of the attempts in flight: below it, begins that
 	// would acquire on that master fail with ErrNoRoom (see room.go).
@@ -70,9 +73,6 @@ type Options struct {
 // and 64 refused 10–25%; 128 refused 0.1% there and none at 64 in flight,
 // at the same throughput or better.
 const DefaultMaxInFlight = 128
-
-// DefaultShedWait is Options.ShedWait's default.
-const DefaultShedWait = 20 * time.Millisecond
 
 // Store keeps records in Redis: one node, Sentinel or Cluster. Every
 // transition is one script run on the record's key, in one round trip
@@ -93,10 +93,8 @@ type Store struct {
 	watch        *redisWatcher
 	// allowEviction: see Options.AllowEviction.
 	allowEviction bool
-	slots         chan struct{} // one per script in flight (MaxInFlight)
-	shedWait      time.Duration
-	shed          atomic.Uint64 // calls refused for want of a slot
-	reserve       int64         // Options.ReserveBytes
+	admission     *admission // the slots of the scripts in flight (MaxInFlight)
+	reserve       int64      // Options.ReserveBytes
 	// gates are the masters that refuse new attempts (room.go): nil while
 	// none does, which is all a begin reads then.
 	gates atomic.Pointer[gates]
@@ -119,7 +117,6 @@ func New(client redis.UniversalClient, opts Options) *Store {
 		waitTimeout:    opts.WaitTimeout,
 		scripts:        lua.Plain,
 		allowEviction:  opts.AllowEviction,
-		shedWait:       opts.ShedWait,
 		reserve:        opts.ReserveBytes,
 	}
 	switch {
@@ -131,10 +128,7 @@ func New(client redis.UniversalClient, opts Options) *Store {
 	if opts.MaxInFlight <= 0 {
 		opts.MaxInFlight = DefaultMaxInFlight
 	}
-	s.slots = make(chan struct{}, opts.MaxInFlight)
-	if s.shedWait <= 0 {
-		s.shedWait = DefaultShedWait
-	}
+	s.admission = newAdmission(opts.MaxInFlight, opts.ShedInterval, opts.ShedTarget)
 	if _, ok := client.(*redis.ClusterClient); ok {
 		s.scripts = lua.Sharded
 	}
@@ -394,10 +388,10 @@ func (s *Store) Ping(ctx context.Context) error {
 // run runs script on key and decodes its reply. Any failure to get a reply
 // is ErrStoreUnavailable: the script may or may not have run.
 func (s *Store) run(ctx context.Context, op string, shed bool, script *redis.Script, key string, args ...any) (reply, error) {
-	if err := s.admit(ctx, shed); err != nil {
+	if err := s.admission.acquire(ctx, shed, s.timeout); err != nil {
 		return reply{}, fmt.Errorf("%s: %w", op, err)
 	}
-	defer func() { <-s.slots }()
+	defer s.admission.release()
 	ctx, cancel := context.WithTimeout(ctx, s.timeout) // the wait for a slot aside
 	defer cancel()
 	keys := []string{key}
@@ -537,36 +531,15 @@ func retentionArg(d time.Duration) string {
 	return strconv.FormatInt(int64(d/time.Second), 10)
 }
 
-// admit takes a slot for one call (see Options.MaxInFlight): at once
-// when one is free; else, for a call that may be shed, within shedWait;
-// else within the store's timeout. A call that gets none did not run.
-func (s *Store) admit(ctx context.Context, shed bool) error {
-	select {
-	case s.slots <- struct{}{}:
-		return nil
-	default:
-	}
-	wait := s.timeout
-	if shed {
-		wait = s.shedWait
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case s.slots <- struct{}{}:
-		return nil
-	case <-t.C:
-		if shed {
-			s.shed.Add(1)
-		}
-		return statemachine.ErrOverloaded
-	case <-ctx.Done():
-		return fmt.Errorf("%w: %w", statemachine.ErrOverloaded, context.Cause(ctx))
-	}
-}
-
 // Shed is the number of calls refused so far with ErrOverloaded.
-func (s *Store) Shed() uint64 { return s.shed.Load() }
+func (s *Store) Shed() uint64 { return s.admission.shed.Load() }
 
 // InFlight is the number of scripts running now.
-func (s *Store) InFlight() int { return len(s.slots) }
+func (s *Store) InFlight() int { return len(s.admission.slots) }
+
+// Queued is the number of calls waiting for a slot now.
+func (s *Store) Queued() int {
+	s.admission.mu.Lock()
+	defer s.admission.mu.Unlock()
+	return s.admission.queued
+}
