@@ -15,11 +15,11 @@ import (
 	"io"
 	"maps"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
 
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -68,10 +68,9 @@ type file struct {
 	} `yaml:"tenants"`
 }
 
-var tenantName = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
-
-// ValidTenantName reports whether name is a well-formed tenant name.
-func ValidTenantName(name string) bool { return tenantName.MatchString(name) }
+// ValidTenantName reports whether name is a well-formed tenant name, by
+// the domain's one rule (statemachine.CheckTenant).
+func ValidTenantName(name string) bool { return statemachine.CheckTenant(name) == nil }
 
 // LoadFile reads the tenants file at path, and returns its content too
 // (for Watch).
@@ -109,7 +108,7 @@ func Parse(data []byte) (*Keyring, error) {
 		}
 	}
 	for i, t := range f.Tenants {
-		if !tenantName.MatchString(t.Name) {
+		if !ValidTenantName(t.Name) {
 			return nil, fmt.Errorf("tenant %d: name %q must match [a-z0-9_-]{1,64}", i+1, t.Name)
 		}
 		if k.names[t.Name] {

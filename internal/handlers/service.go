@@ -52,7 +52,7 @@ func statusRecord(tenant string, rec statemachine.Record) api.StatusRecord {
 	out := api.StatusRecord{
 		Key:         rec.Key,
 		Tenant:      tenant,
-		State:       api.State(rec.State.String()),
+		State:       apiState(rec.State),
 		Attempt:     rec.Attempt,
 		Owner:       optional(rec.Owner),
 		Fingerprint: optional(rec.Fingerprint),
@@ -78,22 +78,18 @@ func (s *Service) ListKeys(ctx context.Context, req api.ListKeysRequestObject) (
 	if err != nil {
 		return nil, err
 	}
-	state, err := statemachine.ParseState(string(p.State))
-	if err != nil {
-		return nil, badField("state", "must be in_progress, completed or failed")
-	}
-	lr := statemachine.ListRequest{State: state, Cursor: deref(p.Cursor)}
+	// The parameters map onto the listing; the store refuses what breaks
+	// its rules (statemachine.CheckList), naming the parameter.
+	lr := statemachine.ListRequest{State: stateOf(p.State), Cursor: deref(p.Cursor)}
 	if p.OlderThanS != nil {
-		if *p.OlderThanS < 0 {
-			return nil, badField("older_than_s", "must be 0 or more")
-		}
 		lr.OlderThan = time.Duration(*p.OlderThanS) * time.Second
 	}
 	if p.Limit != nil {
-		if *p.Limit < 1 {
-			return nil, badField("limit", "must be 1 to %d", statemachine.MaxListLimit)
+		// A limit given is 1 or more: 0 is the default only when absent,
+		// so a 0 given goes as -1, which the store refuses as out of range.
+		if lr.Limit = int(*p.Limit); lr.Limit == 0 {
+			lr.Limit = -1
 		}
-		lr.Limit = int(*p.Limit)
 	}
 	page, err := s.store.List(ctx, t, lr)
 	if err != nil {

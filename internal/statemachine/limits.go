@@ -112,7 +112,14 @@ func (l *Limits) CheckKey(tenant, key string) error {
 	return nil
 }
 
-// CheckTenant checks a tenant's name: [a-z0-9_-]{1,64}.
+// ErrStatusCode refuses a response's status code outside 100–599. A
+// store takes 0 for "none"; the API, which can say none by leaving the
+// code out, refuses a 0 it is given with this error too.
+var ErrStatusCode error = &InvalidError{Field: "response.status_code", Reason: "must be 100 to 599"}
+
+// CheckTenant checks a tenant's name: [a-z0-9_-]{1,64}. It is the one
+// statement of the rule: auth checks the names of the tenants file and
+// of requests with it.
 func CheckTenant(tenant string) error {
 	if len(tenant) == 0 || len(tenant) > 64 {
 		return invalid("tenant", "must be 1 to 64 characters")
@@ -234,7 +241,7 @@ func (l *Limits) CheckFinish(tenant, key, tok string, retention time.Duration, r
 		return Token{}, err
 	}
 	if resp.StatusCode != 0 && (resp.StatusCode < 100 || resp.StatusCode > 599) {
-		return Token{}, invalid("response.status_code", "must be 100 to 599")
+		return Token{}, ErrStatusCode
 	}
 	if len(errMsg) > l.MaxErrorBytes {
 		return Token{}, invalid("error", "must be at most %d bytes", l.MaxErrorBytes)
