@@ -13,6 +13,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -31,7 +32,7 @@ var (
 //
 //	go test -run '^$' -bench BenchmarkBatch -benchtime 3000x -count 3 ./cmd/idemsvc
 func BenchmarkBatch(b *testing.B) {
-	benchBinaryOnce.Do(func() { benchBinary = idemsvcBinary(b) })
+	benchBinaryOnce.Do(func() { benchBinary = idemtest.Binary(b, "IDEMSVC_TEST_BINARY", "idemsvc") })
 	p := startBinary(b, benchBinary, []string{
 		"IDEMSVC_REDIS_URL=redis://" + redistest.SharedServer(b).Addr(), "IDEMSVC_INSECURE_NO_AUTH=true",
 	})

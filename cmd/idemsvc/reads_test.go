@@ -32,7 +32,7 @@ import (
 // load-reads); IDEMSVC_TEST_BINARY measures another build.
 func BenchmarkReaderLeavesOthersTheirShare(b *testing.B) {
 	t := b
-	bin := idemsvcBinary(t)
+	bin := idemtest.Binary(t, "IDEMSVC_TEST_BINARY", "idemsvc")
 	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "reader", Key: "reader-key"}, idemtest.Tenant{Name: "beginner", Key: "beginner-key"})
 	p := startBinary(t, bin, []string{"IDEMSVC_TENANTS_FILE=" + tenants, "IDEMSVC_REDIS_URL=redis://" + redistest.NewServer(t).Addr()})
 	base := "http://" + p.addr
