@@ -10,13 +10,13 @@ import (
 	"time"
 )
 
-// ListRequest asks for a page of a tenant's records in one state.
+// ListRequest asks for a page of a tenant's records in one state. CheckList
+// states the rules of its fields, and a store refuses a request that breaks
+// one; the API maps its parameters onto the fields.
 type ListRequest struct {
 	State     State
 	OlderThan time.Duration // the last transition at least this long ago
 	Limit     int           // records per page, 1–MaxListLimit; 0 is DefaultListLimit
-	// (CheckList states these rules, and the store refuses a request
-	// that breaks one; the API maps its parameters onto the fields.)
 	Cursor    string        // "" for the first page, then the last page's NextCursor
 }
 
