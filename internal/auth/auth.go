@@ -40,8 +40,8 @@ type Keyring struct {
 type tenants struct {
 	keys     []key
 	names    map[string]bool
-	limits   map[string]Limits // tenants with their own limits
-	defaults Limits            // every other tenant's
+	limits   map[string]Quota // tenants with their own limits
+	defaults Quota            // every other tenant's
 }
 
 type key struct {
@@ -100,7 +100,7 @@ func Parse(data []byte) (*Keyring, error) {
 	if len(f.Tenants) == 0 {
 		return nil, errors.New("no tenants")
 	}
-	k := &tenants{limits: make(map[string]Limits), names: make(map[string]bool, len(f.Tenants))}
+	k := &tenants{limits: make(map[string]Quota), names: make(map[string]bool, len(f.Tenants))}
 	if f.Defaults.Limits != nil {
 		var err error
 		if k.defaults, err = f.Defaults.Limits.limits(); err != nil {
@@ -159,11 +159,11 @@ func (k *Keyring) Tenants() []string {
 // Has reports whether the tenants file lists tenant.
 func (k *Keyring) Has(tenant string) bool { return k.cur.Load().names[tenant] }
 
-// Limits returns tenant's limits: its own, or the defaults. A nil Keyring
+// Quota returns tenant's limits: its own, or the defaults. A nil Keyring
 // (no tenants file) limits nobody.
-func (k *Keyring) Limits(tenant string) Limits {
+func (k *Keyring) Quota(tenant string) Quota {
 	if k == nil {
-		return Limits{}
+		return Quota{}
 	}
 	t := k.cur.Load()
 	if l, ok := t.limits[tenant]; ok {

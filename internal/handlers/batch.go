@@ -49,7 +49,7 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 	type admitted struct {
 		i   int
 		t   string
-		lim auth.Limits
+		lim auth.Quota
 		a   admission
 	}
 	calls := make([]statemachine.BatchBegin, 0, len(items))
@@ -70,7 +70,7 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 		}
 		answers[i].tenant = t
 		s.metrics.countBegin(t) // each item, as the limiter charges it
-		lim := s.keyring.Limits(t)
+		lim := s.keyring.Quota(t)
 		a, err := s.admitBegin(ctx, t, lim, &breq, 0)
 		if err != nil {
 			answers[i].err = err

@@ -111,11 +111,11 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		return nil, err
 	}
 	s.metrics.countBegin(t)
-	lim := s.keyring.Limits(t)
+	lim := s.keyring.Quota(t)
 	// One timeout for the limits' calls and the store's together: while
 	// Redis is down, a begin fails within one store timeout, not two.
 	first := ctx
-	if s.storeTimeout > 0 && !lim.IsZero() && s.limiter != nil {
+	if s.storeTimeout > 0 && !lim.IsZero() && s.quota != nil {
 		var cancel context.CancelFunc
 		first, cancel = context.WithTimeout(ctx, s.storeTimeout)
 		defer cancel()
@@ -156,15 +156,15 @@ func (s *Service) beginRequest(ctx context.Context, b *api.BeginRequest) (string
 	if err != nil {
 		return "", 0, statemachine.BeginRequest{}, err
 	}
-	wait, err := s.limits.Wait(b.WaitMs)
+	wait, err := s.bounds.Wait(b.WaitMs)
 	if err != nil {
 		return "", 0, statemachine.BeginRequest{}, err
 	}
-	lease, err := s.limits.Lease(b.LeaseMs)
+	lease, err := s.bounds.Lease(b.LeaseMs)
 	if err != nil {
 		return "", 0, statemachine.BeginRequest{}, err
 	}
-	retention, err := s.limits.Retention(b.RetentionS)
+	retention, err := s.bounds.Retention(b.RetentionS)
 	if err != nil {
 		return "", 0, statemachine.BeginRequest{}, err
 	}
@@ -179,15 +179,15 @@ func (s *Service) beginRequest(ctx context.Context, b *api.BeginRequest) (string
 
 // readBudget makes a begin of a tenant over its read budget acquire or
 // answer, but replay nothing.
-func (s *Service) readBudget(t string, lim auth.Limits, breq *statemachine.BeginRequest) {
-	if s.limiter != nil && !s.limiter.CanRead(t, lim) {
+func (s *Service) readBudget(t string, lim auth.Quota, breq *statemachine.BeginRequest) {
+	if s.quota != nil && !s.quota.CanRead(t, lim) {
 		breq.NoReplay = true
 	}
 }
 
 // beginFailed settles the limits of a begin the store refused, and returns
 // its error.
-func (s *Service) beginFailed(t string, lim auth.Limits, a admission, err error) error {
+func (s *Service) beginFailed(t string, lim auth.Quota, a admission, err error) error {
 	if !errors.Is(err, statemachine.ErrStoreUnavailable) || statemachine.NotApplied(err) {
 		// (Otherwise unavailable: the begin may have acquired with the
 		// token; its count lapses by itself.)
@@ -198,10 +198,10 @@ func (s *Service) beginFailed(t string, lim auth.Limits, a admission, err error)
 
 // beginDone settles the limits of a begin the store answered, and returns
 // its answer.
-func (s *Service) beginDone(ctx context.Context, t string, lim auth.Limits, a admission, res statemachine.BeginResult) api.BeginResponseObject {
+func (s *Service) beginDone(ctx context.Context, t string, lim auth.Quota, a admission, res statemachine.BeginResult) api.BeginResponseObject {
 	s.settleHold(t, lim, a.hold, &res)
-	if !res.Acquired && s.limiter != nil {
-		s.limiter.Read(t, lim, responseSize(&res.Record.Response))
+	if !res.Acquired && s.quota != nil {
+		s.quota.Read(t, lim, responseSize(&res.Record.Response))
 	}
 	return s.beginResult(ctx, t, res)
 }
@@ -273,7 +273,7 @@ func (s *Service) completeRequest(ctx context.Context, b *api.CompleteRequest) (
 	if err != nil {
 		return "", statemachine.CompleteRequest{}, err
 	}
-	retention, err := s.limits.Retention(b.RetentionS)
+	retention, err := s.bounds.Retention(b.RetentionS)
 	if err != nil {
 		return "", statemachine.CompleteRequest{}, err
 	}
@@ -282,7 +282,7 @@ func (s *Service) completeRequest(ctx context.Context, b *api.CompleteRequest) (
 
 // completed counts a stored complete and returns its answer.
 func (s *Service) completed(ctx context.Context, t string, req *statemachine.CompleteRequest, rec *statemachine.Record) api.FinishResponse {
-	s.stored(t, &req.Response, rec.ExpiresAt)
+	s.accountStored(t, &req.Response, rec.ExpiresAt)
 	s.leaseEnded(t, req.Token, time.Time{})
 	setOutcome(ctx, t, "completed")
 	return api.FinishResponse(finishResult(rec))
@@ -327,7 +327,7 @@ func (s *Service) failed(ctx context.Context, t string, req *statemachine.FailRe
 	if req.Retryable {
 		setOutcome(ctx, t, "released")
 	} else {
-		s.stored(t, &req.Response, rec.ExpiresAt)
+		s.accountStored(t, &req.Response, rec.ExpiresAt)
 		setOutcome(ctx, t, "failed")
 	}
 	return api.FinishResponse(finishResult(rec))
@@ -357,7 +357,7 @@ func (s *Service) Extend(ctx context.Context, req api.ExtendRequestObject) (api.
 	if err != nil {
 		return nil, err
 	}
-	d, err := s.limits.Lease(b.LeaseMs)
+	d, err := s.bounds.Lease(b.LeaseMs)
 	if err != nil {
 		return nil, err
 	}
@@ -383,19 +383,19 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		return nil, err
 	}
 	withResponse := deref(p.IncludeResponse)
-	var lim auth.Limits
-	if withResponse && s.limiter != nil {
+	var lim auth.Quota
+	if withResponse && s.quota != nil {
 		// A status with the response is a read, counted as a replay is.
-		if lim = s.keyring.Limits(t); !s.limiter.CanRead(t, lim) {
-			return nil, s.limiter.ReadRefused(t, lim)
+		if lim = s.keyring.Quota(t); !s.quota.CanRead(t, lim) {
+			return nil, s.quota.ReadRefused(t, lim)
 		}
 	}
 	rec, err := s.store.Status(ctx, t, p.Key, withResponse)
 	if err != nil {
 		return nil, err
 	}
-	if withResponse && s.limiter != nil && rec.State != statemachine.StateInProgress {
-		s.limiter.Read(t, lim, responseSize(&rec.Response))
+	if withResponse && s.quota != nil && rec.State != statemachine.StateInProgress {
+		s.quota.Read(t, lim, responseSize(&rec.Response))
 	}
 	setOutcome(ctx, t, "found")
 	out := api.StatusResponse(statusRecord(t, rec))

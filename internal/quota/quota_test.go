@@ -165,7 +165,7 @@ func TestRateBatches(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			defer l.Close()
 			tenant := tenantName()
-			lim := auth.Limits{BeginsPerS: 200, Burst: 50}
+			lim := auth.Quota{BeginsPerS: 200, Burst: 50}
 			admitted := 0
 			var refused error
 			start := time.Now()
@@ -208,7 +208,7 @@ func TestOverBudget(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			l := newLimiter(t)
 			defer l.Close()
-			tenant, lim := tenantName(), auth.Limits{StoredBytes: 100}
+			tenant, lim := tenantName(), auth.Quota{StoredBytes: 100}
 			if over, err := l.Begin(ctx, tenant, lim); over || err != nil {
 				t.Fatalf("empty: %v, %v", over, err)
 			}
@@ -242,7 +242,7 @@ func TestOverBudgetAcrossInstances(t *testing.T) {
 	b := NewRedis(rdb, Options{FlushInterval: 50 * time.Millisecond})
 	defer a.Close()
 	defer b.Close()
-	tenant, lim := tenantName(), auth.Limits{StoredBytes: 100}
+	tenant, lim := tenantName(), auth.Quota{StoredBytes: 100}
 	a.Stored(tenant, 150, time.Now().Add(time.Hour))
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -267,7 +267,7 @@ func TestRedisDownAdmits(t *testing.T) {
 	defer rdb.Close()
 	l := NewRedis(rdb, Options{Timeout: 100 * time.Millisecond})
 	defer l.Close()
-	lim := auth.Limits{BeginsPerS: 1, Burst: 1, StoredBytes: 1, Waiters: 1}
+	lim := auth.Quota{BeginsPerS: 1, Burst: 1, StoredBytes: 1, Waiters: 1}
 	for range 3 {
 		if _, err := l.Begin(ctx, "t", lim); err != nil {
 			t.Fatalf("begin: %v", err)
