@@ -39,6 +39,7 @@ const (
 	fixedHeadBytes = 4 + 4 + 4*8 + 4 + 16 + 8
 )
 
+// ErrCorrupt is a stored record that does not decode.
 var ErrCorrupt = errors.New("statemachine: corrupt record")
 
 // DecodeStored parses a record written by the Lua scripts. A head without
@@ -99,7 +100,7 @@ func cutString(s string, n int) (value, rest string, ok bool) {
 	return s[n : n+size], s[n+size:], true
 }
 
-// The response's form inside a record: flags u8 (1 = base64 body),
+// EncodeResponse is the response's form inside a record: flags u8 (1 = base64 body),
 // status u16, header count u32, each header's name and value with u32
 // lengths, then the body. A zero Response is the empty string.
 func EncodeResponse(r *Response) string {

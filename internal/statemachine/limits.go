@@ -90,7 +90,7 @@ func (l Limits) WithDefaults() Limits {
 	return l
 }
 
-// Token is a lease Token in its stored form.
+// Token is a lease token in its stored form.
 type Token [16]byte
 
 // String returns the token as the API shows it.

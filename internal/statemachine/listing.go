@@ -35,6 +35,8 @@ const (
 // ErrForeignCursor answers a cursor that no store of this kind gave.
 var ErrForeignCursor error = &InvalidError{Field: "cursor", Reason: "is not a cursor this store gave"}
 
+// CheckList checks a listing request of tenant and fills in its default
+// limit.
 func CheckList(tenant string, req *ListRequest) error {
 	if err := CheckTenant(tenant); err != nil {
 		return err
