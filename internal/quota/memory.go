@@ -116,6 +116,14 @@ func (m *memoryBackend) addSlot(_ context.Context, tenant, set, id string, limit
 	return true, nil
 }
 
+func (m *memoryBackend) addSlots(ctx context.Context, slots []slot) ([]bool, []error) {
+	ok, errs := make([]bool, len(slots)), make([]error, len(slots))
+	for i, s := range slots {
+		ok[i], errs[i] = m.addSlot(ctx, s.tenant, s.set, s.id, s.limit, s.ttl)
+	}
+	return ok, errs
+}
+
 func (m *memoryBackend) removeSlot(_ context.Context, tenant, set, id string) error {
 	m.mu.Lock()
 	defer m.mu.Unlock()

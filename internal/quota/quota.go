@@ -85,6 +85,10 @@ type Limiter interface {
 	// must acquire nothing (HoldRefused makes the error when it would
 	// have). Call Held once the begin answered.
 	Hold(ctx context.Context, tenant string, l auth.Quota, token string, d time.Duration) bool
+	// HoldAll is Hold for each of holds, in order, asked of the backend
+	// together (one round trip to Redis per node, not one per hold, for a
+	// batch of begins); ok[i] is holds[i]'s answer.
+	HoldAll(ctx context.Context, holds []Hold) (ok []bool)
 	// Held settles the lease of token: acquired or extended, it is counted
 	// until ends; completed, failed or not acquired (ends zero), it is over.
 	// The store hears of it with the next flush.
@@ -132,12 +136,31 @@ type backend interface {
 	// addSlot counts member id in tenant's set (setWaiters, setLeases)
 	// for up to ttl if it has fewer than limit; removeSlot uncounts it.
 	addSlot(ctx context.Context, tenant, set, id string, limit int64, ttl time.Duration) (bool, error)
+	// addSlots is addSlot for each of slots, in order, sent together;
+	// errs[i] is slots[i]'s error.
+	addSlots(ctx context.Context, slots []slot) (ok []bool, errs []error)
 	removeSlot(ctx context.Context, tenant, set, id string) error
 	// countSlots counts the members of tenant's set not over yet.
 	countSlots(ctx context.Context, tenant, set string) (int64, error)
 	// settleLeases moves each lease of tenant still counted to end at the
 	// given Unix ms, or uncounts it for 0.
 	settleLeases(ctx context.Context, tenant string, ends map[string]int64) error
+}
+
+// slot is one addSlot of addSlots.
+type slot struct {
+	tenant, set, id string
+	limit           int64
+	ttl             time.Duration
+}
+
+// Hold is one lease a begin is about to acquire, for HoldAll: Hold's
+// arguments.
+type Hold struct {
+	Tenant string
+	Limits auth.Quota
+	Token  string
+	D      time.Duration
 }
 
 // The bounded sets of a tenant.
@@ -559,6 +582,37 @@ func (l *limiter) Hold(ctx context.Context, tenant string, lim auth.Quota, token
 		// As for the rate: the store decides whether the begin can go on.
 		l.log.Warn("quota: attempts in progress not checked", "tenant", tenant, "error", err.Error())
 		return true
+	}
+	return ok
+}
+
+// HoldAll implements Limiter.
+func (l *limiter) HoldAll(ctx context.Context, holds []Hold) []bool {
+	ok := make([]bool, len(holds))
+	slots := make([]slot, 0, len(holds))
+	at := make([]int, 0, len(holds))
+	for i, h := range holds {
+		if h.Limits.InProgress == 0 {
+			ok[i] = true
+			continue
+		}
+		slots = append(slots, slot{h.Tenant, setLeases, h.Token, h.Limits.InProgress, h.D + leaseMargin})
+		at = append(at, i)
+	}
+	if len(slots) == 0 {
+		return ok
+	}
+	cctx, cancel := context.WithTimeout(ctx, l.timeout)
+	added, errs := l.backend.addSlots(cctx, slots)
+	cancel()
+	for j, i := range at {
+		if errs[j] != nil {
+			// As Hold: the store decides whether the begin can go on.
+			l.log.Warn("quota: attempts in progress not checked", "tenant", holds[i].Tenant, "error", errs[j].Error())
+			ok[i] = true
+			continue
+		}
+		ok[i] = added[j]
 	}
 	return ok
 }

@@ -104,6 +104,41 @@ func TestWaitersLapse(t *testing.T) {
 	}
 }
 
+// addSlots counts its slots in order, as addSlot one after another would,
+// each tenant against its own limit, and loads the script if Redis lost it.
+func TestAddSlotsInOrder(t *testing.T) {
+	for name, open := range backends() {
+		t.Run(name, func(t *testing.T) {
+			b, one, two := open(t), tenantName(), tenantName()
+			if ok, err := b.addSlot(ctx, one, setLeases, "held", 3, time.Minute); !ok || err != nil {
+				t.Fatalf("addSlot: %v, %v", ok, err)
+			}
+			if r, ok := b.(*redisBackend); ok {
+				err := r.client.ScriptFlush(ctx).Err()
+				if c, ok := r.client.(*redis.ClusterClient); ok {
+					err = c.ForEachShard(ctx, func(ctx context.Context, c *redis.Client) error { return c.ScriptFlush(ctx).Err() })
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			slots := []slot{{one, setLeases, "a", 3, time.Minute}, {two, setLeases, "x", 1, time.Minute},
+				{one, setLeases, "b", 3, time.Minute}, {one, setLeases, "c", 3, time.Minute}, {two, setLeases, "y", 1, time.Minute},
+				{one, setLeases, "a", 3, time.Minute}} // a again: counted already, so refused at the limit
+			ok, errs := b.addSlots(ctx, slots)
+			want := []bool{true, true, true, false, false, false}
+			for i := range slots {
+				if errs[i] != nil || ok[i] != want[i] {
+					t.Errorf("slot %d (%s %s): %v, %v; want %v", i, slots[i].tenant, slots[i].id, ok[i], errs[i], want[i])
+				}
+			}
+			if n, err := b.countSlots(ctx, one, setLeases); n != 3 || err != nil {
+				t.Errorf("%s counts %d, %v; want 3", one, n, err)
+			}
+		})
+	}
+}
+
 // A lease is counted from before its begin until it ends: settled as over
 // (complete, fail, not acquired), or at the end settled for it (acquired,
 // extended) when nothing ends it first; an end settled by one instance is

@@ -107,6 +107,34 @@ func (r *redisBackend) addSlot(ctx context.Context, tenant, set, id string, limi
 	return n == 1, nil
 }
 
+// addSlots pipelines the slots' scripts: one round trip per node. The
+// few that met NOSCRIPT (Redis lost its script cache) run again one by
+// one, loading the script.
+func (r *redisBackend) addSlots(ctx context.Context, slots []slot) ([]bool, []error) {
+	ok, errs := make([]bool, len(slots)), make([]error, len(slots))
+	cmds := make([]*redis.Cmd, len(slots))
+	_, _ = r.client.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, s := range slots {
+			cmds[i] = lua.Slot.EvalSha(ctx, p, []string{limitKey(s.tenant, s.set)},
+				s.id, s.limit, strconv.FormatInt(s.ttl.Milliseconds(), 10))
+		}
+		return nil
+	}) // each command's error is its own
+	for i, s := range slots {
+		n, err := cmds[i].Int64()
+		if redis.HasErrorPrefix(err, "NOSCRIPT") {
+			ok[i], errs[i] = r.addSlot(ctx, s.tenant, s.set, s.id, s.limit, s.ttl)
+			continue
+		}
+		if err != nil {
+			errs[i] = fmt.Errorf("%s: %w", s.set, err)
+			continue
+		}
+		ok[i] = n == 1
+	}
+	return ok, errs
+}
+
 func (r *redisBackend) removeSlot(ctx context.Context, tenant, set, id string) error {
 	if err := r.client.ZRem(ctx, limitKey(tenant, set), id).Err(); err != nil {
 		return fmt.Errorf("%s: %w", set, err)

@@ -200,7 +200,7 @@ type scriptCall struct {
 	args    []any
 	refusal error // Begin: why the key's master refuses new attempts, if it does
 	maxBody int   // Begin: the size a replayed body may decode to
-	stored  int64 // Complete, Fail: the bytes of the response as stored (StoredSize)
+	stored  int64 // Complete, Fail: what the response counts against stored_bytes (StoredSize)
 }
 
 // beginCall checks req and builds its script call.

@@ -136,14 +136,20 @@ func EncodeResponse(r *Response, compressFrom int) string {
 	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
-// StoredSize is what a response's form counts against a tenant's
-// stored_bytes: the body as stored (compressed or not), header names and
-// values.
+// StoredSize is what a response counts against a tenant's stored_bytes,
+// as the contract counts it: the body after decoding (as sent, whether the
+// record keeps it compressed or not), plus header names and values. A
+// tenant's budget is then the same on every store and does not move with
+// how well its answers compress.
 func StoredSize(form string, r *Response) int64 {
 	if form == "" {
 		return 0
 	}
-	return int64(len(form) - 7 - 8*len(r.Headers))
+	n := len(r.Body)
+	for name, value := range r.Headers {
+		n += len(name) + len(value)
+	}
+	return int64(n)
 }
 
 // decodeResponse decodes EncodeResponse's form; a compressed body may
