@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"errors"
@@ -14,7 +13,6 @@ import (
 	"net/http/httptest"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -55,32 +53,6 @@ func (u *pathsUpstream) seen() []string {
 	return append([]string(nil), u.paths...)
 }
 
-// exchange writes raw to a new connection and reads one answer, and
-// whether the connection was closed after it.
-func exchange(t *testing.T, addr, raw string) (*http.Response, []byte, bool) {
-	t.Helper()
-	conn, err := net.Dial("tcp", addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := io.WriteString(conn, raw); err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	if err != nil {
-		t.Fatalf("read the answer to %.40q: %v", raw, err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	_ = conn.SetReadDeadline(time.Now().Add(2 * time.Second))
-	_, err = br.ReadByte()
-	var timeout net.Error
-	return resp, body, err != nil && !(errors.As(err, &timeout) && timeout.Timeout())
-}
-
 type problem struct {
 	Type   string
 	Code   string
@@ -103,7 +75,7 @@ func TestStrictEdges(t *testing.T) {
 		smuggled := "GET /smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
 		raw := "POST /pay HTTP/1.1\r\nHost: x\r\n" + key + "Content-Length: " + strconv.Itoa(5+len(smuggled)) +
 			"\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n" + smuggled
-		resp, body, closed := exchange(t, addr, raw)
+		resp, body, closed := idemtest.Exchange(t, idemtest.Dial(addr), raw)
 		if !closed || !resp.Close {
 			t.Errorf("Content-Length with Transfer-Encoding (%q): %d %s, Connection: close %v, closed %v; want the connection closed",
 				key, resp.StatusCode, body, resp.Close, closed)
@@ -116,7 +88,7 @@ func TestStrictEdges(t *testing.T) {
 		}
 	}
 
-	resp, body, closed := exchange(t, addr, "POST /pay HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n")
+	resp, body, closed := idemtest.Exchange(t, idemtest.Dial(addr), "POST /pay HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n")
 	var p problem
 	if resp.StatusCode != 400 || resp.Header.Get("Content-Type") != "application/problem+json" || json.Unmarshal(body, &p) != nil ||
 		p.Type != "https://idemsvc.dev/problems/invalid-request" || p.Code != "invalid-request" || p.Title == "" || !closed {
@@ -124,7 +96,7 @@ func TestStrictEdges(t *testing.T) {
 	}
 
 	before := len(up.seen())
-	resp, body, _ = exchange(t, addr, "post /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"lower\"\r\nContent-Length: 1\r\n\r\nx")
+	resp, body, _ = idemtest.Exchange(t, idemtest.Dial(addr), "post /pay HTTP/1.1\r\nHost: x\r\nIdempotency-Key: \"lower\"\r\nContent-Length: 1\r\n\r\nx")
 	if resp.StatusCode != 400 || json.Unmarshal(body, &p) != nil || p.Type != "https://idemsvc.dev/problems/invalid-request" {
 		t.Errorf("post (lower case) with a key: %d %s, want a 400 problem", resp.StatusCode, body)
 	}
@@ -132,14 +104,14 @@ func TestStrictEdges(t *testing.T) {
 		t.Errorf("post (lower case) reached the upstream %d times, want 0", n)
 	}
 
-	resp, body, _ = exchange(t, addr, "GET /%6detrics HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, body, _ = idemtest.Exchange(t, idemtest.Dial(addr), "GET /%6detrics HTTP/1.1\r\nHost: x\r\n\r\n")
 	if resp.StatusCode != http.StatusCreated || string(body) != "upstream" {
 		t.Errorf("GET /%%6detrics: %d %.60s, want the upstream's answer", resp.StatusCode, body)
 	}
 	if seen := up.seen(); seen[len(seen)-1] != "GET /%6detrics" {
 		t.Errorf("the upstream was asked for %q, want GET /%%6detrics", seen[len(seen)-1])
 	}
-	resp, body, _ = exchange(t, addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+	resp, body, _ = idemtest.Exchange(t, idemtest.Dial(addr), "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
 	if resp.StatusCode != 200 || !strings.Contains(string(body), "idemproxy_requests_total") {
 		t.Errorf("GET /metrics: %d, want idemproxy's metrics", resp.StatusCode)
 	}
@@ -181,13 +153,7 @@ const (
 // that binary instead of building one, to measure another build the same
 // way.
 func TestStalledBodiesBounded(t *testing.T) {
-	bin := os.Getenv("IDEMPROXY_TEST_BINARY")
-	if bin == "" {
-		bin = filepath.Join(t.TempDir(), "idemproxy")
-		if out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput(); err != nil {
-			t.Fatalf("go build: %v\n%s", err, out)
-		}
-	}
+	bin := idemtest.Binary(t, "IDEMPROXY_TEST_BINARY", "idemproxy")
 	up := startPathsUpstream(t)
 	svc := idemtest.Serve(t, handlers.Config{})
 	cmd := exec.Command(bin)
@@ -213,7 +179,7 @@ func TestStalledBodiesBounded(t *testing.T) {
 		}
 	}
 	go func() { _, _ = io.Copy(io.Discard, logs.Buffered()); _, _ = io.Copy(io.Discard, stderr) }()
-	startRSS, _ := memory(t, cmd.Process.Pid)
+	startRSS, _ := idemtest.Memory(t, cmd.Process.Pid)
 
 	body := bytes.Repeat([]byte("x"), stalledBodyBytes-64)
 	conns := make([]net.Conn, stalledBodies)
@@ -240,7 +206,7 @@ func TestStalledBodiesBounded(t *testing.T) {
 	}
 	sent := time.Now()
 	time.Sleep(2 * time.Second)
-	rss, peak := memory(t, cmd.Process.Pid)
+	rss, peak := idemtest.Memory(t, cmd.Process.Pid)
 	t.Logf("%d connections each sending %d of a keyed body of %d bytes, then stalling: VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)",
 		stalledBodies, len(body), stalledBodyBytes, rss/1e6, peak/1e6, startRSS/1e6)
 	if peak > stalledRSSBound {
@@ -266,28 +232,6 @@ func TestStalledBodiesBounded(t *testing.T) {
 		t.Errorf("the upstream was asked for %q by a request whose body never came whole", p)
 		break
 	}
-}
-
-// memory is a process's resident set now and its peak, in bytes.
-func memory(t *testing.T, pid int) (rss, peak float64) {
-	t.Helper()
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(status))
-	for sc.Scan() {
-		name, value, _ := strings.Cut(sc.Text(), ":")
-		kB, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 64)
-		switch {
-		case err != nil:
-		case name == "VmRSS":
-			rss = kB * 1024
-		case name == "VmHWM":
-			peak = kB * 1024
-		}
-	}
-	return rss, peak
 }
 
 // idemproxy's own problems carry their kind as code: a body over the limit

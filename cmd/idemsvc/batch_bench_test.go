@@ -16,6 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -37,7 +38,7 @@ var (
 //
 //	go test -run '^$' -bench BenchmarkBatch -benchtime 3000x -count 3 ./cmd/idemsvc
 func BenchmarkBatch(b *testing.B) {
-	benchBinaryOnce.Do(func() { benchBinary = idemsvcBinary(b) })
+	benchBinaryOnce.Do(func() { benchBinary = idemtest.Binary(b, "IDEMSVC_TEST_BINARY", "idemsvc") })
 	redis := redistest.SharedServer(b)
 	p := startBinary(b, benchBinary, []string{
 		"IDEMSVC_REDIS_URL=redis://" + redis.Addr(), "IDEMSVC_INSECURE_NO_AUTH=true",

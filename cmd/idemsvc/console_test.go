@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // The console is on by default; IDEMSVC_CONSOLE=off (or --console off)
@@ -29,7 +31,7 @@ func TestConsoleConfig(t *testing.T) {
 // The binary serves the console on the memory store, with its headers,
 // and not with IDEMSVC_CONSOLE=off; the API is served either way.
 func TestConsoleServed(t *testing.T) {
-	bin := idemsvcBinary(t)
+	bin := idemtest.Binary(t, "IDEMSVC_TEST_BINARY", "idemsvc")
 	for _, on := range []bool{true, false} {
 		env := []string{}
 		if !on {

@@ -27,7 +27,7 @@ const listRSSBound = 60e6
 // read. Before listing read a head past 512 bytes with GETRANGE, it read
 // such records whole (220 MB).
 func TestListingReadsNoResponse(t *testing.T) {
-	bin := idemsvcBinary(t)
+	bin := idemtest.Binary(t, "IDEMSVC_TEST_BINARY", "idemsvc")
 	const apiKey = "list-memory-key"
 	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "lister", Key: apiKey})
 	env := []string{"IDEMSVC_TENANTS_FILE=" + tenants, "IDEMSVC_REDIS_URL=redis://" + redistest.NewServer(t).Addr()}

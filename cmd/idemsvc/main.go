@@ -48,7 +48,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
-	err := run(ctx, os.Args[1:], os.Environ(), os.Stderr)
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stderr, nil)
 	if errors.Is(err, flag.ErrHelp) {
 		fmt.Fprintln(os.Stderr, err)
 		return
@@ -73,8 +73,10 @@ const (
 
 // run serves until ctx ends, then shuts down gracefully: it stops taking
 // connections, wakes waiters, lets requests in flight finish and returns
-// nil. Logs are JSON lines on logOut.
-func run(ctx context.Context, args, env []string, logOut io.Writer) error {
+// nil. Logs are JSON lines on logOut. listening, when not nil, is told
+// the URL served (scheme and the address listened on) once it listens:
+// tests take the port from it.
+func run(ctx context.Context, args, env []string, logOut io.Writer, listening func(url string)) error {
 	cfg, err := parseConfig(args, env)
 	if err != nil {
 		return err
@@ -178,6 +180,9 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve() }()
 	log.Info("listening", "addr", srv.Addr().String(), "scheme", scheme)
+	if listening != nil {
+		listening(scheme + "://" + srv.Addr().String())
+	}
 
 	select {
 	case err := <-served:

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -133,7 +132,7 @@ func TestConfig(t *testing.T) {
 
 func TestRefusesRedisWithoutTenants(t *testing.T) {
 	var logs syncBuffer
-	err := run(t.Context(), nil, []string{"IDEMSVC_REDIS_URL=redis://127.0.0.1:1", "IDEMSVC_TENANT_FILE=tenants.yaml"}, &logs)
+	err := run(t.Context(), nil, []string{"IDEMSVC_REDIS_URL=redis://127.0.0.1:1", "IDEMSVC_TENANT_FILE=tenants.yaml"}, &logs, nil)
 	if err == nil || !strings.Contains(err.Error(), "--insecure-no-auth") {
 		t.Fatalf("run = %v, want a refusal naming --insecure-no-auth", err)
 	}
@@ -145,14 +144,14 @@ func TestRefusesRedisWithoutTenants(t *testing.T) {
 
 // A rediss:// URL that asks to skip certificate checks is refused.
 func TestRedisSkipVerifyRefused(t *testing.T) {
-	err := run(t.Context(), []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=rediss://127.0.0.1:1?skip_verify=true"}, io.Discard)
+	err := run(t.Context(), []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=rediss://127.0.0.1:1?skip_verify=true"}, io.Discard, nil)
 	if err == nil || !strings.Contains(err.Error(), "skip_verify is refused") {
 		t.Fatalf("run = %v, want skip_verify refused", err)
 	}
 }
 
 func TestRedisURLErrorHidesPassword(t *testing.T) {
-	err := run(t.Context(), []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=redis://user:hunter2@host:notaport"}, io.Discard)
+	err := run(t.Context(), []string{"--insecure-no-auth"}, []string{"IDEMSVC_REDIS_URL=redis://user:hunter2@host:notaport"}, io.Discard, nil)
 	if err == nil || strings.Contains(err.Error(), "hunter2") {
 		t.Fatalf("run = %v, want an error without the password", err)
 	}
@@ -171,20 +170,29 @@ func start(t *testing.T, args, env []string) *instance {
 	ctx, cancel := context.WithCancel(t.Context())
 	logs := &syncBuffer{}
 	in := &instance{logs: logs, stop: cancel, done: make(chan error, 1)}
-	go func() { in.done <- run(ctx, append([]string{"--listen", "127.0.0.1:0"}, args...), env, logs) }()
+	urls := make(chan string, 1)
+	listening := func(url string) { urls <- url }
+	go func() {
+		in.done <- run(ctx, append([]string{"--listen", "127.0.0.1:0"}, args...), env, logs, listening)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		<-in.done
 	})
-	addr := waitListening(t, logs.lines)
-	in.url = "http://" + addr
-	if strings.Contains(logs.String(), `"scheme":"https"`) {
-		in.url = "https://" + addr
+	select {
+	case in.url = <-urls:
+	case err := <-in.done:
+		in.done <- err // for the cleanup
+		t.Fatalf("run = %v before listening; logs:\n%s", err, logs.String())
+	case <-time.After(10 * time.Second):
+		t.Fatalf("not listening within 10 s; logs:\n%s", logs.String())
 	}
 	return in
 }
 
-// waitListening reads the address from the "listening" log line.
+// waitListening reads the address from the "listening" log line of an
+// idemsvc run as a process of its own (one run in this process tells it
+// to start through run's listening).
 func waitListening(t testing.TB, lines func() []string) string {
 	t.Helper()
 	deadline := time.Now().Add(10 * time.Second)
@@ -296,11 +304,10 @@ func TestGracefulShutdown(t *testing.T) {
 			codes[i], _ = post(t, in.url+"/v1/begin", "", `{"key":"held","wait_ms":30000}`)
 		})
 	}
-	// Shut down once every waiter waits.
-	deadline := time.Now().Add(10 * time.Second)
-	for waiting(t, in.url) < len(codes) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond)
-	}
+	// Shut down once every waiter waits (or after 10 s: the answers tell).
+	idemtest.Poll(10*time.Second, func() bool {
+		return idemtest.Metric(t, in.url, "idemsvc_waiters", "") >= float64(len(codes))
+	})
 	in.stop()
 	select {
 	case err := <-in.done:
@@ -320,23 +327,6 @@ func TestGracefulShutdown(t *testing.T) {
 	if _, err := http.Get(in.url + "/healthz"); err == nil {
 		t.Error("still serving after shutdown")
 	}
-}
-
-// waiting reads the idemsvc_waiters gauge.
-func waiting(t *testing.T, url string) int {
-	resp, err := http.Get(url + "/metrics")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	for sc.Scan() {
-		var n int
-		if _, err := fmt.Sscanf(sc.Text(), "idemsvc_waiters %d", &n); err == nil {
-			return n
-		}
-	}
-	return 0
 }
 
 // TestSIGTERM runs idemsvc as a process and stops it with SIGTERM: it exits

@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/base64"
 	"errors"
@@ -12,7 +11,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,7 +44,7 @@ const (
 // IDEMSVC_TEST_BINARY set it runs that binary instead of building one, to
 // measure another build the same way.
 func TestBoundedMemory(t *testing.T) {
-	bin := idemsvcBinary(t)
+	bin := idemtest.Binary(t, "IDEMSVC_TEST_BINARY", "idemsvc")
 	const apiKey = "memory-test-key"
 	// The read budget (read_bytes_per_s) would refuse most of the 300
 	// replays at once; raised to its most, every one is answered and held.
@@ -400,20 +398,6 @@ func readAnswer(c net.Conn) (n int, ended bool, err error) {
 	}
 }
 
-// idemsvcBinary is IDEMSVC_TEST_BINARY, or idemsvc built from this
-// package without the race detector, which would inflate its memory.
-func idemsvcBinary(t testing.TB) string {
-	if bin := os.Getenv("IDEMSVC_TEST_BINARY"); bin != "" {
-		return bin
-	}
-	bin := filepath.Join(t.TempDir(), "idemsvc")
-	out, err := exec.Command("go", "build", "-o", bin, ".").CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
-	}
-	return bin
-}
-
 // process is an idemsvc binary started by a test.
 type process struct {
 	cmd      *exec.Cmd
@@ -444,21 +428,5 @@ func startBinary(t testing.TB, bin string, env []string) *process {
 // memory is the process's resident set now and its peak, in bytes.
 func (p *process) memory(t testing.TB) (rss, peak float64) {
 	t.Helper()
-	status, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", p.cmd.Process.Pid))
-	if err != nil {
-		t.Fatal(err)
-	}
-	sc := bufio.NewScanner(bytes.NewReader(status))
-	for sc.Scan() {
-		name, value, _ := strings.Cut(sc.Text(), ":")
-		kB, err := strconv.ParseFloat(strings.TrimSuffix(strings.TrimSpace(value), " kB"), 64)
-		switch {
-		case err != nil:
-		case name == "VmRSS":
-			rss = kB * 1024
-		case name == "VmHWM":
-			peak = kB * 1024
-		}
-	}
-	return rss, peak
+	return idemtest.Memory(t, p.cmd.Process.Pid)
 }

@@ -34,7 +34,7 @@ import (
 // load-reads); IDEMSVC_TEST_BINARY measures another build.
 // TestReaderLeavesOthersTheirShare asserts a looser bound in make test.
 func BenchmarkReaderLeavesOthersTheirShare(b *testing.B) {
-	m := measureReaderBeside(b, idemsvcBinary(b), 8*time.Second)
+	m := measureReaderBeside(b, idemtest.Binary(b, "IDEMSVC_TEST_BINARY", "idemsvc"), 8*time.Second)
 	b.Log(m)
 	if m.loaded > max(2*m.alone, m.alone+2*time.Millisecond) {
 		b.Errorf("begin p99 beside the reader = %v, want within 2× of %v alone", m.loaded, m.alone)
@@ -47,7 +47,7 @@ func BenchmarkReaderLeavesOthersTheirShare(b *testing.B) {
 // tries. Before the scripts read large records by their head, it was 6×
 // to 70× (hundreds of ms beside tens alone) on such a machine.
 func TestReaderLeavesOthersTheirShare(t *testing.T) {
-	bin := idemsvcBinary(t)
+	bin := idemtest.Binary(t, "IDEMSVC_TEST_BINARY", "idemsvc")
 	var m readerMeasure
 	for try := 1; try <= 3; try++ {
 		m = measureReaderBeside(t, bin, 5*time.Second)

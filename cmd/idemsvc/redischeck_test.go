@@ -51,7 +51,7 @@ func TestEvictingRedis(t *testing.T) {
 	for name, backend := range backends {
 		t.Run(name, func(t *testing.T) {
 			env, node := backend(t)
-			err := run(t.Context(), []string{"--listen", "127.0.0.1:0", "--tenants-file", tenants}, env, io.Discard)
+			err := run(t.Context(), []string{"--listen", "127.0.0.1:0", "--tenants-file", tenants}, env, io.Discard, nil)
 			if err == nil || !strings.Contains(err.Error(), node) || !strings.Contains(err.Error(), "maxmemory-policy") ||
 				!strings.Contains(err.Error(), "IDEMSVC_REDIS_ALLOW_EVICTION") {
 				t.Fatalf("run = %v; want a refusal naming %s, its policy and the override", err, node)

@@ -15,11 +15,11 @@ import (
 	"io"
 	"maps"
 	"os"
-	"regexp"
 	"slices"
 	"strings"
 	"sync/atomic"
 
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 	"go.yaml.in/yaml/v3"
 )
 
@@ -40,8 +40,8 @@ type Keyring struct {
 type tenants struct {
 	keys     []key
 	names    map[string]bool
-	limits   map[string]Limits // tenants with their own limits
-	defaults Limits            // every other tenant's
+	limits   map[string]Quota // tenants with their own limits
+	defaults Quota            // every other tenant's
 }
 
 type key struct {
@@ -68,10 +68,9 @@ type file struct {
 	} `yaml:"tenants"`
 }
 
-var tenantName = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
-
-// ValidTenantName reports whether name is a well-formed tenant name.
-func ValidTenantName(name string) bool { return tenantName.MatchString(name) }
+// ValidTenantName reports whether name is a well-formed tenant name, by
+// the domain's one rule (statemachine.CheckTenant).
+func ValidTenantName(name string) bool { return statemachine.CheckTenant(name) == nil }
 
 // LoadFile reads the tenants file at path, and returns its content too
 // (for Watch).
@@ -101,7 +100,7 @@ func Parse(data []byte) (*Keyring, error) {
 	if len(f.Tenants) == 0 {
 		return nil, errors.New("no tenants")
 	}
-	k := &tenants{limits: make(map[string]Limits), names: make(map[string]bool, len(f.Tenants))}
+	k := &tenants{limits: make(map[string]Quota), names: make(map[string]bool, len(f.Tenants))}
 	if f.Defaults.Limits != nil {
 		var err error
 		if k.defaults, err = f.Defaults.Limits.limits(); err != nil {
@@ -109,7 +108,7 @@ func Parse(data []byte) (*Keyring, error) {
 		}
 	}
 	for i, t := range f.Tenants {
-		if !tenantName.MatchString(t.Name) {
+		if !ValidTenantName(t.Name) {
 			return nil, fmt.Errorf("tenant %d: name %q must match [a-z0-9_-]{1,64}", i+1, t.Name)
 		}
 		if k.names[t.Name] {
@@ -160,11 +159,11 @@ func (k *Keyring) Tenants() []string {
 // Has reports whether the tenants file lists tenant.
 func (k *Keyring) Has(tenant string) bool { return k.cur.Load().names[tenant] }
 
-// Limits returns tenant's limits: its own, or the defaults. A nil Keyring
+// Quota returns tenant's limits: its own, or the defaults. A nil Keyring
 // (no tenants file) limits nobody.
-func (k *Keyring) Limits(tenant string) Limits {
+func (k *Keyring) Quota(tenant string) Quota {
 	if k == nil {
-		return Limits{}
+		return Quota{}
 	}
 	t := k.cur.Load()
 	if l, ok := t.limits[tenant]; ok {

@@ -50,7 +50,7 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 	type admitted struct {
 		i    int
 		t    string
-		lim  auth.Limits
+		lim  auth.Quota
 		a    admission
 		breq statemachine.BeginRequest
 	}
@@ -73,7 +73,7 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 		}
 		answers[i].tenant = t
 		s.metrics.countBegin(t) // each item, as the limiter charges it
-		lim := s.keyring.Limits(t)
+		lim := s.keyring.Quota(t)
 		a, hold, err := s.admitRate(ctx, t, lim, &breq, 0)
 		if err != nil {
 			answers[i].err = err
@@ -85,7 +85,7 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 		adm = append(adm, admitted{i, t, lim, a, breq})
 	}
 	if len(holds) > 0 {
-		tokens, ok := s.limiter.HoldAll(ctx, holds)
+		tokens, ok := s.quota.HoldAll(ctx, holds)
 		for j := range holds {
 			d := &adm[holding[j]]
 			d.a.held(&d.breq, tokens[j], ok[j])

@@ -19,7 +19,7 @@ func toResponse(r *api.StoredResponse) (statemachine.Response, error) {
 	if r.StatusCode != nil {
 		out.StatusCode = *r.StatusCode
 		if out.StatusCode == 0 { // zero means "none" to the store
-			return out, badField("response.status_code", "must be 100 to 599")
+			return out, statemachine.ErrStatusCode
 		}
 	}
 	out.Headers = r.Headers
@@ -45,6 +45,33 @@ func toResponse(r *api.StoredResponse) (statemachine.Response, error) {
 		return out, badField("response.body_encoding", `must be "text" or "base64"`)
 	}
 	return out, nil
+}
+
+// apiState is the API's name of a record's state.
+func apiState(s statemachine.State) api.State {
+	switch s {
+	case statemachine.StateInProgress:
+		return api.StateInProgress
+	case statemachine.StateCompleted:
+		return api.StateCompleted
+	case statemachine.StateFailed:
+		return api.StateFailed
+	}
+	return api.State(s.String()) // a corrupt record's: "State(n)"
+}
+
+// stateOf is the state the API names s, or 0 (which a store refuses as
+// no state) for a name it does not know.
+func stateOf(s api.State) statemachine.State {
+	switch s {
+	case api.StateInProgress:
+		return statemachine.StateInProgress
+	case api.StateCompleted:
+		return statemachine.StateCompleted
+	case api.StateFailed:
+		return statemachine.StateFailed
+	}
+	return 0
 }
 
 // fromResponse encodes a stored response as it was given.

@@ -131,14 +131,14 @@ type Service struct {
 	registry     *prometheus.Registry
 	metrics      *metrics
 	waiters      *waiters
-	limiter      quota.Limiter
+	quota        quota.Limiter
 	storeTimeout time.Duration
 	maxBodyBytes int64
 	maxBatch     int
 	bodies       *httpserve.Budget
-	// limits are the store's, with MaxWait from Config: every value a
+	// bounds are the store's, with MaxWait from Config: every value a
 	// request carries is checked against them.
-	limits statemachine.Limits
+	bounds statemachine.Limits
 	// writeDeadlineBase and minClientRate bound the writing of a large
 	// answer.
 	writeDeadlineBase time.Duration
@@ -198,15 +198,15 @@ func New(cfg Config) *Service {
 		maxBodyBytes:      cfg.MaxBodyBytes,
 		maxBatch:          cfg.MaxBatch,
 		bodies:            httpserve.NewBudget(cfg.MaxBodyBytesInFlight, bodyCopies, true, cfg.Registry, "idemsvc"),
-		limits:            cfg.Store.Limits(),
+		bounds:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,
 		reads:             newReadSlots(cfg.ReadsInFlight),
-		limiter:           cfg.Limiter,
+		quota:             cfg.Limiter,
 		storeTimeout:      cfg.StoreTimeout,
 		trustedProxies:    cfg.TrustedProxies,
 	}
-	s.limits.MaxWait = cfg.MaxWait
+	s.bounds.MaxWait = cfg.MaxWait
 	s.metrics.windowed = func(tenant string) bool {
 		if cfg.Keyring == nil {
 			return tenant == DefaultTenant

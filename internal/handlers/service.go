@@ -52,7 +52,7 @@ func statusRecord(tenant string, rec statemachine.Record) api.StatusRecord {
 	out := api.StatusRecord{
 		Key:         rec.Key,
 		Tenant:      tenant,
-		State:       api.State(rec.State.String()),
+		State:       apiState(rec.State),
 		Attempt:     rec.Attempt,
 		Owner:       optional(rec.Owner),
 		Fingerprint: optional(rec.Fingerprint),
@@ -78,22 +78,18 @@ func (s *Service) ListKeys(ctx context.Context, req api.ListKeysRequestObject) (
 	if err != nil {
 		return nil, err
 	}
-	state, err := statemachine.ParseState(string(p.State))
-	if err != nil {
-		return nil, badField("state", "must be in_progress, completed or failed")
-	}
-	lr := statemachine.ListRequest{State: state, Cursor: deref(p.Cursor)}
+	// The parameters map onto the listing; the store refuses what breaks
+	// its rules (statemachine.CheckList), naming the parameter.
+	lr := statemachine.ListRequest{State: stateOf(p.State), Cursor: deref(p.Cursor)}
 	if p.OlderThanS != nil {
-		if *p.OlderThanS < 0 {
-			return nil, badField("older_than_s", "must be 0 or more")
-		}
 		lr.OlderThan = time.Duration(*p.OlderThanS) * time.Second
 	}
 	if p.Limit != nil {
-		if *p.Limit < 1 {
-			return nil, badField("limit", "must be 1 to %d", statemachine.MaxListLimit)
+		// A limit given is 1 or more: 0 is the default only when absent,
+		// so a 0 given goes as -1, which the store refuses as out of range.
+		if lr.Limit = int(*p.Limit); lr.Limit == 0 {
+			lr.Limit = -1
 		}
-		lr.Limit = int(*p.Limit)
 	}
 	page, err := s.store.List(ctx, t, lr)
 	if err != nil {
@@ -115,11 +111,11 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		return nil, err
 	}
 	s.metrics.countBegin(t)
-	lim := s.keyring.Limits(t)
+	lim := s.keyring.Quota(t)
 	// One timeout for the limits' calls and the store's together: while
 	// Redis is down, a begin fails within one store timeout, not two.
 	first := ctx
-	if s.storeTimeout > 0 && !lim.IsZero() && s.limiter != nil {
+	if s.storeTimeout > 0 && !lim.IsZero() && s.quota != nil {
 		var cancel context.CancelFunc
 		first, cancel = context.WithTimeout(ctx, s.storeTimeout)
 		defer cancel()
@@ -169,15 +165,15 @@ func (s *Service) beginRequest(ctx context.Context, b *api.BeginRequest) (string
 	if err != nil {
 		return "", 0, statemachine.BeginRequest{}, err
 	}
-	wait, err := s.limits.Wait(b.WaitMs)
+	wait, err := s.bounds.Wait(b.WaitMs)
 	if err != nil {
 		return "", 0, statemachine.BeginRequest{}, err
 	}
-	lease, err := s.limits.Lease(b.LeaseMs)
+	lease, err := s.bounds.Lease(b.LeaseMs)
 	if err != nil {
 		return "", 0, statemachine.BeginRequest{}, err
 	}
-	retention, err := s.limits.Retention(b.RetentionS)
+	retention, err := s.bounds.Retention(b.RetentionS)
 	if err != nil {
 		return "", 0, statemachine.BeginRequest{}, err
 	}
@@ -192,15 +188,15 @@ func (s *Service) beginRequest(ctx context.Context, b *api.BeginRequest) (string
 
 // readBudget makes a begin of a tenant over its read budget acquire or
 // answer, but replay nothing.
-func (s *Service) readBudget(t string, lim auth.Limits, breq *statemachine.BeginRequest) {
-	if s.limiter != nil && !s.limiter.CanRead(t, lim) {
+func (s *Service) readBudget(t string, lim auth.Quota, breq *statemachine.BeginRequest) {
+	if s.quota != nil && !s.quota.CanRead(t, lim) {
 		breq.NoReplay = true
 	}
 }
 
 // beginFailed settles the limits of a begin the store refused, and returns
 // its error.
-func (s *Service) beginFailed(t string, lim auth.Limits, a admission, err error) error {
+func (s *Service) beginFailed(t string, lim auth.Quota, a admission, err error) error {
 	if !errors.Is(err, statemachine.ErrStoreUnavailable) || statemachine.NotApplied(err) {
 		// (Otherwise unavailable: the begin may have acquired with the
 		// token; its count lapses by itself.)
@@ -212,14 +208,14 @@ func (s *Service) beginFailed(t string, lim auth.Limits, a admission, err error)
 // beginDone settles the limits of a begin the store answered, and returns
 // its answer: a large replay once it holds one of its tenant's read slots
 // (waiting for one, if wait says so).
-func (s *Service) beginDone(ctx context.Context, t string, lim auth.Limits, a admission, res statemachine.BeginResult, wait bool) (api.BeginResponseObject, error) {
+func (s *Service) beginDone(ctx context.Context, t string, lim auth.Quota, a admission, res statemachine.BeginResult, wait bool) (api.BeginResponseObject, error) {
 	s.settleHold(t, lim, a.hold, &res)
 	if res.Acquired {
 		return s.beginResult(ctx, t, res), nil
 	}
 	size := responseSize(&res.Record.Response)
-	if s.limiter != nil {
-		s.limiter.Read(t, lim, size)
+	if s.quota != nil {
+		s.quota.Read(t, lim, size)
 	}
 	if size < largeAnswer {
 		return s.beginResult(ctx, t, res), nil
@@ -304,7 +300,7 @@ func (s *Service) completeRequest(ctx context.Context, b *api.CompleteRequest) (
 	if err != nil {
 		return "", statemachine.CompleteRequest{}, err
 	}
-	retention, err := s.limits.Retention(b.RetentionS)
+	retention, err := s.bounds.Retention(b.RetentionS)
 	if err != nil {
 		return "", statemachine.CompleteRequest{}, err
 	}
@@ -313,7 +309,7 @@ func (s *Service) completeRequest(ctx context.Context, b *api.CompleteRequest) (
 
 // completed counts a stored complete and returns its answer.
 func (s *Service) completed(ctx context.Context, t string, req *statemachine.CompleteRequest, rec *statemachine.Record) api.FinishResponse {
-	s.stored(t, rec)
+	s.accountStored(t, rec)
 	s.leaseEnded(t, req.Token, time.Time{})
 	setOutcome(ctx, t, "completed")
 	return api.FinishResponse(finishResult(rec))
@@ -358,7 +354,7 @@ func (s *Service) failed(ctx context.Context, t string, req *statemachine.FailRe
 	if req.Retryable {
 		setOutcome(ctx, t, "released")
 	} else {
-		s.stored(t, rec)
+		s.accountStored(t, rec)
 		setOutcome(ctx, t, "failed")
 	}
 	return api.FinishResponse(finishResult(rec))
@@ -388,7 +384,7 @@ func (s *Service) Extend(ctx context.Context, req api.ExtendRequestObject) (api.
 	if err != nil {
 		return nil, err
 	}
-	d, err := s.limits.Lease(b.LeaseMs)
+	d, err := s.bounds.Lease(b.LeaseMs)
 	if err != nil {
 		return nil, err
 	}
@@ -414,11 +410,11 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		return nil, err
 	}
 	withResponse := deref(p.IncludeResponse)
-	var lim auth.Limits
-	if withResponse && s.limiter != nil {
+	var lim auth.Quota
+	if withResponse && s.quota != nil {
 		// A status with the response is a read, counted as a replay is.
-		if lim = s.keyring.Limits(t); !s.limiter.CanRead(t, lim) {
-			return nil, s.limiter.ReadRefused(t, lim)
+		if lim = s.keyring.Quota(t); !s.quota.CanRead(t, lim) {
+			return nil, s.quota.ReadRefused(t, lim)
 		}
 	}
 	rec, err := s.store.Status(ctx, t, p.Key, withResponse)
@@ -428,8 +424,8 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 	var release func()
 	if withResponse && rec.State != statemachine.StateInProgress {
 		size := responseSize(&rec.Response)
-		if s.limiter != nil {
-			s.limiter.Read(t, lim, size)
+		if s.quota != nil {
+			s.quota.Read(t, lim, size)
 		}
 		if size >= largeAnswer {
 			if release, err = s.reads.acquire(ctx, t, true); err != nil {

@@ -30,11 +30,11 @@ func (s *Service) GetUsage(ctx context.Context, req api.GetUsageRequestObject) (
 	sem := make(chan struct{}, usageReads)
 	for i, name := range tenants {
 		u := &out.Tenants[i]
-		*u = api.TenantUsage{Tenant: name, Limits: tenantLimits(s.keyring.Limits(name))}
+		*u = api.TenantUsage{Tenant: name, Limits: tenantLimits(s.keyring.Quota(name))}
 		if w, ok := s.metrics.windows.Load(name); ok {
 			u.BeginsPerS = w.(*beginWindow).perSecond(now)
 		}
-		if s.limiter == nil {
+		if s.quota == nil {
 			continue
 		}
 		wg.Add(1)
@@ -58,7 +58,7 @@ const usageReads = 8
 // on without them: one tenant's master down fails no other tenant, nor the
 // console's sign-in.
 func (s *Service) tenantUsage(ctx context.Context, tenant string, u *api.TenantUsage) {
-	q, err := s.limiter.Usage(ctx, tenant)
+	q, err := s.quota.Usage(ctx, tenant)
 	if err != nil {
 		unavailable := true
 		u.StoreUnavailable = &unavailable
@@ -76,7 +76,7 @@ func (s *Service) tenantUsage(ctx context.Context, tenant string, u *api.TenantU
 }
 
 // tenantLimits is l as the API shows it: absent for unlimited.
-func tenantLimits(l auth.Limits) api.TenantLimits {
+func tenantLimits(l auth.Quota) api.TenantLimits {
 	set := func(v int64) *int64 {
 		if v == 0 {
 			return nil

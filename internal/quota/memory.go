@@ -34,7 +34,7 @@ type memoryBackend struct {
 	sets  map[string]map[string]time.Time // tenant and set -> member -> when it is over
 }
 
-func (m *memoryBackend) take(_ context.Context, tenant string, l auth.Limits, n int) (int, time.Duration, error) {
+func (m *memoryBackend) take(_ context.Context, tenant string, l auth.Quota, n int) (int, time.Duration, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	r := m.rates[tenant]

@@ -72,17 +72,17 @@ type Limiter interface {
 	// an *Error. overBudget says the tenant is over its stored-bytes
 	// budget: the begin must then acquire nothing (only replay), and Refused
 	// makes the error when it would have.
-	Begin(ctx context.Context, tenant string, l auth.Limits) (overBudget bool, err error)
+	Begin(ctx context.Context, tenant string, l auth.Quota) (overBudget bool, err error)
 	// Refused is the error of a begin refused because it would acquire
 	// while the tenant is over its stored-bytes budget.
-	Refused(tenant string, l auth.Limits) error
+	Refused(tenant string, l auth.Quota) error
 	// Stored counts bytes that a complete or terminal fail stored, until
 	// expires (the end of the record's retention).
 	Stored(tenant string, bytes int64, expires time.Time)
 	// Wait counts a begin that is about to wait up to d on an attempt in
 	// progress, or refuses it with an *Error over the waiters limit. Call
 	// done when the wait is over.
-	Wait(ctx context.Context, tenant string, l auth.Limits, d time.Duration) (done func(), err error)
+	Wait(ctx context.Context, tenant string, l auth.Quota, d time.Duration) (done func(), err error)
 	// Hold counts the lease that a begin of tenant is about to acquire,
 	// for up to d, if the tenant holds fewer than its in_progress limit,
 	// and gives the token the begin must acquire with ("" when nothing
@@ -91,27 +91,27 @@ type Limiter interface {
 	// already, and the begin must acquire nothing (HoldRefused makes the
 	// error when it would have). Call Held once the begin answered, with
 	// a token given.
-	Hold(ctx context.Context, tenant string, l auth.Limits, d time.Duration) (token string, ok bool)
+	Hold(ctx context.Context, tenant string, l auth.Quota, d time.Duration) (token string, ok bool)
 	// HoldAll is Hold for each of holds, in order: tokens[i] and ok[i] are
 	// holds[i]'s answer.
 	HoldAll(ctx context.Context, holds []Hold) (tokens []string, ok []bool)
 	// Held settles the lease of token: acquired or extended, it is counted
 	// until ends; completed, failed or not acquired (ends zero), it is over.
 	// The store hears of it with the next flush.
-	Held(tenant string, l auth.Limits, token string, ends time.Time)
+	Held(tenant string, l auth.Quota, token string, ends time.Time)
 	// HoldRefused is the error of a begin refused because it would acquire
 	// while the tenant holds its in_progress limit.
-	HoldRefused(tenant string, l auth.Limits) error
+	HoldRefused(tenant string, l auth.Quota) error
 	// CanRead reports whether tenant may read a stored response now: not
 	// while its reads took more than its read budget (ReadRefused makes
 	// the error then). A read is admitted before its size is known, and
 	// counted after with Read, so one read may take the budget below
 	// zero: the reads after it wait until it is paid back.
-	CanRead(tenant string, l auth.Limits) bool
+	CanRead(tenant string, l auth.Quota) bool
 	// Read counts a stored response of n bytes that tenant read.
-	Read(tenant string, l auth.Limits, n int64)
+	Read(tenant string, l auth.Quota, n int64)
 	// ReadRefused is the error of a read refused for the read budget.
-	ReadRefused(tenant string, l auth.Limits) error
+	ReadRefused(tenant string, l auth.Quota) error
 	// TenantLabel is tenant's label in metrics: its name, or OtherTenant
 	// past MaxTenantLabels tenants. The handlers' series use it too, so
 	// that a tenant has the same label in all of them.
@@ -135,7 +135,7 @@ type Limiter interface {
 type backend interface {
 	// take takes up to n begins of tenant's rate; with none left it says
 	// when one will be.
-	take(ctx context.Context, tenant string, l auth.Limits, n int) (got int, retryAfter time.Duration, err error)
+	take(ctx context.Context, tenant string, l auth.Quota, n int) (got int, retryAfter time.Duration, err error)
 	// addBytes adds deltas to tenant's stored bytes and returns the total
 	// still retained and when the earliest of it expires.
 	addBytes(ctx context.Context, tenant string, deltas map[int64]int64) (total int64, firstExpiry time.Time, err error)
@@ -156,7 +156,7 @@ type backend interface {
 // arguments.
 type Hold struct {
 	Tenant string
-	Limits auth.Limits
+	Limits auth.Quota
 	D      time.Duration
 }
 
@@ -406,7 +406,7 @@ func (l *limiter) Collect(ch chan<- prometheus.Metric) {
 }
 
 // Begin implements Limiter.
-func (l *limiter) Begin(ctx context.Context, tenant string, lim auth.Limits) (bool, error) {
+func (l *limiter) Begin(ctx context.Context, tenant string, lim auth.Quota) (bool, error) {
 	if lim.BeginsPerS == 0 && lim.StoredBytes == 0 {
 		return false, nil
 	}
@@ -435,7 +435,7 @@ func (l *limiter) Begin(ctx context.Context, tenant string, lim auth.Limits) (bo
 // overBudget reports whether the tenant is over its stored-bytes budget as
 // far as this instance knows, and marks it for a refresh at the next
 // flush. The caller holds ts.mu.
-func (ts *tenantState) overBudget(lim auth.Limits) bool {
+func (ts *tenantState) overBudget(lim auth.Quota) bool {
 	if lim.StoredBytes == 0 {
 		return false
 	}
@@ -453,7 +453,7 @@ func (ts *tenantState) overBudget(lim auth.Limits) bool {
 // time (and, refused, asks no more until the limiter says one is due):
 // redis_rate's AllowAtMost charges the fraction of a begin it cannot grant,
 // so batches asked of a nearly empty limit would waste part of the rate.
-func (l *limiter) takeRate(ctx context.Context, tenant string, ts *tenantState, lim auth.Limits) error {
+func (l *limiter) takeRate(ctx context.Context, tenant string, ts *tenantState, lim auth.Quota) error {
 	if l.batch == 1 {
 		return l.takeOne(ctx, tenant, lim)
 	}
@@ -519,7 +519,7 @@ func (l *limiter) takeRate(ctx context.Context, tenant string, ts *tenantState, 
 
 // takeOne asks the shared limiter for this one begin: RateBatch 1, one
 // call per begin, made concurrently.
-func (l *limiter) takeOne(ctx context.Context, tenant string, lim auth.Limits) error {
+func (l *limiter) takeOne(ctx context.Context, tenant string, lim auth.Quota) error {
 	cctx, cancel := context.WithTimeout(ctx, l.timeout)
 	got, retryAfter, err := l.backend.take(cctx, tenant, lim, 1)
 	cancel()
@@ -535,17 +535,17 @@ func (l *limiter) takeOne(ctx context.Context, tenant string, lim auth.Limits) e
 
 // batchFor is how many begins to take at once: a twentieth of a second's
 // worth of the rate, at most the configured batch, at least one.
-func (l *limiter) batchFor(lim auth.Limits) int {
+func (l *limiter) batchFor(lim auth.Quota) int {
 	return int(max(1, min(int64(l.batch), lim.BeginsPerS/rateBatchTime)))
 }
 
-func rateError(lim auth.Limits, wait time.Duration) error {
+func rateError(lim auth.Quota, wait time.Duration) error {
 	return &Error{Limit: LimitRate, RetryAfter: atLeastASecond(wait),
 		Detail: fmt.Sprintf("the tenant is over its begin rate (begins_per_s %d, burst %d)", lim.BeginsPerS, lim.Burst)}
 }
 
 // Refused implements Limiter.
-func (l *limiter) Refused(tenant string, lim auth.Limits) error {
+func (l *limiter) Refused(tenant string, lim auth.Quota) error {
 	ts := l.tenant(tenant)
 	ts.labels.rejectedBytes.Inc()
 	ts.rejected.storedBytes.Add(1)
@@ -570,7 +570,7 @@ func (l *limiter) Stored(tenant string, bytes int64, expires time.Time) {
 }
 
 // Wait implements Limiter.
-func (l *limiter) Wait(ctx context.Context, tenant string, lim auth.Limits, d time.Duration) (func(), error) {
+func (l *limiter) Wait(ctx context.Context, tenant string, lim auth.Quota, d time.Duration) (func(), error) {
 	if lim.Waiters == 0 {
 		return func() {}, nil
 	}
@@ -611,7 +611,7 @@ func (l *limiter) Wait(ctx context.Context, tenant string, lim auth.Limits, d ti
 // begin may be refused while another instance holds unused tokens of the
 // same tenant (at most leaseBatchFor each, for at most localTokenTTL and
 // one flush).
-func (l *limiter) Hold(ctx context.Context, tenant string, lim auth.Limits, d time.Duration) (string, bool) {
+func (l *limiter) Hold(ctx context.Context, tenant string, lim auth.Quota, d time.Duration) (string, bool) {
 	token, ok, _ := l.hold(ctx, tenant, lim, d, 1)
 	return token, ok
 }
@@ -619,7 +619,7 @@ func (l *limiter) Hold(ctx context.Context, tenant string, lim auth.Limits, d ti
 // hold is Hold for a begin with want-1 more of its tenant's begins right
 // behind it (a batch): a reservation it makes takes at least want leases,
 // and short tells that one it made got fewer than it asked for.
-func (l *limiter) hold(ctx context.Context, tenant string, lim auth.Limits, d time.Duration, want int) (token string, ok, short bool) {
+func (l *limiter) hold(ctx context.Context, tenant string, lim auth.Quota, d time.Duration, want int) (token string, ok, short bool) {
 	if lim.InProgress == 0 {
 		return "", true, false
 	}
@@ -653,7 +653,7 @@ func (l *limiter) hold(ctx context.Context, tenant string, lim auth.Limits, d ti
 // before it waited for the lock: when one made meanwhile found the tenant
 // full, it is refused without a call of its own. again: another begin's
 // batch came meanwhile: take from the pool.
-func (l *limiter) reserveLeases(ctx context.Context, tenant string, ts *tenantState, lim auth.Limits, d time.Duration, gen uint64, want int) (token string, ok, short, again bool) {
+func (l *limiter) reserveLeases(ctx context.Context, tenant string, ts *tenantState, lim auth.Quota, d time.Duration, gen uint64, want int) (token string, ok, short, again bool) {
 	ts.mu.Lock()
 	if len(ts.pool) > 0 && time.Since(ts.poolAt) < localTokenTTL {
 		ts.mu.Unlock()
@@ -737,7 +737,7 @@ func (ts *tenantState) settle(token string, ends int64) {
 // leaseBatchFor is how many leases to reserve at once: a share of the
 // in_progress limit, at most the configured batch and, with a begin rate,
 // its batch; at least one.
-func (l *limiter) leaseBatchFor(lim auth.Limits) int {
+func (l *limiter) leaseBatchFor(lim auth.Quota) int {
 	n := max(1, min(int64(l.batch), lim.InProgress/leaseBatchShare))
 	if lim.BeginsPerS > 0 {
 		n = min(n, int64(l.batchFor(lim)))
@@ -772,7 +772,7 @@ func (l *limiter) HoldAll(ctx context.Context, holds []Hold) (tokens []string, o
 
 // pooled hands a begin a lease already reserved, without asking the
 // backend: false when none is left.
-func (l *limiter) pooled(tenant string, lim auth.Limits, d time.Duration) (string, bool) {
+func (l *limiter) pooled(tenant string, lim auth.Quota, d time.Duration) (string, bool) {
 	if lim.InProgress == 0 {
 		return "", true
 	}
@@ -783,7 +783,7 @@ func (l *limiter) pooled(tenant string, lim auth.Limits, d time.Duration) (strin
 }
 
 // Held implements Limiter.
-func (l *limiter) Held(tenant string, lim auth.Limits, token string, ends time.Time) {
+func (l *limiter) Held(tenant string, lim auth.Quota, token string, ends time.Time) {
 	if lim.InProgress == 0 {
 		return
 	}
@@ -798,7 +798,7 @@ func (l *limiter) Held(tenant string, lim auth.Limits, token string, ends time.T
 }
 
 // HoldRefused implements Limiter.
-func (l *limiter) HoldRefused(tenant string, lim auth.Limits) error {
+func (l *limiter) HoldRefused(tenant string, lim auth.Quota) error {
 	ts := l.tenant(tenant)
 	ts.labels.rejectedInProgress.Inc()
 	ts.rejected.inProgress.Add(1)
@@ -900,7 +900,7 @@ func (l *limiter) settleLeases(tenant string, ts *tenantState, leases map[string
 }
 
 // readRate is tenant's read budget per second under lim.
-func readRate(lim auth.Limits) float64 {
+func readRate(lim auth.Quota) float64 {
 	if lim.ReadBytesPerS > 0 {
 		return float64(lim.ReadBytesPerS)
 	}
@@ -924,7 +924,7 @@ func (ts *tenantState) readLeftNow(rate float64, now time.Time) float64 {
 // call per read. A token bucket that may go below zero, as a read is
 // counted once its size is known: golang.org/x/time/rate cannot take more
 // than its burst at once, nor charge after the fact.
-func (l *limiter) CanRead(tenant string, lim auth.Limits) bool {
+func (l *limiter) CanRead(tenant string, lim auth.Quota) bool {
 	ts := l.tenant(tenant)
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -932,7 +932,7 @@ func (l *limiter) CanRead(tenant string, lim auth.Limits) bool {
 }
 
 // Read implements Limiter.
-func (l *limiter) Read(tenant string, lim auth.Limits, n int64) {
+func (l *limiter) Read(tenant string, lim auth.Quota, n int64) {
 	ts := l.tenant(tenant)
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
@@ -941,7 +941,7 @@ func (l *limiter) Read(tenant string, lim auth.Limits, n int64) {
 }
 
 // ReadRefused implements Limiter.
-func (l *limiter) ReadRefused(tenant string, lim auth.Limits) error {
+func (l *limiter) ReadRefused(tenant string, lim auth.Quota) error {
 	ts := l.tenant(tenant)
 	ts.labels.rejectedReads.Inc()
 	ts.rejected.reads.Add(1)

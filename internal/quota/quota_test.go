@@ -173,7 +173,7 @@ func TestRateBatches(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			defer l.Close()
 			tenant := tenantName()
-			lim := auth.Limits{BeginsPerS: 200, Burst: 50}
+			lim := auth.Quota{BeginsPerS: 200, Burst: 50}
 			admitted := 0
 			var refused error
 			start := time.Now()
@@ -216,7 +216,7 @@ func TestOverBudget(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			l := newLimiter(t)
 			defer l.Close()
-			tenant, lim := tenantName(), auth.Limits{StoredBytes: 100}
+			tenant, lim := tenantName(), auth.Quota{StoredBytes: 100}
 			if over, err := l.Begin(ctx, tenant, lim); over || err != nil {
 				t.Fatalf("empty: %v, %v", over, err)
 			}
@@ -250,7 +250,7 @@ func TestOverBudgetAcrossInstances(t *testing.T) {
 	b := NewRedis(rdb, Options{FlushInterval: 50 * time.Millisecond})
 	defer a.Close()
 	defer b.Close()
-	tenant, lim := tenantName(), auth.Limits{StoredBytes: 100}
+	tenant, lim := tenantName(), auth.Quota{StoredBytes: 100}
 	a.Stored(tenant, 150, time.Now().Add(time.Hour))
 	deadline := time.Now().Add(5 * time.Second)
 	for {
@@ -275,7 +275,7 @@ func TestRedisDownAdmits(t *testing.T) {
 	defer rdb.Close()
 	l := NewRedis(rdb, Options{Timeout: 100 * time.Millisecond})
 	defer l.Close()
-	lim := auth.Limits{BeginsPerS: 1, Burst: 1, StoredBytes: 1, Waiters: 1}
+	lim := auth.Quota{BeginsPerS: 1, Burst: 1, StoredBytes: 1, Waiters: 1}
 	for range 3 {
 		if _, err := l.Begin(ctx, "t", lim); err != nil {
 			t.Fatalf("begin: %v", err)
@@ -344,7 +344,7 @@ func TestLeaseBatches(t *testing.T) {
 			a, b := newLimiter(count, opts), newLimiter(shared, opts)
 			defer a.Close()
 			defer b.Close()
-			lim := auth.Limits{InProgress: 160}
+			lim := auth.Quota{InProgress: 160}
 			batch := a.leaseBatchFor(lim)
 			if batch != 10 {
 				t.Fatalf("batch %d, want in_progress/16", batch)
@@ -412,7 +412,7 @@ func TestCloseReleasesReservations(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			shared, tenant := open(t), tenantName()
 			l := newLimiter(shared, Options{})
-			lim := auth.Limits{InProgress: 1000}
+			lim := auth.Quota{InProgress: 1000}
 			token, ok := l.Hold(ctx, tenant, lim, time.Minute)
 			if !ok {
 				t.Fatal("refused")

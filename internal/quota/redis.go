@@ -72,7 +72,7 @@ func limitKey(tenant, what string) string {
 	return b.String()
 }
 
-func (r *redisBackend) take(ctx context.Context, tenant string, l auth.Limits, n int) (int, time.Duration, error) {
+func (r *redisBackend) take(ctx context.Context, tenant string, l auth.Quota, n int) (int, time.Duration, error) {
 	res, err := r.rate.AllowAtMost(ctx, limitKey(tenant, "begins"), redis_rate.Limit{
 		Rate: int(l.BeginsPerS), Burst: int(l.Burst), Period: time.Second,
 	}, n)

@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// BeginBatch implements Batcher: each item checked and answered as Begin
+// BeginBatch implements statemachine.Batcher: each item checked and answered as Begin
 // would, their scripts pipelined in one round trip per master.
 func (s *Store) BeginBatch(ctx context.Context, items []statemachine.BatchBegin) []statemachine.BeginOutcome {
 	out := make([]statemachine.BeginOutcome, len(items))
@@ -43,7 +43,7 @@ func (s *Store) BeginBatch(ctx context.Context, items []statemachine.BatchBegin)
 	return out
 }
 
-// FinishBatch implements Batcher: each item checked and answered as
+// FinishBatch implements statemachine.Batcher: each item checked and answered as
 // Complete or Fail would, their scripts pipelined in one round trip per
 // master.
 func (s *Store) FinishBatch(ctx context.Context, items []statemachine.BatchFinish) []statemachine.FinishOutcome {

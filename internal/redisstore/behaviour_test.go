@@ -414,18 +414,6 @@ func TestInvalidInputChangesNothing(t *testing.T) {
 	})
 }
 
-func TestStateNames(t *testing.T) {
-	for _, s := range []sm.State{sm.StateInProgress, sm.StateCompleted, sm.StateFailed} {
-		got, err := sm.ParseState(s.String())
-		if err != nil || got != s {
-			t.Errorf("ParseState(%q) = %v, %v", s.String(), got, err)
-		}
-	}
-	if _, err := sm.ParseState("released"); err == nil {
-		t.Error("ParseState accepted an unknown name")
-	}
-}
-
 // TestLimitsAreCappedAtWhatARecordHolds: a configured limit beyond the
 // record's 16-bit length prefixes is capped, never written corrupt.
 func TestLimitsAreCappedAtWhatARecordHolds(t *testing.T) {

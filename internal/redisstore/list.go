@@ -61,7 +61,7 @@ const (
 	listHeadBytes = 512
 )
 
-// List implements Store. It SCANs each master in turn (sorted by address)
+// List implements statemachine.Store. It SCANs each master in turn (sorted by address)
 // for the tenant's records, MATCH on their name's prefix, and reads each
 // found record's head with GETRANGE, in one pipeline per SCAN batch, with
 // the node's clock. SCAN returns every key present for the whole scan at

@@ -174,10 +174,10 @@ type reply struct {
 	size int64
 }
 
-// Limits implements Store.
+// Limits implements statemachine.Store.
 func (s *Store) Limits() statemachine.Limits { return s.limits }
 
-// Begin implements Store; see internal/lua/begin.lua. On a master that
+// Begin implements statemachine.Store; see internal/lua/begin.lua. On a master that
 // keeps no room for new attempts (room.go) it acquires nothing, and fails
 // with ErrNoRoom or ErrEvicting where it would have acquired.
 func (s *Store) Begin(ctx context.Context, tenant string, req statemachine.BeginRequest) (statemachine.BeginResult, error) {
@@ -251,7 +251,7 @@ func (c *scriptCall) beginResult(tenant string, r *reply) (statemachine.BeginRes
 	return statemachine.BeginResult{}, r.err("begin")
 }
 
-// Complete implements Store; see internal/lua/complete.lua.
+// Complete implements statemachine.Store; see internal/lua/complete.lua.
 func (s *Store) Complete(ctx context.Context, tenant string, req statemachine.CompleteRequest) (statemachine.Record, error) {
 	c, err := s.completeCall(tenant, &req)
 	if err != nil {
@@ -273,7 +273,7 @@ func (s *Store) completeCall(tenant string, req *statemachine.CompleteRequest) (
 	}}, nil
 }
 
-// Fail implements Store; see internal/lua/fail.lua.
+// Fail implements statemachine.Store; see internal/lua/fail.lua.
 func (s *Store) Fail(ctx context.Context, tenant string, req statemachine.FailRequest) (statemachine.Record, error) {
 	c, err := s.failCall(tenant, &req)
 	if err != nil {
@@ -313,7 +313,7 @@ func (c *scriptCall) finished(tenant, op string, r reply, err error) (statemachi
 	return rec, err
 }
 
-// Extend implements Store; see internal/lua/extend.lua.
+// Extend implements statemachine.Store; see internal/lua/extend.lua.
 func (s *Store) Extend(ctx context.Context, tenant string, req statemachine.ExtendRequest) (statemachine.Lease, error) {
 	tok, lease, err := s.limits.CheckExtend(tenant, &req)
 	if err != nil {
@@ -332,7 +332,7 @@ func (s *Store) Extend(ctx context.Context, tenant string, req statemachine.Exte
 	return r.rec.Lease(), nil
 }
 
-// Status implements Store; see internal/lua/status.lua.
+// Status implements statemachine.Store; see internal/lua/status.lua.
 func (s *Store) Status(ctx context.Context, tenant, key string, withResponse bool) (statemachine.Record, error) {
 	if err := s.limits.CheckKey(tenant, key); err != nil {
 		return statemachine.Record{}, err
@@ -358,7 +358,7 @@ func (s *Store) Status(ctx context.Context, tenant, key string, withResponse boo
 	}
 }
 
-// Delete implements Store; see internal/lua/delete.lua.
+// Delete implements statemachine.Store; see internal/lua/delete.lua.
 func (s *Store) Delete(ctx context.Context, tenant, key string) error {
 	if err := s.limits.CheckKey(tenant, key); err != nil {
 		return err
@@ -367,7 +367,7 @@ func (s *Store) Delete(ctx context.Context, tenant, key string) error {
 	return err
 }
 
-// Ping implements Store: it pings every master (for a Cluster) or the one node.
+// Ping implements statemachine.Store: it pings every master (for a Cluster) or the one node.
 func (s *Store) Ping(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()

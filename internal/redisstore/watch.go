@@ -14,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Watch implements Watcher: the scripts that end an attempt publish it on
+// Watch implements statemachine.Watcher: the scripts that end an attempt publish it on
 // the record's channel (internal/lua/record.lua, announce), and the store
 // subscribes to the channels of the keys watched in this process.
 func (s *Store) Watch(tenant, key string) *statemachine.Watch {

@@ -40,6 +40,7 @@ const (
 	fixedHeadBytes = 4 + 4 + 4*8 + 4 + 16 + 8
 )
 
+// ErrCorrupt is a stored record that does not decode.
 var ErrCorrupt = errors.New("statemachine: corrupt record")
 
 // DecodeStored parses a record written by the Lua scripts. A head without

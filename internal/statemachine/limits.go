@@ -97,7 +97,7 @@ func (l Limits) WithDefaults() Limits {
 	return l
 }
 
-// Token is a lease Token in its stored form.
+// Token is a lease token in its stored form.
 type Token [16]byte
 
 // String returns the token as the API shows it.
@@ -119,7 +119,14 @@ func (l *Limits) CheckKey(tenant, key string) error {
 	return nil
 }
 
-// CheckTenant checks a tenant's name: [a-z0-9_-]{1,64}.
+// ErrStatusCode refuses a response's status code outside 100–599. A
+// store takes 0 for "none"; the API, which can say none by leaving the
+// code out, refuses a 0 it is given with this error too.
+var ErrStatusCode error = &InvalidError{Field: "response.status_code", Reason: "must be 100 to 599"}
+
+// CheckTenant checks a tenant's name: [a-z0-9_-]{1,64}. It is the one
+// statement of the rule: auth checks the names of the tenants file and
+// of requests with it.
 func CheckTenant(tenant string) error {
 	if len(tenant) == 0 || len(tenant) > 64 {
 		return invalid("tenant", "must be 1 to 64 characters")
@@ -241,7 +248,7 @@ func (l *Limits) CheckFinish(tenant, key, tok string, retention time.Duration, r
 		return Token{}, err
 	}
 	if resp.StatusCode != 0 && (resp.StatusCode < 100 || resp.StatusCode > 599) {
-		return Token{}, invalid("response.status_code", "must be 100 to 599")
+		return Token{}, ErrStatusCode
 	}
 	if len(errMsg) > l.MaxErrorBytes {
 		return Token{}, invalid("error", "must be at most %d bytes", l.MaxErrorBytes)

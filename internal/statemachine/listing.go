@@ -10,7 +10,9 @@ import (
 	"time"
 )
 
-// ListRequest asks for a page of a tenant's records in one state.
+// ListRequest asks for a page of a tenant's records in one state. CheckList
+// states the rules of its fields, and a store refuses a request that breaks
+// one; the API maps its parameters onto the fields.
 type ListRequest struct {
 	State     State
 	OlderThan time.Duration // the last transition at least this long ago
@@ -33,6 +35,8 @@ const (
 // ErrForeignCursor answers a cursor that no store of this kind gave.
 var ErrForeignCursor error = &InvalidError{Field: "cursor", Reason: "is not a cursor this store gave"}
 
+// CheckList checks a listing request of tenant and fills in its default
+// limit.
 func CheckList(tenant string, req *ListRequest) error {
 	if err := CheckTenant(tenant); err != nil {
 		return err

@@ -32,16 +32,6 @@ func (s State) String() string {
 	return fmt.Sprintf("State(%d)", uint8(s))
 }
 
-// ParseState is the inverse of State.String.
-func ParseState(name string) (State, error) {
-	for _, s := range []State{StateInProgress, StateCompleted, StateFailed} {
-		if s.String() == name {
-			return s, nil
-		}
-	}
-	return 0, fmt.Errorf("statemachine: unknown state %q", name)
-}
-
 // Response is what an operation produced, replayed byte for byte to every
 // duplicate. Every part is optional.
 type Response struct {

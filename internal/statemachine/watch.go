@@ -23,6 +23,8 @@ type Watch struct {
 	once   sync.Once
 }
 
+// NewWatch returns a watch for the store that feeds it; stop, called once
+// by Stop, ends it.
 func NewWatch(stop func(*Watch)) *Watch {
 	return &Watch{ended: make(chan struct{}, 1), missed: make(chan struct{}, 1), stop: stop}
 }

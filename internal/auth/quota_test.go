@@ -29,14 +29,14 @@ tenants:
 	}
 	for _, tt := range []struct {
 		tenant string
-		want   Limits
+		want   Quota
 	}{
-		{"payments", Limits{BeginsPerS: 5000, Burst: 10000, StoredBytes: 10737418240, ReadBytesPerS: 64 << 20}}, // its own replace the defaults
-		{"ops", Limits{BeginsPerS: 1000, Burst: 2000, StoredBytes: 1 << 30, Waiters: 1000, InProgress: 500}},
-		{"unlisted", Limits{BeginsPerS: 1000, Burst: 2000, StoredBytes: 1 << 30, Waiters: 1000, InProgress: 500}},
-		{"steady", Limits{BeginsPerS: 7, Burst: 7}}, // a burst of one second's worth
+		{"payments", Quota{BeginsPerS: 5000, Burst: 10000, StoredBytes: 10737418240, ReadBytesPerS: 64 << 20}}, // its own replace the defaults
+		{"ops", Quota{BeginsPerS: 1000, Burst: 2000, StoredBytes: 1 << 30, Waiters: 1000, InProgress: 500}},
+		{"unlisted", Quota{BeginsPerS: 1000, Burst: 2000, StoredBytes: 1 << 30, Waiters: 1000, InProgress: 500}},
+		{"steady", Quota{BeginsPerS: 7, Burst: 7}}, // a burst of one second's worth
 	} {
-		if got := k.Limits(tt.tenant); got != tt.want {
+		if got := k.Quota(tt.tenant); got != tt.want {
 			t.Errorf("Limits(%q) = %+v, want %+v", tt.tenant, got, tt.want)
 		}
 	}
@@ -45,10 +45,10 @@ tenants:
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := k.Limits("a"); !got.IsZero() {
+	if got := k.Quota("a"); !got.IsZero() {
 		t.Errorf("without limits: %+v, want unlimited", got)
 	}
-	if got := (*Keyring)(nil).Limits("a"); !got.IsZero() {
+	if got := (*Keyring)(nil).Quota("a"); !got.IsZero() {
 		t.Errorf("nil keyring: %+v, want unlimited", got)
 	}
 }

@@ -8,10 +8,10 @@ import (
 	"math"
 )
 
-// Limits bound what a tenant may use, as the tenants file gives them under
+// Quota is what a tenant may use, as the tenants file gives it under
 // `limits`. A zero field is no limit. A tenant's own `limits` replace the
 // `defaults` as a whole: a field it leaves out is unlimited for it.
-type Limits struct {
+type Quota struct {
 	// BeginsPerS is the sustained begin rate, and Burst the begins
 	// allowed at once on top of an idle period.
 	BeginsPerS int64
@@ -54,12 +54,12 @@ const (
 )
 
 // IsZero reports whether l limits nothing.
-func (l Limits) IsZero() bool { return l == Limits{} }
+func (l Quota) IsZero() bool { return l == Quota{} }
 
 // limits validates f: a limit given must be positive (leave it out for no
 // limit), and a burst needs a rate. A rate without a burst gets a burst of
 // one second's worth.
-func (f *limitsFile) limits() (Limits, error) {
+func (f *limitsFile) limits() (Quota, error) {
 	var errs []error
 	get := func(name string, v *float64, max int64) int64 {
 		if v == nil {
@@ -71,7 +71,7 @@ func (f *limitsFile) limits() (Limits, error) {
 		}
 		return int64(*v)
 	}
-	l := Limits{
+	l := Quota{
 		BeginsPerS:    get("begins_per_s", f.BeginsPerS, maxRate),
 		Burst:         get("burst", f.Burst, maxRate),
 		StoredBytes:   get("stored_bytes", f.StoredBytes, maxStoredBytes),
@@ -80,10 +80,10 @@ func (f *limitsFile) limits() (Limits, error) {
 		ReadBytesPerS: get("read_bytes_per_s", f.ReadBytes, maxReadBytes),
 	}
 	if err := errors.Join(errs...); err != nil {
-		return Limits{}, err
+		return Quota{}, err
 	}
 	if l.Burst > 0 && l.BeginsPerS == 0 {
-		return Limits{}, errors.New("limits: burst needs begins_per_s")
+		return Quota{}, errors.New("limits: burst needs begins_per_s")
 	}
 	if l.BeginsPerS > 0 && l.Burst == 0 {
 		l.Burst = l.BeginsPerS

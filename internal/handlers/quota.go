@@ -27,12 +27,12 @@ type admission struct {
 // limit. Over either of the last two the begin may only replay (req's
 // NoAcquire); under in_progress the lease it would acquire is counted
 // first, under req's Token.
-func (s *Service) admitBegin(ctx context.Context, tenant string, lim auth.Limits, req *statemachine.BeginRequest, wait time.Duration) (admission, error) {
+func (s *Service) admitBegin(ctx context.Context, tenant string, lim auth.Quota, req *statemachine.BeginRequest, wait time.Duration) (admission, error) {
 	a, hold, err := s.admitRate(ctx, tenant, lim, req, wait)
 	if err != nil || hold == nil {
 		return a, err
 	}
-	token, ok := s.limiter.Hold(ctx, tenant, lim, hold.D)
+	token, ok := s.quota.Hold(ctx, tenant, lim, hold.D)
 	a.held(req, token, ok)
 	return a, nil
 }
@@ -40,18 +40,18 @@ func (s *Service) admitBegin(ctx context.Context, tenant string, lim auth.Limits
 // admitRate is admitBegin but for in_progress: hold, if not nil, is the
 // lease to count (Limiter.Hold), whose answer a.held takes. req's
 // NoAcquire is set as far as is known without it.
-func (s *Service) admitRate(ctx context.Context, tenant string, lim auth.Limits, req *statemachine.BeginRequest, wait time.Duration) (a admission, hold *quota.Hold, err error) {
-	if s.limiter == nil || lim.IsZero() {
+func (s *Service) admitRate(ctx context.Context, tenant string, lim auth.Quota, req *statemachine.BeginRequest, wait time.Duration) (a admission, hold *quota.Hold, err error) {
+	if s.quota == nil || lim.IsZero() {
 		return a, nil, nil
 	}
-	if a.overBudget, err = s.limiter.Begin(ctx, tenant, lim); err != nil {
+	if a.overBudget, err = s.quota.Begin(ctx, tenant, lim); err != nil {
 		return a, nil, err
 	}
 	req.NoAcquire = a.overBudget
 	if lim.InProgress > 0 && !a.overBudget {
 		lease := req.Lease
 		if lease == 0 {
-			lease = s.limits.DefaultLease
+			lease = s.bounds.DefaultLease
 		}
 		hold = &quota.Hold{Tenant: tenant, Limits: lim, D: lease + wait}
 	}
@@ -73,59 +73,59 @@ func (a *admission) held(req *statemachine.BeginRequest, token string, ok bool) 
 // settleHold settles the lease counted for a begin once it answered: the
 // lease it acquired lasts as its store says; a count it did not use (res
 // nil, a replay, the owner's own lease) is over.
-func (s *Service) settleHold(tenant string, lim auth.Limits, token string, res *statemachine.BeginResult) {
+func (s *Service) settleHold(tenant string, lim auth.Quota, token string, res *statemachine.BeginResult) {
 	if token == "" {
 		return
 	}
 	if res != nil && res.Acquired && res.Lease.Token == token {
-		s.limiter.Held(tenant, lim, token, res.Lease.ExpiresAt)
+		s.quota.Held(tenant, lim, token, res.Lease.ExpiresAt)
 		return
 	}
-	s.limiter.Held(tenant, lim, token, time.Time{})
+	s.quota.Held(tenant, lim, token, time.Time{})
 }
 
 // leaseEnded counts tenant's lease of token, against its in_progress
 // limit, as over (ends zero: completed or failed) or as lasting until ends
 // (extended).
 func (s *Service) leaseEnded(tenant, token string, ends time.Time) {
-	if s.limiter == nil {
+	if s.quota == nil {
 		return
 	}
-	lim := s.keyring.Limits(tenant)
+	lim := s.keyring.Quota(tenant)
 	if lim.InProgress == 0 {
 		return
 	}
 	// Counted under the form the store gives (lower-case hex); the API
 	// takes either case.
-	s.limiter.Held(tenant, lim, strings.ToLower(token), ends)
+	s.quota.Held(tenant, lim, strings.ToLower(token), ends)
 }
 
 // beginError is the error of a begin: a refused acquisition is
 // quota-exceeded over the stored-bytes budget, rate-limited at in_progress;
 // a refused replay is rate-limited over the read budget.
-func (s *Service) beginError(tenant string, lim auth.Limits, a admission, err error) error {
-	if s.limiter == nil {
+func (s *Service) beginError(tenant string, lim auth.Quota, a admission, err error) error {
+	if s.quota == nil {
 		return err
 	}
 	if errors.Is(err, statemachine.ErrReplayRefused) {
-		return s.limiter.ReadRefused(tenant, lim)
+		return s.quota.ReadRefused(tenant, lim)
 	}
 	if !errors.Is(err, statemachine.ErrAcquireRefused) {
 		return err
 	}
 	if a.overBudget {
-		return s.limiter.Refused(tenant, lim)
+		return s.quota.Refused(tenant, lim)
 	}
-	return s.limiter.HoldRefused(tenant, lim)
+	return s.quota.HoldRefused(tenant, lim)
 }
 
 // waitLimited waits for attempt of key to be over, as waiters.wait does,
 // counted against tenant's waiters limit while it waits.
-func (s *Service) waitLimited(ctx context.Context, tenant string, lim auth.Limits, key string, attempt int64, leaseEnd time.Time, d time.Duration) (bool, error) {
-	if s.limiter == nil {
+func (s *Service) waitLimited(ctx context.Context, tenant string, lim auth.Quota, key string, attempt int64, leaseEnd time.Time, d time.Duration) (bool, error) {
+	if s.quota == nil {
 		return s.waiters.wait(ctx, tenant, key, attempt, leaseEnd, d), nil
 	}
-	done, err := s.limiter.Wait(ctx, tenant, lim, d)
+	done, err := s.quota.Wait(ctx, tenant, lim, d)
 	if err != nil {
 		return false, err
 	}
@@ -133,14 +133,14 @@ func (s *Service) waitLimited(ctx context.Context, tenant string, lim auth.Limit
 	return s.waiters.wait(ctx, tenant, key, attempt, leaseEnd, d), nil
 }
 
-// stored counts the bytes of a response a complete or terminal fail stored
+// accountStored counts the bytes of a response a complete or terminal fail stored
 // against tenant's budget: what the store holds, the body as stored
 // (compressed or not), header names and values (Record.StoredBytes).
-func (s *Service) stored(tenant string, rec *statemachine.Record) {
-	if s.limiter == nil {
+func (s *Service) accountStored(tenant string, rec *statemachine.Record) {
+	if s.quota == nil {
 		return
 	}
-	s.limiter.Stored(tenant, rec.StoredBytes, rec.ExpiresAt)
+	s.quota.Stored(tenant, rec.StoredBytes, rec.ExpiresAt)
 }
 
 // responseSize is a response's size as the read budget counts it: the
