@@ -68,7 +68,17 @@ export interface CallOptions {
   signal?: AbortSignal;
   /** Sent as X-Request-Id, so idemsvc's log lines can be matched with the caller's. */
   requestId?: string;
+  /** @internal See {@link CALL_DEADLINE}. */
+  [CALL_DEADLINE]?: number;
 }
+
+/**
+ * The time (Date.now()) by which a call and its retries end, failing as
+ * store-unavailable: the middleware's budget for a begin, without an
+ * AbortController, a timer and the signal's listeners per request (about a
+ * tenth of the middleware's own CPU). Not exported from the package.
+ */
+export const CALL_DEADLINE: unique symbol = Symbol('idemsvc call deadline');
 
 /** Defaults of IdemClientOptions. */
 export const DEFAULT_CALL_TIMEOUT_MS = 10_000;
@@ -317,14 +327,19 @@ export class IdemClient {
       // A length, so that node:http does not send the body chunked.
       headers = { ...headers, 'content-length': String(Buffer.byteLength(body)) };
     }
-    const deadline = Date.now() + this.retryBudgetMs;
+    const end = options?.[CALL_DEADLINE];
+    let deadline = Date.now() + this.retryBudgetMs;
+    if (end !== undefined && end < deadline) deadline = end;
     for (let attempt = 0; ; attempt++) {
       signal?.throwIfAborted();
+      let ms = timeoutMs;
+      if (end !== undefined) ms = Math.max(0, Math.min(ms, end - Date.now()));
       let err: IdemError;
       try {
+        if (ms === 0) throw new Error('no time left within the deadline');
         const reply = this.fetch
-          ? await fetchReply(this.fetch, this.baseUrl + path, method, headers, body, timeoutMs, signal)
-          : await send(this.target, method, path, headers, body, timeoutMs, signal);
+          ? await fetchReply(this.fetch, this.baseUrl + path, method, headers, body, ms, signal)
+          : await send(this.target, method, path, headers, body, ms, signal);
         if (reply.status < 300) return read(reply);
         err = errorOf(op, reply);
       } catch (cause) {
