@@ -54,7 +54,9 @@ type config struct {
 	maxBodyBytesInFlight int64
 	maxWait              time.Duration
 	maxBatch             int
-	maxConnections       int
+	// readsInFlight bounds each tenant's large answers in flight.
+	readsInFlight  int
+	maxConnections int
 	// console serves the operators' console under /console/.
 	console bool
 	// unknownVars are IDEMSVC_* variables that name no setting: typos,
@@ -113,6 +115,7 @@ func parseConfig(args, env []string) (config, error) {
 	defaultRetention := fs.Int64("default-retention-s", int64(d.DefaultRetention/time.Second), "retention of a record when no call gave retention_s")
 	maxWait := fs.Int64("max-wait-ms", handlers.DefaultMaxWait.Milliseconds(), "longest wait_ms")
 	maxBatch := fs.Int("max-batch", handlers.DefaultMaxBatch, "most items of a batch call")
+	readsInFlight := fs.Int("reads-in-flight", handlers.DefaultReadsInFlight(), "large stored responses (64 KiB or more) each tenant may have in flight at once on this instance, replays and statuses together (default: half of GOMAXPROCS, at least 1)")
 	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "concurrent connections served; past it the one idle longest is closed, or else a new one gets 503")
 	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", handlers.DefaultMaxBodyBytesInFlight, "bytes of request bodies held at once; past it a body waits briefly, then 503")
 	consoleOn := fs.String("console", "on", "on or off: serve the operators' console at /console/")
@@ -175,6 +178,7 @@ func parseConfig(args, env []string) (config, error) {
 		maxBodyBytesInFlight: *bodiesInFlight,
 		maxWait:              time.Duration(*maxWait) * time.Millisecond,
 		maxBatch:             *maxBatch,
+		readsInFlight:        *readsInFlight,
 		maxConnections:       *maxConns,
 		unknownVars:          unknown,
 		console:              *consoleOn != "off",
@@ -280,6 +284,8 @@ func (c *config) check() []error {
 		problems = append(problems, errors.New("max-wait-ms must be positive"))
 	case c.maxBatch <= 0:
 		problems = append(problems, errors.New("max-batch must be positive"))
+	case c.readsInFlight <= 0:
+		problems = append(problems, errors.New("reads-in-flight must be positive"))
 	case c.maxConnections < 1:
 		problems = append(problems, errors.New("max-connections must be positive"))
 	case c.maxBodyBytesInFlight < 6*c.maxRequestBytes:

@@ -63,6 +63,10 @@ type Config struct {
 	// size at MinClientRate bytes per second (defaults 5 s, 1 MiB/s).
 	WriteDeadlineBase time.Duration
 	MinClientRate     int64
+	// ReadsInFlight bounds the large answers (replays and statuses with
+	// a stored response of 64 KiB or more) each tenant has in flight on
+	// this instance (default DefaultReadsInFlight).
+	ReadsInFlight int
 	// Tracer gives each request and each store call a span. Nil traces
 	// nothing, at no cost.
 	Tracer trace.TracerProvider
@@ -107,6 +111,7 @@ type Service struct {
 	// answer.
 	writeDeadlineBase time.Duration
 	minClientRate     int64
+	reads             *readSlots
 	trustedProxies    []netip.Prefix
 	handler           http.Handler
 	// pasted holds the tenants file's entries already reported as an API
@@ -142,6 +147,9 @@ func New(cfg Config) *Service {
 	if cfg.MinClientRate <= 0 {
 		cfg.MinClientRate = DefaultMinClientRate
 	}
+	if cfg.ReadsInFlight <= 0 {
+		cfg.ReadsInFlight = DefaultReadsInFlight()
+	}
 	if cfg.WaitPollInterval <= 0 {
 		cfg.WaitPollInterval = DefaultWaitPollInterval
 	}
@@ -160,6 +168,7 @@ func New(cfg Config) *Service {
 		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,
+		reads:             newReadSlots(cfg.ReadsInFlight),
 		limiter:           cfg.Limiter,
 		storeTimeout:      cfg.StoreTimeout,
 		trustedProxies:    cfg.TrustedProxies,
@@ -192,6 +201,7 @@ func New(cfg Config) *Service {
 	// the body it writes.
 	r.Use(middleware.GetHead)
 	r.Use(s.observe) // inside the router, so that it sees the matched route
+	r.Use(s.recoverPanic)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeProblem(w, r, errNoRoute) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		var allowed []string

@@ -173,6 +173,11 @@ type reply struct {
 	code int64
 	now  int64
 	rec  statemachine.Stored // when the script sent one
+	// raw is the record as sent, and size its whole length when the
+	// script said it: longer than raw, raw is its head only (see
+	// readResponse).
+	raw  string
+	size int64
 }
 
 // Limits implements Store.
@@ -186,11 +191,19 @@ func (s *Store) Begin(ctx context.Context, tenant string, req statemachine.Begin
 	if err != nil {
 		return statemachine.BeginResult{}, err
 	}
-	r, err := s.run(ctx, "begin", !req.Waited, c.script, c.key, c.args...)
-	if err != nil {
-		return statemachine.BeginResult{}, err
+	for read := 1; ; read++ {
+		r, err := s.run(ctx, "begin", !req.Waited, c.script, c.key, c.args...)
+		if err != nil {
+			return statemachine.BeginResult{}, err
+		}
+		if err := s.readResponse(ctx, c.key, &r); err != nil {
+			if errors.Is(err, errRecordChanged) && read < maxReads {
+				continue // begin again: the record is another now
+			}
+			return statemachine.BeginResult{}, err
+		}
+		return c.beginResult(tenant, &r)
 	}
-	return c.beginResult(tenant, &r)
 }
 
 // scriptCall is one script run on one key, and how to read its reply.
@@ -199,6 +212,8 @@ type scriptCall struct {
 	key     string
 	args    []any
 	refusal error // Begin: why the key's master refuses new attempts, if it does
+	maxBody int   // Begin: the size a replayed body may decode to
+	stored  int64 // Complete, Fail: what the response counts against stored_bytes (StoredSize)
 }
 
 // beginCall checks req and builds its script call.
@@ -221,7 +236,7 @@ func (s *Store) beginCall(ctx context.Context, tenant string, req *statemachine.
 		// says when to come back, rather than the master's refusal.
 		refusal = nil
 	}
-	return scriptCall{script: s.scripts.Begin, key: key, refusal: refusal, args: []any{
+	return scriptCall{script: s.scripts.Begin, key: key, refusal: refusal, maxBody: s.limits.MaxResponseBytes, args: []any{
 		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention / time.Second), req.Key, noAcquire, noReplay,
 	}}, nil
 }
@@ -235,7 +250,7 @@ func (c *scriptCall) beginResult(tenant string, r *reply) (statemachine.BeginRes
 	case codeOK:
 		return statemachine.Acquired(tenant, &r.rec, r.now)
 	case codeDone:
-		return statemachine.Replay(tenant, &r.rec, r.now)
+		return statemachine.Replay(tenant, &r.rec, r.now, c.maxBody)
 	case codeBusy:
 		return statemachine.BeginResult{}, statemachine.Busy(&r.rec, r.now)
 	}
@@ -249,7 +264,7 @@ func (s *Store) Complete(ctx context.Context, tenant string, req statemachine.Co
 		return statemachine.Record{}, err
 	}
 	r, err := s.run(ctx, "complete", false, c.script, c.key, c.args...)
-	return s.finished(tenant, "complete", r, err)
+	return c.finished(tenant, "complete", r, err)
 }
 
 // completeCall checks req and builds its script call.
@@ -258,8 +273,9 @@ func (s *Store) completeCall(tenant string, req *statemachine.CompleteRequest) (
 	if err != nil {
 		return scriptCall{}, err
 	}
-	return scriptCall{script: s.scripts.Complete, key: Key(tenant, req.Key), args: []any{
-		string(tok[:]), statemachine.EncodeResponse(&req.Response), retentionArg(req.Retention),
+	form := statemachine.EncodeResponse(&req.Response, s.limits.CompressBodiesFrom)
+	return scriptCall{script: s.scripts.Complete, key: Key(tenant, req.Key), stored: statemachine.StoredSize(form, &req.Response), args: []any{
+		string(tok[:]), form, retentionArg(req.Retention),
 	}}, nil
 }
 
@@ -270,7 +286,7 @@ func (s *Store) Fail(ctx context.Context, tenant string, req statemachine.FailRe
 		return statemachine.Record{}, err
 	}
 	r, err := s.run(ctx, "fail", false, c.script, c.key, c.args...)
-	return s.finished(tenant, "fail", r, err)
+	return c.finished(tenant, "fail", r, err)
 }
 
 // failCall checks req and builds its script call.
@@ -283,19 +299,24 @@ func (s *Store) failCall(tenant string, req *statemachine.FailRequest) (scriptCa
 	if req.Retryable {
 		retryable = "1"
 	}
-	return scriptCall{script: s.scripts.Fail, key: Key(tenant, req.Key), args: []any{
-		string(tok[:]), retryable, req.Error, statemachine.EncodeResponse(&req.Response), retentionArg(req.Retention),
+	form := statemachine.EncodeResponse(&req.Response, s.limits.CompressBodiesFrom)
+	return scriptCall{script: s.scripts.Fail, key: Key(tenant, req.Key), stored: statemachine.StoredSize(form, &req.Response), args: []any{
+		string(tok[:]), retryable, req.Error, form, retentionArg(req.Retention),
 	}}, nil
 }
 
-func (s *Store) finished(tenant, op string, r reply, err error) (statemachine.Record, error) {
+// finished reads the reply of a complete or fail script: the record, with
+// the bytes its response takes as stored.
+func (c *scriptCall) finished(tenant, op string, r reply, err error) (statemachine.Record, error) {
 	if err != nil {
 		return statemachine.Record{}, err
 	}
 	if r.code != codeOK {
 		return statemachine.Record{}, r.err(op)
 	}
-	return r.rec.Record(tenant, r.now, false)
+	rec, err := r.rec.Record(tenant, r.now, false, 0)
+	rec.StoredBytes = c.stored
+	return rec, err
 }
 
 // Extend implements Store; see internal/lua/extend.lua.
@@ -322,14 +343,25 @@ func (s *Store) Status(ctx context.Context, tenant, key string, withResponse boo
 	if err := s.limits.CheckKey(tenant, key); err != nil {
 		return statemachine.Record{}, err
 	}
-	r, err := s.run(ctx, "status", true, s.scripts.Status, Key(tenant, key))
-	if err != nil {
-		return statemachine.Record{}, err
+	rk := Key(tenant, key)
+	for read := 1; ; read++ {
+		r, err := s.run(ctx, "status", true, s.scripts.Status, rk)
+		if err != nil {
+			return statemachine.Record{}, err
+		}
+		if r.code != codeOK {
+			return statemachine.Record{}, r.err("status")
+		}
+		if withResponse {
+			if err := s.readResponse(ctx, rk, &r); err != nil {
+				if errors.Is(err, errRecordChanged) && read < maxReads {
+					continue
+				}
+				return statemachine.Record{}, err
+			}
+		}
+		return r.rec.Record(tenant, r.now, withResponse, s.limits.MaxResponseBytes)
 	}
-	if r.code != codeOK {
-		return statemachine.Record{}, r.err("status")
-	}
-	return r.rec.Record(tenant, r.now, withResponse)
 }
 
 // Delete implements Store; see internal/lua/delete.lua.
@@ -445,7 +477,7 @@ func (s *Store) sendWithWait(ctx context.Context, node redis.Cmdable, send func(
 func decodeReply(v any) (reply, error) {
 	var r reply
 	parts, ok := v.([]any)
-	if !ok || len(parts) < 2 || len(parts) > 3 {
+	if !ok || len(parts) < 2 || len(parts) > 4 {
 		return r, fmt.Errorf("unexpected script reply %T of %d parts", v, len(parts))
 	}
 	if r.code, ok = parts[0].(int64); !ok {
@@ -456,7 +488,7 @@ func decodeReply(v any) (reply, error) {
 	}
 	switch r.code {
 	case codeOK, codeBusy, codeDone:
-		if len(parts) != 3 {
+		if len(parts) < 3 {
 			return r, fmt.Errorf("reply code %d without a record", r.code)
 		}
 		raw, ok := parts[2].(string)
@@ -466,6 +498,12 @@ func decodeReply(v any) (reply, error) {
 		var err error
 		if r.rec, err = statemachine.DecodeStored(raw); err != nil {
 			return r, err
+		}
+		r.raw = raw
+		if len(parts) == 4 {
+			if r.size, ok = parts[3].(int64); !ok {
+				return r, fmt.Errorf("unexpected reply size %T", parts[3])
+			}
 		}
 	case codeMismatch, codeLeaseLost, codeNotFound, codeRefused, codeUnread:
 	default:

@@ -3,12 +3,13 @@
 package statemachine
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
+	"unsafe"
 )
 
 // Stored is a record as a store keeps it, lease token included. Times are
@@ -29,7 +30,7 @@ type Stored struct {
 	fingerprint string
 	key         string
 	errMsg      string
-	response    string // encodeResponse's form; empty while in progress
+	response    string // EncodeResponse's form; empty while in progress
 }
 
 // The record layout of internal/lua/record.lua: a fixed head, four
@@ -77,6 +78,11 @@ func DecodeStored(raw string) (Stored, error) {
 	return s, nil
 }
 
+// SetResponse gives a record decoded from its head alone the response
+// read apart (redisstore reads a large record's response after its
+// script), without copying the two into one string.
+func (s *Stored) SetResponse(response string) { s.response = response }
+
 // bigEndian reads an unsigned big-endian integer of up to 8 bytes from s,
 // without copying it to a []byte.
 func bigEndian(s string) uint64 {
@@ -99,10 +105,14 @@ func cutString(s string, n int) (value, rest string, ok bool) {
 	return s[n : n+size], s[n+size:], true
 }
 
-// The response's form inside a record: flags u8 (1 = base64 body),
+// EncodeResponse returns the response's form inside a record: flags u8,
 // status u16, header count u32, each header's name and value with u32
-// lengths, then the body. A zero Response is the empty string.
-func EncodeResponse(r *Response) string {
+// lengths, then the body as stored. Flags: bit 0 the body was sent
+// base64-encoded; bits 1-2 the body's encoding in the record (compress.go:
+// identity or zstd: bodies of at least compressFrom bytes may be
+// compressed, Limits.CompressBodiesFrom). A zero Response is the empty
+// string.
+func EncodeResponse(r *Response, compressFrom int) string {
 	if r.IsZero() {
 		return ""
 	}
@@ -110,33 +120,45 @@ func EncodeResponse(r *Response) string {
 	for name, value := range r.Headers {
 		size += 8 + len(name) + len(value)
 	}
-	var b strings.Builder
-	b.Grow(size)
-	var flags byte
-	if r.Base64 {
-		flags = 1
+	if len(r.Body) >= compressFrom && len(r.Body) <= compressMaxBytes {
+		size += zstdOverhead(len(r.Body)) // room for an attempt that does not shrink it
 	}
-	b.WriteByte(flags)
-	writeBigEndian(&b, uint64(r.StatusCode), 2)
-	writeBigEndian(&b, uint64(len(r.Headers)), 4)
+	b := make([]byte, 1, size)
+	b = binary.BigEndian.AppendUint16(b, uint16(r.StatusCode))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers)))
 	for _, name := range slices.Sorted(maps.Keys(r.Headers)) {
-		writeBigEndian(&b, uint64(len(name)), 4)
-		b.WriteString(name)
-		writeBigEndian(&b, uint64(len(r.Headers[name])), 4)
-		b.WriteString(r.Headers[name])
+		b = binary.BigEndian.AppendUint32(b, uint32(len(name)))
+		b = append(b, name...)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers[name])))
+		b = append(b, r.Headers[name]...)
 	}
-	b.WriteString(r.Body)
-	return b.String()
+	b, encoding := appendBody(b, r.Body, compressFrom)
+	b[0] = encoding
+	if r.Base64 {
+		b[0] |= flagBase64
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
-// writeBigEndian writes the n low bytes of v, most significant first.
-func writeBigEndian(b *strings.Builder, v uint64, n int) {
-	for i := n - 1; i >= 0; i-- {
-		b.WriteByte(byte(v >> (8 * i)))
+// StoredSize is what a response counts against a tenant's stored_bytes,
+// as the contract counts it: the body after decoding (as sent, whether the
+// record keeps it compressed or not), plus header names and values. A
+// tenant's budget is then the same on every store and does not move with
+// how well its answers compress.
+func StoredSize(form string, r *Response) int64 {
+	if form == "" {
+		return 0
 	}
+	n := len(r.Body)
+	for name, value := range r.Headers {
+		n += len(name) + len(value)
+	}
+	return int64(n)
 }
 
-func decodeResponse(s string) (Response, error) {
+// decodeResponse decodes EncodeResponse's form; a compressed body may
+// decode to at most maxBody bytes.
+func decodeResponse(s string, maxBody int) (Response, error) {
 	var r Response
 	if s == "" {
 		return r, nil
@@ -144,7 +166,7 @@ func decodeResponse(s string) (Response, error) {
 	if len(s) < 7 {
 		return r, ErrCorrupt
 	}
-	r.Base64 = s[0]&1 == 1
+	r.Base64 = s[0]&flagBase64 != 0
 	r.StatusCode = int(bigEndian(s[1:3]))
 	n := int(bigEndian(s[3:7]))
 	rest := s[7:]
@@ -163,7 +185,18 @@ func decodeResponse(s string) (Response, error) {
 		r.Headers[name] = value
 		rest = after
 	}
-	r.Body = rest
+	switch s[0] & encodingMask {
+	case encodingIdentity:
+		r.Body = rest
+	case encodingZstd:
+		body, err := decompressBody(rest, maxBody)
+		if err != nil {
+			return r, err
+		}
+		r.Body = body
+	default:
+		return r, fmt.Errorf("%w: unknown body encoding %d", ErrCorrupt, s[0]&encodingMask>>1)
+	}
 	return r, nil
 }
 
@@ -178,8 +211,8 @@ func (s *Stored) Lease() Lease {
 }
 
 // Record returns the public view of s at time now, with its response if
-// withResponse.
-func (s *Stored) Record(tenant string, now int64, withResponse bool) (Record, error) {
+// withResponse, its body decoded to at most maxBody bytes.
+func (s *Stored) Record(tenant string, now int64, withResponse bool, maxBody int) (Record, error) {
 	r := Record{
 		Tenant:      tenant,
 		Key:         s.key,
@@ -198,7 +231,7 @@ func (s *Stored) Record(tenant string, now int64, withResponse bool) (Record, er
 		r.LeaseExpired = s.lease <= now
 	}
 	if withResponse {
-		resp, err := decodeResponse(s.response)
+		resp, err := decodeResponse(s.response, maxBody)
 		if err != nil {
 			return Record{}, fmt.Errorf("statemachine: a record of tenant %s: %w", tenant, err) // no client key: errors are logged
 		}
@@ -211,7 +244,7 @@ func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
 
 // Acquired answers a Begin, on either store, that holds the lease of s.
 func Acquired(tenant string, s *Stored, now int64) (BeginResult, error) {
-	rec, err := s.Record(tenant, now, false)
+	rec, err := s.Record(tenant, now, false, 0)
 	return BeginResult{Acquired: true, Lease: s.Lease(), Record: rec}, err
 }
 
@@ -222,9 +255,10 @@ func Busy(s *Stored, now int64) error {
 		Since: msTime(s.updated), Now: msTime(now)}
 }
 
-// Replay answers a Begin on the finished record s.
-func Replay(tenant string, s *Stored, now int64) (BeginResult, error) {
-	rec, err := s.Record(tenant, now, true)
+// Replay answers a Begin on the finished record s, its body decoded to at
+// most maxBody bytes.
+func Replay(tenant string, s *Stored, now int64, maxBody int) (BeginResult, error) {
+	rec, err := s.Record(tenant, now, true, maxBody)
 	return BeginResult{Record: rec}, err
 }
 

@@ -7,7 +7,8 @@
 import { isUtf8 } from 'node:buffer';
 import { createHash, createHmac, type Hash } from 'node:crypto';
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
-import { apiKeyOf, CALL_DEADLINE, type BeginAcquired, type CallOptions, type BeginResult, type BeginReplay, type IdemClient, type StatusRecord } from './client.js';
+import { CALL_DEADLINE } from './types.js';
+import { apiKeyOf, type BeginAcquired, type CallOptions, type BeginResult, type BeginReplay, type IdemClient, type StatusRecord } from './client.js';
 import { BODY_OMITTED_HEADER, DEFAULT_LEASE_MS, runUnderLease } from './do.js';
 import { isIdemError, PROBLEM_KINDS, PROBLEM_TYPE_PREFIX, type ProblemKind } from './errors.js';
 import { canonicalJson } from './jcs.js';
