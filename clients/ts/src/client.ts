@@ -5,6 +5,7 @@ import * as https from 'node:https';
 import { doOnce, type DoOptions, type DoResult, type Operation } from './do.js';
 import { IdemError, problemOf, type Problem } from './errors.js';
 import { backoff, newOwner, sleep } from './retry.js';
+import { CALL_DEADLINE } from './types.js';
 import type { components } from './schema.js';
 import type {
   BeginParams,
@@ -310,14 +311,19 @@ export class IdemClient implements LeaseCalls {
       // A length, so that node:http does not send the body chunked.
       headers = { ...headers, 'content-length': String(Buffer.byteLength(body)) };
     }
-    const deadline = Date.now() + this.retryBudgetMs;
+    const end = options?.[CALL_DEADLINE];
+    let deadline = Date.now() + this.retryBudgetMs;
+    if (end !== undefined && end < deadline) deadline = end;
     for (let attempt = 0; ; attempt++) {
       signal?.throwIfAborted();
+      let ms = timeoutMs;
+      if (end !== undefined) ms = Math.max(0, Math.min(ms, end - Date.now()));
       let err: IdemError;
       try {
+        if (ms === 0) throw new Error('no time left within the deadline');
         const reply = this.fetch
-          ? await fetchReply(this.fetch, this.baseUrl + path, method, headers, body, timeoutMs, signal)
-          : await send(this.target, method, path, headers, body, timeoutMs, signal);
+          ? await fetchReply(this.fetch, this.baseUrl + path, method, headers, body, ms, signal)
+          : await send(this.target, method, path, headers, body, ms, signal);
         if (reply.status < 300) return read(reply);
         err = errorOf(op, reply);
       } catch (cause) {

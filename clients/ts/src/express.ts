@@ -208,83 +208,65 @@ function readKeeping(req: IncomingMessage, limit: number): Promise<Buffer | 'too
  * error page to the part held and storing both as the answer.
  */
 class Capture {
-  private readonly chunks: Buffer[] = [];
-  private readonly callbacks: Array<() => void> = [];
+  readonly chunks: Buffer[] = [];
+  readonly callbacks: Array<() => void> = [];
   /** res's own methods that the capture replaces: those of the head, and write and end. */
-  private readonly originalHead: Partial<HeadMethods>;
-  private readonly original: Pick<ServerResponse, 'write' | 'end'>;
+  readonly originalHead: Partial<HeadMethods>;
+  readonly original: Pick<ServerResponse, 'write' | 'end'>;
   private size = 0;
-  private ended = false;
+  ended = false;
   private flushed = false;
   /** The status the answer began with: set by the handler's writeHead or first write. */
-  private began: number | undefined;
+  began: number | undefined;
   /** Whether the answer went to the caller as it was written, not held. */
   streamed = false;
 
   constructor(
     private readonly res: Response,
     private readonly limit: number,
-    ended: (status: number) => void,
+    /** Called with the status when the handler ends its answer. */
+    readonly onEnd: (status: number) => void,
   ) {
+    // The replacements are functions shared by every request, which find
+    // their capture on res: no closures per request, and res keeps the same
+    // hidden classes from one request to the next (V8), where functions
+    // made per request gave it new ones.
     const head = res as unknown as HeadMethods;
-    const originalHead: Partial<Record<keyof HeadMethods, unknown>> = {};
-    for (const name of HEAD_METHODS) if (typeof head[name] === 'function') originalHead[name] = head[name];
-    this.originalHead = originalHead as Partial<HeadMethods>;
+    this.originalHead = {
+      writeHead: head.writeHead,
+      _implicitHeader: head._implicitHeader,
+      setHeader: head.setHeader,
+      removeHeader: head.removeHeader,
+      appendHeader: head.appendHeader,
+    };
     this.original = { write: res.write, end: res.end };
-
-    const capture = this;
-    const begun = () => capture.began !== undefined;
-    const guard = <F extends (this: ServerResponse, ...args: never[]) => unknown>(action: string, own: F | undefined) =>
-      own &&
-      function (this: ServerResponse, ...args: Parameters<F>) {
-        if (begun()) throw headersSentError(action);
-        return own.apply(this, args);
-      };
-    Object.assign(res, {
-      // writeHead(status[, statusMessage][, headers]): the headers join the others.
-      writeHead(this: ServerResponse, status: number, ...rest: unknown[]) {
-        if (begun()) throw headersSentError('write');
-        this.statusCode = status;
-        if (typeof rest[0] === 'string') this.statusMessage = rest.shift() as string;
-        setHeaders(this, rest[0]);
-        capture.began = status;
-        return this;
-      },
-      // What Node calls when a head is due and none was written; some
-      // middleware call it on every write while the head is not out.
-      _implicitHeader(this: ServerResponse) {
-        if (!begun()) this.writeHead(this.statusCode);
-      },
-      setHeader: guard('set', this.originalHead.setHeader),
-      removeHeader: guard('remove', this.originalHead.removeHeader),
-      ...(this.originalHead.appendHeader && { appendHeader: guard('append', this.originalHead.appendHeader) }),
-      write(this: ServerResponse, chunk: unknown, encoding?: unknown, cb?: unknown) {
-        capture.began ??= this.statusCode;
-        return capture.append(chunk, encoding, cb);
-      },
-      end(this: ServerResponse, chunk?: unknown, encoding?: unknown, cb?: unknown) {
-        if (capture.ended) return this;
-        if (typeof chunk === 'function') [chunk, cb] = [undefined, chunk];
-        capture.append(chunk, encoding, cb);
-        capture.ended = true;
-        // A status set after the answer began does not reach the caller.
-        if (capture.began !== undefined) this.statusCode = capture.began;
-        if (capture.streamed) (capture.original.end as () => ServerResponse).call(this);
-        ended(this.statusCode);
-        return this;
-      },
-    });
-    Object.defineProperty(res, 'headersSent', { configurable: true, get: begun });
+    const target = res as unknown as CapturedResponse;
+    target[CAPTURE] = this;
+    target.writeHead = capturedWriteHead as unknown as HeadMethods['writeHead'];
+    if (typeof head._implicitHeader === 'function') target._implicitHeader = capturedImplicitHeader;
+    if (typeof head.setHeader === 'function') target.setHeader = capturedSetHeader;
+    if (typeof head.removeHeader === 'function') target.removeHeader = capturedRemoveHeader;
+    if (typeof head.appendHeader === 'function') target.appendHeader = capturedAppendHeader;
+    target.write = capturedWrite;
+    target.end = capturedEnd as unknown as ServerResponse['end'];
+    Object.defineProperty(res, 'headersSent', CAPTURED_HEADERS_SENT);
   }
 
   /** Gives res back its own head methods and headersSent, once Node's own say what is sent. */
   private restoreHead(): void {
-    Object.assign(this.res, this.originalHead);
+    const head = this.res as unknown as HeadMethods;
+    const original = this.originalHead;
+    head.writeHead = original.writeHead!;
+    if (original._implicitHeader) head._implicitHeader = original._implicitHeader;
+    if (original.setHeader) head.setHeader = original.setHeader;
+    if (original.removeHeader) head.removeHeader = original.removeHeader;
+    if (original.appendHeader) head.appendHeader = original.appendHeader;
+    // A delete measured cheaper than defining the prototype's accessor again.
     delete (this.res as { headersSent?: boolean }).headersSent;
   }
 
   /** Holds a chunk, or writes it when the answer is streamed; false asks the writer to wait for 'drain'. */
-  private append(chunk: unknown, encoding: unknown, cb: unknown): boolean {
+  append(chunk: unknown, encoding: unknown, cb: unknown): boolean {
     if (typeof encoding === 'function') [encoding, cb] = [undefined, encoding];
     let b: Buffer | undefined;
     if (chunk === undefined || chunk === null || this.ended) b = undefined;
@@ -305,7 +287,7 @@ class Capture {
   }
 
   /** Sends the head and the body held so far, and lets what follows through. */
-  private stream(): void {
+  stream(): void {
     this.streamed = true;
     // The head goes out with the first write, through res's own writeHead
     // (and the hooks of middleware before this one).
@@ -331,7 +313,8 @@ class Capture {
     if (this.flushed || !this.ended) return;
     this.flushed = true;
     this.restoreHead();
-    Object.assign(this.res, this.original);
+    this.res.write = this.original.write;
+    this.res.end = this.original.end;
     if (this.streamed) return; // sent as it was written
     const callbacks = this.callbacks;
     this.res.end(this.body(), () => callbacks.forEach((cb) => cb()));
@@ -352,8 +335,76 @@ function setHeaders(res: ServerResponse, headers: unknown): void {
 }
 
 /** The methods of a response's head that the capture replaces while it holds the answer. */
-const HEAD_METHODS = ['writeHead', '_implicitHeader', 'setHeader', 'removeHeader', 'appendHeader'] as const;
 type HeadMethods = Pick<ServerResponse, 'writeHead' | 'setHeader' | 'removeHeader' | 'appendHeader'> & { _implicitHeader(): void };
+
+/** Where a held response's capture is. */
+const CAPTURE = Symbol('idemsvc capture');
+type CapturedResponse = HeadMethods & Pick<ServerResponse, 'write' | 'end' | 'statusCode' | 'statusMessage'> & { [CAPTURE]: Capture };
+
+function captureOf(res: unknown): Capture {
+  return (res as CapturedResponse)[CAPTURE];
+}
+
+// writeHead(status[, statusMessage][, headers]): the headers join the others.
+function capturedWriteHead(this: CapturedResponse, status: number, ...rest: unknown[]) {
+  const capture = captureOf(this);
+  if (capture.began !== undefined) throw headersSentError('write');
+  this.statusCode = status;
+  if (typeof rest[0] === 'string') this.statusMessage = rest.shift() as string;
+  setHeaders(this as unknown as ServerResponse, rest[0]);
+  capture.began = status;
+  return this;
+}
+
+// What Node calls when a head is due and none was written; some middleware
+// call it on every write while the head is not out.
+function capturedImplicitHeader(this: CapturedResponse) {
+  if (captureOf(this).began === undefined) this.writeHead(this.statusCode);
+}
+
+function capturedSetHeader(this: CapturedResponse, ...args: Parameters<ServerResponse['setHeader']>) {
+  const capture = captureOf(this);
+  if (capture.began !== undefined) throw headersSentError('set');
+  return capture.originalHead.setHeader!.apply(this as unknown as ServerResponse, args);
+}
+
+function capturedRemoveHeader(this: CapturedResponse, ...args: Parameters<ServerResponse['removeHeader']>) {
+  const capture = captureOf(this);
+  if (capture.began !== undefined) throw headersSentError('remove');
+  return capture.originalHead.removeHeader!.apply(this as unknown as ServerResponse, args);
+}
+
+function capturedAppendHeader(this: CapturedResponse, ...args: Parameters<ServerResponse['appendHeader']>) {
+  const capture = captureOf(this);
+  if (capture.began !== undefined) throw headersSentError('append');
+  return capture.originalHead.appendHeader!.apply(this as unknown as ServerResponse, args);
+}
+
+function capturedWrite(this: CapturedResponse, chunk: unknown, encoding?: unknown, cb?: unknown) {
+  const capture = captureOf(this);
+  capture.began ??= this.statusCode;
+  return capture.append(chunk, encoding, cb);
+}
+
+function capturedEnd(this: CapturedResponse, chunk?: unknown, encoding?: unknown, cb?: unknown) {
+  const capture = captureOf(this);
+  if (capture.ended) return this;
+  if (typeof chunk === 'function') [chunk, cb] = [undefined, chunk];
+  capture.append(chunk, encoding, cb);
+  capture.ended = true;
+  // A status set after the answer began does not reach the caller.
+  if (capture.began !== undefined) this.statusCode = capture.began;
+  if (capture.streamed) (capture.original.end as () => ServerResponse).call(this as unknown as ServerResponse);
+  capture.onEnd(this.statusCode);
+  return this;
+}
+
+const CAPTURED_HEADERS_SENT: PropertyDescriptor = {
+  configurable: true,
+  get(this: unknown) {
+    return captureOf(this).began !== undefined;
+  },
+};
 
 /** The error Node throws for a change to a response whose head is out. */
 function headersSentError(action: string): Error {

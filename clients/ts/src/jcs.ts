@@ -33,7 +33,13 @@ export function canonicalJson(body: Uint8Array): string | undefined {
     return undefined;
   }
   const canonical = serialize(value, 0);
-  return canonical !== undefined && exactAndUnique(text) ? canonical : undefined;
+  if (canonical === undefined) return undefined;
+  // A text that is its own canonical form has no repeated name (the parse
+  // would have dropped one) and only numbers written as their shortest
+  // digits (exact): the scan below would find nothing. Most bodies sent by
+  // programs are (JSON.stringify of sorted members, no whitespace).
+  if (canonical === text) return canonical;
+  return exactAndUnique(text) ? canonical : undefined;
 }
 
 /**

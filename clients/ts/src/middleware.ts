@@ -4,9 +4,11 @@
 // the Go SDK's middleware has it (clients/go/middleware.go): the key
 // header's parsing, the fingerprint, the answers the middleware writes
 // itself, and which of the handler's answers are stored.
-import { createHash, createHmac } from 'node:crypto';
+import { isUtf8 } from 'node:buffer';
+import { createHash, createHmac, type Hash } from 'node:crypto';
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
-import { apiKeyOf, type BeginAcquired, type BeginResult, type BeginReplay, type IdemClient, type StatusRecord } from './client.js';
+import { CALL_DEADLINE } from './types.js';
+import { apiKeyOf, type BeginAcquired, type CallOptions, type BeginResult, type BeginReplay, type IdemClient, type StatusRecord } from './client.js';
 import { BODY_OMITTED_HEADER, DEFAULT_LEASE_MS, runUnderLease } from './do.js';
 import { isIdemError, PROBLEM_KINDS, PROBLEM_TYPE_PREFIX, type ProblemKind } from './errors.js';
 import { canonicalJson } from './jcs.js';
@@ -200,14 +202,10 @@ const FINGERPRINT_PREFIX = 'v2:sha256:';
 export function fingerprint(method: string, url: string, body: Uint8Array, contentType?: string, credentials?: Buffer): string {
   let canonical: string | undefined;
   if (isJsonMediaType(contentType)) canonical = canonicalJson(body);
-  return (
-    FINGERPRINT_PREFIX +
-    target(method, url)
-      .update(credentials ? credentials.toString('hex') : '')
-      .update(NUL)
-      .update(canonical ?? body)
-      .digest('hex')
-  );
+  // Few updates rather than one a part: each crosses into native code.
+  const hash = withTarget(createHash('sha256'), method, url);
+  if (credentials) hash.update(credentials.toString('hex'), 'latin1');
+  return FINGERPRINT_PREFIX + hash.update(NUL).update(canonical ?? body).digest('hex');
 }
 
 /**
@@ -217,16 +215,24 @@ export function fingerprint(method: string, url: string, body: Uint8Array, conte
  * those versions replay until they expire.
  */
 export function legacyFingerprint(method: string, url: string, body: Uint8Array): string {
-  return 'sha256:' + target(method, url).update(body).digest('hex');
+  return 'sha256:' + withTarget(createHash('sha256'), method, url).update(body).digest('hex');
 }
 
-/** A SHA-256 of the method, NUL, the decoded path, `?`, the raw query and NUL. */
-function target(method: string, url: string) {
+/**
+ * hash, updated with the method, NUL, the decoded path, `?`, the raw query
+ * and NUL: in one update of a latin1 string (one byte a character, as Node
+ * holds the request target) when the method is ASCII and the path has no
+ * escape, the common case.
+ */
+function withTarget(hash: Hash, method: string, url: string): Hash {
   const q = url.indexOf('?');
   const rawPath = q < 0 ? url : url.slice(0, q);
   const rawQuery = q < 0 ? '' : url.slice(q + 1);
-  return createHash('sha256').update(method).update(NUL).update(percentDecode(rawPath)).update(QUESTION).update(rawQuery, 'latin1').update(NUL);
+  if (!rawPath.includes('%') && ASCII.test(method)) return hash.update(method + '\0' + rawPath + '?' + rawQuery + '\0', 'latin1');
+  return hash.update(method).update(NUL).update(percentDecode(rawPath)).update(QUESTION).update(rawQuery, 'latin1').update(NUL);
 }
+
+const ASCII = /^[\x00-\x7f]*$/;
 
 /** Whether a Content-Type names JSON: application/json or application/<anything>+json, in any case, with or without parameters. */
 export function isJsonMediaType(contentType: string | undefined): boolean {
@@ -361,22 +367,17 @@ export async function beginRequest(
   id: RequestIdentity,
   requestId: string | undefined,
 ): Promise<BeginResult | Answer> {
-  // A controller and a timer cleared at the end, not AbortSignal.timeout,
-  // whose timer outlives the request: a twentieth of the CPU (node 20).
-  const budget = new AbortController();
-  const signal = budget.signal;
-  const ms = settings.budgetMs + settings.waitMs;
-  const timer = setTimeout(() => budget.abort(new DOMException(`no answer within ${ms} ms`, 'TimeoutError')), ms);
+  // A deadline the client keeps (each attempt's timeout cut to it, no retry
+  // past it), not an AbortController and a timer per request.
+  const options = { [CALL_DEADLINE]: Date.now() + settings.budgetMs + settings.waitMs, requestId };
   try {
     return await client.begin(
       { key: id.key, fingerprint: id.fingerprint, lease_ms: settings.leaseMs, retention_s: settings.retentionS, wait_ms: settings.waitMs || undefined },
-      { signal, requestId },
+      options,
     );
   } catch (err) {
     if (!id.legacyFingerprint || !isIdemError(err, 'fingerprint-mismatch')) throw err;
-    return await legacyAnswer(client, id.key, id.legacyFingerprint(), { signal, requestId });
-  } finally {
-    clearTimeout(timer);
+    return await legacyAnswer(client, id.key, id.legacyFingerprint(), options);
   }
 }
 
@@ -388,7 +389,7 @@ export async function beginRequest(
  * fingerprint never gets into a new record (where it would replay to any
  * caller): a record that expired since the begin is not begun again.
  */
-async function legacyAnswer(client: IdemClient, key: string, legacy: string, options: { signal: AbortSignal; requestId: string | undefined }): Promise<Answer> {
+async function legacyAnswer(client: IdemClient, key: string, legacy: string, options: CallOptions): Promise<Answer> {
   let record: StatusRecord;
   try {
     record = await client.status(key, { ...options, includeResponse: true });
@@ -437,15 +438,9 @@ function storedResponse(status: number, header: (name: string) => unknown, body:
   return { statusCode: status, headers, body: text ?? body };
 }
 
-const strictUtf8 = new TextDecoder('utf-8', { fatal: true, ignoreBOM: true });
-
-/** b as a string when it is valid UTF-8. */
+/** b as a string when it is valid UTF-8 (a BOM kept). */
 function utf8(b: Buffer): string | undefined {
-  try {
-    return strictUtf8.decode(b);
-  } catch {
-    return undefined;
-  }
+  return isUtf8(b) ? b.toString('utf8') : undefined;
 }
 
 /** The answer for a begin that did not acquire the key and did not replay. */
@@ -607,8 +602,15 @@ export function storeAnswer(
     timer.unref();
     answer.promise.then(() => clearTimeout(timer), () => clearTimeout(timer));
   });
-  const stored = runUnderLease(client, lease, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (signal) => {
-    setContext({ key: lease.key, attempt: lease.attempt, signal });
+  const stored = runUnderLease(client, lease, { leaseMs: settings.leaseMs, retentionS: settings.retentionS, omitBody: true }, async (abort) => {
+    // The signal is made when the handler first reads it.
+    setContext({
+      key: lease.key,
+      attempt: lease.attempt,
+      get signal() {
+        return abort.signal;
+      },
+    });
     const { status, body, streamed } = await answer.promise;
     if (retryAgain(status)) throw new Error(`the handler answered ${status}`);
     return storedResponse(status, header, body, streamed || body.length > MAX_HELD_BODY_BYTES, settings);

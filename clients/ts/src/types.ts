@@ -48,7 +48,17 @@ export interface CallOptions {
   signal?: AbortSignal;
   /** Sent as X-Request-Id, so idemsvc's log lines can be matched with the caller's. */
   requestId?: string;
+  /** @internal See {@link CALL_DEADLINE}. */
+  [CALL_DEADLINE]?: number;
 }
+
+/**
+ * The time (Date.now()) by which a call and its retries end, failing as
+ * store-unavailable: the middleware's budget for a begin, without an
+ * AbortController, a timer and the signal's listeners per request. Not
+ * exported from the package.
+ */
+export const CALL_DEADLINE: unique symbol = Symbol('idemsvc call deadline');
 
 /** The calls of one lease: what doOnce and the middleware need of a client. */
 export interface LeaseCalls {
