@@ -99,14 +99,19 @@ func cutString(s string, n int) (value, rest string, ok bool) {
 	return s[n : n+size], s[n+size:], true
 }
 
-// The response's form inside a record: flags u8 (1 = base64 body),
-// status u16, header count u32, each header's name and value with u32
-// lengths, then the body. A zero Response is the empty string.
+// The response's form inside a record: flags u8 (1 = base64 body, 2 =
+// the body is a reference), status u16, header count u32, each header's
+// name and value with u32 lengths, then the body, or for a reference its
+// size u64, SHA-256 (32 bytes), encoding with a u8 length, and the object
+// key to the end. A zero Response is the empty string.
 func encodeResponse(r *Response) string {
 	if r.IsZero() {
 		return ""
 	}
 	size := 1 + 2 + 4 + len(r.Body)
+	if r.Ref != nil {
+		size += 8 + 32 + 1 + len(r.Ref.Encoding) + len(r.Ref.Object)
+	}
 	for name, value := range r.Headers {
 		size += 8 + len(name) + len(value)
 	}
@@ -115,6 +120,9 @@ func encodeResponse(r *Response) string {
 	var flags byte
 	if r.Base64 {
 		flags = 1
+	}
+	if r.Ref != nil {
+		flags |= 2
 	}
 	b.WriteByte(flags)
 	writeBigEndian(&b, uint64(r.StatusCode), 2)
@@ -125,7 +133,15 @@ func encodeResponse(r *Response) string {
 		writeBigEndian(&b, uint64(len(r.Headers[name])), 4)
 		b.WriteString(r.Headers[name])
 	}
-	b.WriteString(r.Body)
+	if ref := r.Ref; ref != nil {
+		writeBigEndian(&b, uint64(ref.Size), 8)
+		b.Write(ref.SHA256[:])
+		writeBigEndian(&b, uint64(len(ref.Encoding)), 1)
+		b.WriteString(ref.Encoding)
+		b.WriteString(ref.Object)
+	} else {
+		b.WriteString(r.Body)
+	}
 	return b.String()
 }
 
@@ -163,7 +179,21 @@ func decodeResponse(s string) (Response, error) {
 		r.Headers[name] = value
 		rest = after
 	}
-	r.Body = rest
+	if s[0]&2 == 0 {
+		r.Body = rest
+		return r, nil
+	}
+	if len(rest) < 8+32+1 {
+		return r, errCorrupt
+	}
+	ref := &BodyRef{Size: int64(bigEndian(rest[:8]))}
+	copy(ref.SHA256[:], rest[8:40])
+	encoding, object, ok := cutString(rest[40:], 1)
+	if !ok || object == "" {
+		return r, errCorrupt
+	}
+	ref.Encoding, ref.Object = encoding, object
+	r.Ref = ref
 	return r, nil
 }
 
@@ -190,6 +220,7 @@ func (s *stored) record(tenant string, now int64, withResponse bool) (Record, er
 		CreatedAt:   msTime(s.created),
 		UpdatedAt:   msTime(s.updated),
 		ExpiresAt:   msTime(s.expires),
+		Retention:   time.Duration(s.retention) * time.Second,
 		Retryable:   s.retryable,
 		Error:       s.errMsg,
 	}
