@@ -92,9 +92,9 @@ type Record struct {
 	LeaseExpired   bool      // while in progress: the lease ran out and nobody took over yet
 	ExpiresAt      time.Time // end of retention
 	Retention      time.Duration
-	Retryable      bool      // failed: the next Begin acquires
-	Error          string    // failed: the caller's message
-	Response       Response  // finished; filled by Status only when asked for
+	Retryable      bool     // failed: the next Begin acquires
+	Error          string   // failed: the caller's message
+	Response       Response // finished; filled by Status only when asked for
 }
 
 // BeginRequest starts an attempt. Zero durations take the defaults of Limits.
