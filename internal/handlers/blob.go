@@ -429,6 +429,11 @@ func (s *Service) GetBody(ctx context.Context, req api.GetBodyRequestObject) (ap
 	if err != nil {
 		return nil, err
 	}
+	if s.limiter != nil { // a read, counted as a replay is
+		if lim := s.keyring.Limits(t); !s.limiter.CanRead(t, lim) {
+			return nil, s.limiter.ReadRefused(t, lim)
+		}
+	}
 	rec, err := s.store.Status(ctx, t, p.Key, true)
 	if err != nil {
 		return nil, err
