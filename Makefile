@@ -24,7 +24,7 @@ test:
 
 # Benchmarks of the hot paths and, for comparison, the bare scripts through redis-benchmark.
 bench:
-	go test -run '^$$' -bench . -benchtime 3s -count 3 ./internal/statemachine/ ./internal/handlers/
+	go test -run '^$$' -bench . -benchtime 3s -count 3 ./internal/redisstore/ ./internal/handlers/
 	benchmarks/redis-baseline.sh
 
 # idemsvc over HTTP under idembench, side by side with a bare chi handler.
@@ -60,4 +60,4 @@ lint-deploy:
 # scenarios, ROBUSTNESS_SCENARIOS picks some (comma-separated).
 ROBUSTNESS_DURATION ?= 10m
 robustness:
-	ROBUSTNESS_DURATION=$(ROBUSTNESS_DURATION) go test -count=1 -v -timeout 60m -run 'TestRobustness$$' ./internal/robustness/
+	ROBUSTNESS_DURATION=$(ROBUSTNESS_DURATION) go test -count=1 -v -timeout 60m -run 'TestRobustness$$' ./internal/testkit/robustness/

@@ -27,7 +27,7 @@ else
   trap 'rm -f "$log"' EXIT
 fi
 echo "load before: $(uptime)"
-go test -count="$runs" -run '^TestFailoverAvailability$' -v "$@" ./internal/statemachine/ >"$log" 2>&1 ||
+go test -count="$runs" -run '^TestFailoverAvailability$' -v "$@" ./internal/redisstore/ >"$log" 2>&1 ||
   echo "(some runs failed the contract's bound; their figures are included)"
 echo "load after:  $(uptime)"
 grep -o 'failover: .*' "$log" | python3 -c '

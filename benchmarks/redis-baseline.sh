@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Runs idemsvc's scripts straight through redis-benchmark: the ceiling that
-# the Go benchmarks of internal/statemachine are compared against. Same
+# the Go benchmarks of internal/redisstore are compared against. Same
 # concurrency (64 clients, no pipelining) on a Redis of its own.
 #
 #   benchmarks/redis-baseline.sh [requests]

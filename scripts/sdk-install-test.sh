@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# The README's "Installing the SDKs", tried as a new user would: each SDK
+# "Installing the SDKs" (docs/sdks.md), tried as a new user would: each SDK
 # is installed into a scratch project in a temporary folder by the
-# README's own commands (the shell blocks after <!-- install: go --> and
+# page's own commands (the shell blocks after <!-- install: go --> and
 # <!-- install: ts -->, run as they are), the project is built, and it
 # runs a begin, a complete and a replay against an idemsvc built from the
 # checkout, on its in-memory store. IDEMSVC, the checkout the commands
@@ -23,25 +23,25 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# readme_block NAME: the shell block of README.md marked <!-- install: NAME -->.
-readme_block() {
+# install_block NAME: the shell block of docs/sdks.md marked <!-- install: NAME -->.
+install_block() {
   awk -v mark="<!-- install: $1 -->" '
     $0 == mark { found = 1; next }
     found && !open && /^```sh$/ { open = 1; next }
     open && /^```$/ { exit }
-    open { print }' README.md
+    open { print }' docs/sdks.md
 }
 
 # run_block NAME DIR: the block run in DIR by bash, stopping at the first
 # failing command, as a reader pasting it would see it fail.
 run_block() {
   local commands
-  commands=$(readme_block "$1")
+  commands=$(install_block "$1")
   if [ -z "$commands" ]; then
-    echo "README.md has no block marked <!-- install: $1 -->" >&2
+    echo "docs/sdks.md has no block marked <!-- install: $1 -->" >&2
     exit 1
   fi
-  echo "== $1: the README's commands, in a scratch project:"
+  echo "== $1: the commands of docs/sdks.md, in a scratch project:"
   sed 's/^/   /' <<<"$commands"
   (cd "$2" && bash -euo pipefail -c "$commands")
 }

@@ -6,7 +6,7 @@
 # git, gcc (the race detector needs cgo) and curl. The TypeScript SDK's
 # tests (clients/ts, npm test) and the Python SDK's (clients/python, pytest)
 # run first, on Node, npm and Python packages from Debian's packages when
-# they are missing, then the README's install steps of both SDKs
+# they are missing, then the install steps of both SDKs in docs/sdks.md
 # (scripts/sdk-install-test.sh). Extra arguments go to go test
 # alone, e.g. scripts/test.sh -run Begin.
 set -euo pipefail
@@ -49,7 +49,7 @@ command -v npm >/dev/null || apt_install npm
 if [ $# -eq 0 ]; then
   clients/ts/scripts/deps.sh
   (cd clients/ts && npm test)
-  # Both SDKs installed into scratch projects as the README says.
+  # Both SDKs installed into scratch projects as docs/sdks.md says.
   scripts/sdk-install-test.sh
 fi
 

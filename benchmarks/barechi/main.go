@@ -31,7 +31,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemsvc/idemsvc/internal/lua"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 )
 
 const (
@@ -88,9 +88,9 @@ func begin(w http.ResponseWriter, r *http.Request, client *redis.Client) {
 	rand.Read(token[:])
 	ctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
 	defer cancel()
-	// KEYS and ARGV as statemachine.RedisStore.Begin passes them, without
+	// KEYS and ARGV as redisstore.Store.Begin passes them, without
 	// owner or fingerprint.
-	res, err := lua.Begin.Run(ctx, client, []string{statemachine.RedisKey(tenant, req.Key)},
+	res, err := lua.Begin.Run(ctx, client, []string{redisstore.Key(tenant, req.Key)},
 		string(token[:]), "", "", int64(leaseMs), int64(retentionS), req.Key).Slice()
 	if err == nil && len(res) < 2 {
 		err = errors.New("short script reply")
@@ -140,7 +140,7 @@ func complete(w http.ResponseWriter, r *http.Request, client *redis.Client) {
 	}
 	ctx, cancel := context.WithTimeout(r.Context(), storeTimeout)
 	defer cancel()
-	res, err := lua.Complete.Run(ctx, client, []string{statemachine.RedisKey(tenant, req.Key)},
+	res, err := lua.Complete.Run(ctx, client, []string{redisstore.Key(tenant, req.Key)},
 		string(token), string(req.Response), "").Slice()
 	if err == nil && len(res) < 1 {
 		err = errors.New("short script reply")

@@ -186,7 +186,7 @@ func parseConfig(args, env []string) (config, error) {
 }
 
 // defaultMaxBodyBytesInFlight is IDEMPROXY_MAX_BODY_BYTES_IN_FLIGHT's
-// default (see the README's "Bounded memory").
+// default (see docs/configuration.md, "Bounded memory").
 const defaultMaxBodyBytesInFlight = 64 << 20
 
 // unstorable are the answer headers that describe one connection or one

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // pathsUpstream is an upstream that answers 201 and notes every request

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 var (

@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
-	"github.com/idemsvc/idemsvc/internal/redistest"
-	"github.com/idemsvc/idemsvc/internal/s3test"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/s3test"
 )
 
 // TestBlobBoundedMemory runs the idemsvc binary with a blob store

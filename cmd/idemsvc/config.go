@@ -17,6 +17,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/cli"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -101,11 +102,11 @@ func parseConfig(args, env []string) (config, error) {
 	proxies := fs.String("trusted-proxies", "", "comma-separated addresses or CIDRs of proxies whose X-Forwarded-For names the client in the log")
 	waitReplicas := fs.Int("redis-wait-replicas", 0, "replicas that must confirm each transition")
 	allowEviction := fs.Bool("redis-allow-eviction", false, "serve on a Redis whose maxmemory-policy may drop records")
-	reserve := fs.Int64("redis-reserve-bytes", statemachine.DefaultReserveBytes,
+	reserve := fs.Int64("redis-reserve-bytes", redisstore.DefaultReserveBytes,
 		"free memory under maxmemory each Redis master keeps for the outcomes of operations in flight; below it, begins that would start one there get 503 (0: none)")
 	waitTimeout := fs.Int("redis-wait-timeout-ms", 1000, "how long to wait for them before answering 503")
 	timeout := fs.Int("redis-timeout-ms", 1000, "how long one store operation may take before answering 503")
-	maxInFlight := fs.Int("redis-max-in-flight", statemachine.DefaultMaxInFlight,
+	maxInFlight := fs.Int("redis-max-in-flight", redisstore.DefaultMaxInFlight,
 		"scripts run on Redis at a time; a begin, status or delete that finds none free within 20 ms gets 503 at once")
 	tenants := fs.String("tenants-file", "", "the tenants file (YAML)")
 	insecure := fs.Bool("insecure-no-auth", false, "serve Redis without tenants: every call acts as tenant default")

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // The tenants file's limits reach the running service, on the memory

@@ -11,8 +11,8 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // listRSSBound is the bound on idemsvc's resident set while it

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/testpki"
+	"github.com/idemsvc/idemsvc/internal/testkit/testpki"
 )
 
 // exchange writes raw to a new connection to idemsvc and reads one answer,

@@ -31,6 +31,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
 	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -118,7 +119,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		evictionAllowed.Set(1)
 	}
 	registry.MustRegister(evictionAllowed)
-	if rs, ok := store.(*statemachine.RedisStore); ok {
+	if rs, ok := store.(*redisstore.Store); ok {
 		registry.MustRegister(headroomCollector{rs})
 	}
 	registerBuildInfo(registry)
@@ -224,9 +225,9 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 	redis.SetLogger(redisLogger{log})
 	reserve := cfg.redisReserveBytes
 	if reserve == 0 {
-		reserve = -1 // none; RedisOptions' zero is the default
+		reserve = -1 // none; redisstore.Options' zero is the default
 	}
-	store := statemachine.NewRedisStore(client, statemachine.RedisOptions{
+	store := redisstore.New(client, redisstore.Options{
 		Limits:        limits,
 		Timeout:       cfg.redisTimeout,
 		WaitReplicas:  cfg.redisWaitReplicas,
@@ -268,7 +269,7 @@ func redisPoolSize(cfg *config) int { return cfg.redisMaxInFlight + 32 }
 // mode bounds each command by its context, so the store's timeout holds
 // even while Redis hangs, and so do its tries: the store gives up a try on
 // a hung master and tries again once a replica took over (see
-// internal/statemachine/redisfailover.go).
+// internal/redisstore/failover.go).
 func redisClient(cfg *config) (redis.UniversalClient, string, error) {
 	var tlsConfig *tls.Config
 	if cfg.redisTLS || cfg.redisURLTLS() {

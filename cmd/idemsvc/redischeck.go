@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -18,7 +19,7 @@ import (
 // redisRetryInterval, how often while some master cannot be read, so that
 // a Redis reached only after start has its policy checked within a second;
 // roomCheckInterval, how often every master's memory and policy are read
-// for the gates of new attempts (statemachine.RedisStore.RefreshRoom).
+// for the gates of new attempts (redisstore.Store.RefreshRoom).
 var (
 	redisCheckInterval = 30 * time.Second
 	redisRetryInterval = time.Second
@@ -28,7 +29,7 @@ var (
 // redisChecker reads every Redis master for what can make it forget
 // records: an evicting policy, no persistence.
 type redisChecker struct {
-	store         *statemachine.RedisStore
+	store         *redisstore.Store
 	allowEviction bool
 	log           *slog.Logger
 	warned        map[string]bool // nodes already warned about: no persistence, or unreadable
@@ -78,7 +79,7 @@ func (c *redisChecker) check(ctx context.Context, atStart bool) (allRead bool, e
 
 // logRefusal logs, once until it ends, that a node refuses idemsvc's
 // credentials or commands: every call to it fails until an operator acts.
-func (c *redisChecker) logRefusal(n statemachine.NodeInfo) {
+func (c *redisChecker) logRefusal(n redisstore.NodeInfo) {
 	if n.Refused == "" {
 		if c.refused[n.Addr] {
 			delete(c.refused, n.Addr)
@@ -130,7 +131,7 @@ func (c *redisChecker) watch(ctx context.Context, allRead bool) {
 // ctx ends, so that begins that would acquire on a master short of its
 // reserve, or with an evicting policy, are refused within about that
 // interval of the change; it logs each master's gate as it shuts and opens.
-func watchRoom(ctx context.Context, store *statemachine.RedisStore, interval time.Duration, log *slog.Logger) {
+func watchRoom(ctx context.Context, store *redisstore.Store, interval time.Duration, log *slog.Logger) {
 	shut := map[string]bool{}
 	for {
 		refreshCtx, cancel := context.WithTimeout(ctx, roomReadTimeout)
@@ -160,7 +161,7 @@ const roomReadTimeout = time.Second
 // headroomCollector exports each master's free memory under maxmemory as
 // the last RefreshRoom read it: idemsvc_redis_headroom_bytes{node}, +Inf
 // without maxmemory, and no series for a master whose INFO is not known.
-type headroomCollector struct{ store *statemachine.RedisStore }
+type headroomCollector struct{ store *redisstore.Store }
 
 var headroomDesc = prometheus.NewDesc("idemsvc_redis_headroom_bytes",
 	"Free memory under maxmemory of each Redis master, read every second (+Inf without maxmemory); below IDEMSVC_REDIS_RESERVE_BYTES, begins that would start an operation there get 503.",

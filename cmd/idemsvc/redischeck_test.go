@@ -10,11 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // TestEvictingRedis: on a master whose policy may drop records idemsvc

@@ -13,11 +13,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/redistest"
-	"github.com/idemsvc/idemsvc/internal/testpki"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/testpki"
 )
 
 // servedName is the common name of the certificate a new connection to

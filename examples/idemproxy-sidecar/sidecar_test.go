@@ -19,9 +19,9 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
-	"github.com/idemsvc/idemsvc/internal/redistest"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -75,7 +75,7 @@ func TestSidecar(t *testing.T) {
 	// The stack, on loopback: Redis and idemsvc as the test runs them, and
 	// the upstream and idemproxy with the compose file's settings, their
 	// addresses moved to free ports.
-	svc := idemtest.Serve(t, handlers.Config{Store: statemachine.NewRedisStore(redistest.SharedServer(t).Client(t), statemachine.RedisOptions{})})
+	svc := idemtest.Serve(t, handlers.Config{Store: redisstore.New(redistest.SharedServer(t).Client(t), redisstore.Options{})})
 	up := c.Services["upstream"]
 	upPort := freePort(t)
 	node, err := exec.LookPath("node")

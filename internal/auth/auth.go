@@ -50,7 +50,7 @@ type key struct {
 	index     int // in its tenant's api_key_sha256
 }
 
-// KeyPrefix starts the API keys the README's recipe makes
+// KeyPrefix starts the API keys the recipe of docs/configuration.md makes
 // (idemsvc_ and 64 hex characters): a value with it in the tenants file is
 // a key pasted where its digest belongs, and is refused.
 const KeyPrefix = "idemsvc_"

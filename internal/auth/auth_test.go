@@ -102,7 +102,7 @@ func TestKeyInPlaceOfDigest(t *testing.T) {
 	}
 }
 
-// A key of the README's recipe (idemsvc_ and 64 hex characters) where its
+// A key of the recipe of docs/configuration.md (idemsvc_ and 64 hex characters) where its
 // digest belongs is refused, saying it is a key, without printing it.
 func TestPrefixedKeyInPlaceOfDigest(t *testing.T) {
 	apiKey := KeyPrefix + strings.Repeat("0123456789abcdef", 4)

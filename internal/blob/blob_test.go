@@ -17,8 +17,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	"github.com/idemsvc/idemsvc/internal/blob"
-	"github.com/idemsvc/idemsvc/internal/s3test"
-	"github.com/idemsvc/idemsvc/internal/testpki"
+	"github.com/idemsvc/idemsvc/internal/testkit/s3test"
+	"github.com/idemsvc/idemsvc/internal/testkit/testpki"
 )
 
 func open(t *testing.T, srv *s3test.Server) *blob.Store {

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 )

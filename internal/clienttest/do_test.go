@@ -14,7 +14,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // Twenty callers of one key at once: fn runs once, and every caller gets
@@ -31,7 +31,7 @@ func TestDoConcurrentDuplicatesRunOnce(t *testing.T) {
 		n := runs.Add(1)
 		// Hold the attempt until every caller has sent its begin, so that
 		// they all meet it in progress.
-		if !eventually(func() bool { return svc.calls.get("/v1/begin") >= callers }) {
+		if !idemtest.Poll(5*time.Second, func() bool { return svc.calls.get("/v1/begin") >= callers }) {
 			t.Error("not every caller sent its begin while fn ran")
 		}
 		return idem.Response{StatusCode: 201, Headers: map[string]string{"Content-Type": "application/json"},

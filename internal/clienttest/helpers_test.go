@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
@@ -92,19 +92,6 @@ func (c *pathCounter) get(path string) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.n[path]
-}
-
-// eventually polls cond until it holds, for a few seconds at most, and
-// reports whether it did.
-func eventually(cond func() bool) bool {
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return true
 }
 
 // waitFor polls cond until it holds, failing the test after a few seconds.

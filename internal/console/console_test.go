@@ -30,8 +30,8 @@ import (
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/console"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // chromium is Debian's Chromium, which scripts/test.sh installs.
@@ -39,7 +39,7 @@ const chromium = "/usr/bin/chromium"
 
 // The environment variables of the tests: where to write screenshots of
 // the pages when a test fails (default: a folder under os.TempDir), and
-// where to write the README's screenshots (none unless set).
+// where to write the screenshots of docs/ (none unless set).
 const (
 	artifactsVar   = "IDEMSVC_TEST_CONSOLE_ARTIFACTS"
 	screenshotsVar = "IDEMSVC_TEST_CONSOLE_SCREENSHOTS"
@@ -351,7 +351,7 @@ func (tb *tab) artifacts() {
 	}
 }
 
-// readme saves a screenshot of the page for the README when asked to.
+// readme saves a screenshot of the page for docs/ when asked to.
 func (tb *tab) readme(name string) {
 	dir := os.Getenv(screenshotsVar)
 	if dir == "" {

@@ -13,12 +13,13 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/quota"
-	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // BenchmarkServeBeginLimits is the cost of tenant limits on a begin of a new
@@ -50,7 +51,7 @@ func BenchmarkServeBeginLimits(b *testing.B) {
 			limiter := quota.NewMemory(quota.Options{})
 			if bc.redis {
 				rdb := redistest.SharedServer(b).Client(b)
-				store = statemachine.NewRedisStore(rdb, statemachine.RedisOptions{})
+				store = redisstore.New(rdb, redisstore.Options{})
 				limiter = quota.NewRedis(rdb, quota.Options{RateBatch: bc.batch})
 			}
 			b.Cleanup(limiter.Close)

@@ -16,7 +16,8 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
@@ -24,8 +25,8 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/quota"
-	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // benchService is the service as shipped: authentication on, JSON request
@@ -178,7 +179,7 @@ func benchServeReplay(b *testing.B, store statemachine.Store, svc *handlers.Serv
 // standalone Redis, 64 callers in parallel.
 func BenchmarkHTTPBeginRedis(b *testing.B) {
 	rdb := redistest.SharedServer(b).Client(b)
-	svc := benchService(b, statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}))
+	svc := benchService(b, redisstore.New(rdb, redisstore.Options{}))
 	srv := httptest.NewServer(svc)
 	defer srv.Close()
 	client := srv.Client()

@@ -13,6 +13,7 @@ import (
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // startWithTenants serves store with the tenants payments, billing and the
@@ -31,9 +32,9 @@ func TestE2EAuth(t *testing.T) {
 		t.Run("a missing or wrong key is 401 and changes nothing", func(t *testing.T) {
 			t.Parallel()
 			payments := e.as(t, keyPayments)
-			key := unique("order")
+			key := idemtest.Unique("order")
 			token := payments.acquire(idem.BeginRequest{Key: key}).LeaseToken
-			fresh := unique("fresh")
+			fresh := idemtest.Unique("fresh")
 			before := payments.snapshot(key)
 
 			for _, header := range []string{"", "Bearer", "Bearer ", "Bearer wrong-key", "Basic " + keyPayments,
@@ -95,7 +96,7 @@ func TestE2EAuth(t *testing.T) {
 		t.Run("the same key under two tenants is two records", func(t *testing.T) {
 			t.Parallel()
 			payments, billing := e.as(t, keyPayments), e.as(t, keyBilling)
-			key := unique("invoice")
+			key := idemtest.Unique("invoice")
 			p := payments.acquire(idem.BeginRequest{Key: key, Fingerprint: ptr("fp-payments")})
 			bl := billing.acquire(idem.BeginRequest{Key: key, Fingerprint: ptr("fp-billing")})
 			if bl.Attempt != 1 || bl.LeaseToken == p.LeaseToken {
@@ -127,7 +128,7 @@ func TestE2EAuth(t *testing.T) {
 		t.Run("a tenant naming another tenant is 403 and changes nothing", func(t *testing.T) {
 			t.Parallel()
 			payments, billing := e.as(t, keyPayments), e.as(t, keyBilling)
-			held, released := unique("held"), unique("released")
+			held, released := idemtest.Unique("held"), idemtest.Unique("released")
 			token := billing.acquire(idem.BeginRequest{Key: held}).LeaseToken
 			l := billing.acquire(idem.BeginRequest{Key: released})
 			billing.mustFail(idem.FailRequest{Key: released, LeaseToken: l.LeaseToken})
@@ -169,7 +170,7 @@ func TestE2EAuth(t *testing.T) {
 		t.Run("a tenant may name itself", func(t *testing.T) {
 			t.Parallel()
 			payments := e.as(t, keyPayments)
-			key := unique("order")
+			key := idemtest.Unique("order")
 			self := ptr("payments")
 			l := payments.acquire(idem.BeginRequest{Key: key, Tenant: self})
 			payments.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Tenant: self})
@@ -188,7 +189,7 @@ func TestE2EAuth(t *testing.T) {
 		t.Run("an admin acts for a tenant it names", func(t *testing.T) {
 			t.Parallel()
 			ops, payments := e.as(t, keyOps), e.as(t, keyPayments)
-			key := unique("order")
+			key := idemtest.Unique("order")
 			forPayments := ptr("payments")
 			l := ops.acquire(idem.BeginRequest{Key: key, Tenant: forPayments, LeaseMs: ptr[int64](60000)})
 			// The record is payments': payments sees it and may finish it.
@@ -206,7 +207,7 @@ func TestE2EAuth(t *testing.T) {
 				t.Fatalf("admin's view of payments' record: %s", r.Body)
 			}
 			// The admin fails and deletes for the tenant too.
-			key2 := unique("order")
+			key2 := idemtest.Unique("order")
 			l2 := ops.acquire(idem.BeginRequest{Key: key2, Tenant: forPayments})
 			ops.mustFail(idem.FailRequest{Key: key2, LeaseToken: l2.LeaseToken, Retryable: ptr(false), Tenant: forPayments})
 			if rec := payments.record(key2); rec.State != idem.StateFailed {
@@ -223,7 +224,7 @@ func TestE2EAuth(t *testing.T) {
 		t.Run("an admin naming a malformed tenant is 400", func(t *testing.T) {
 			t.Parallel()
 			ops := e.as(t, keyOps)
-			r := ops.begin(idem.BeginRequest{Key: unique("order"), Tenant: ptr("Payments!")})
+			r := ops.begin(idem.BeginRequest{Key: idemtest.Unique("order"), Tenant: ptr("Payments!")})
 			p := requireProblem(t, r.HTTPResponse, r.Body, http.StatusBadRequest, "invalid-request")
 			requireField(t, p, "tenant")
 		})
@@ -231,7 +232,7 @@ func TestE2EAuth(t *testing.T) {
 		t.Run("an admin naming a tenant the file does not list is 404 naming it", func(t *testing.T) {
 			t.Parallel()
 			ops := e.as(t, keyOps)
-			key := unique("order")
+			key := idemtest.Unique("order")
 			r := ops.begin(idem.BeginRequest{Key: key, Tenant: ptr("paymnets")})
 			p := requireProblem(t, r.HTTPResponse, r.Body, http.StatusNotFound, "not-found")
 			if !strings.Contains(p.Detail, `"paymnets"`) {
@@ -244,7 +245,7 @@ func TestE2EAuth(t *testing.T) {
 		t.Run("keys full of special characters are just keys, per tenant", func(t *testing.T) {
 			t.Parallel()
 			payments, billing := e.as(t, keyPayments), e.as(t, keyBilling)
-			id := unique("")
+			id := idemtest.Unique("")
 			keys := []string{
 				"{" + id + "}", "{" + id + "}*", "*" + id, "?" + id, `\` + id, id + `\*?{}`,
 				"{payments}" + id, "{billing:" + id + "}", id + "+&=%#/;,", "%2A" + id, "*",
@@ -327,7 +328,7 @@ func TestE2EAuth(t *testing.T) {
 			// A raw query: the key is percent-encoded by hand, as a non-Go
 			// caller would.
 			payments := e.as(t, keyPayments)
-			key := unique("q") + "&key=other;tenant=billing"
+			key := idemtest.Unique("q") + "&key=other;tenant=billing"
 			payments.acquire(idem.BeginRequest{Key: key})
 			resp, body := e.raw(t, http.MethodGet, "/v1/status?key="+url.QueryEscape(key), "", nil, "Authorization", "Bearer "+keyPayments)
 			requireJSON(t, resp, body, http.StatusOK)

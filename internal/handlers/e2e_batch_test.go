@@ -15,10 +15,11 @@ import (
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // sdk is the Go SDK's client of e.
@@ -55,13 +56,13 @@ func TestE2EBatch(t *testing.T) {
 			e := startOn(t, b.Open(t))
 			c, sdk := e.as(t, ""), e.sdk(t, "")
 
-			done, busy, printed := unique("done"), unique("busy"), unique("printed")
+			done, busy, printed := idemtest.Unique("done"), idemtest.Unique("busy"), idemtest.Unique("printed")
 			l := c.acquire(idem.BeginRequest{Key: done})
 			c.mustComplete(idem.CompleteRequest{Key: done, LeaseToken: l.LeaseToken,
 				Response: &idem.StoredResponse{StatusCode: ptr(201), Body: ptr("paid")}})
 			other := c.acquire(idem.BeginRequest{Key: busy, Owner: ptr("elsewhere")})
 			c.acquire(idem.BeginRequest{Key: printed, Fingerprint: ptr("fp-1")})
-			fresh := []string{unique("new"), unique("new"), unique("new")}
+			fresh := []string{idemtest.Unique("new"), idemtest.Unique("new"), idemtest.Unique("new")}
 
 			res, err := sdk.BeginBatch(bg, []idem.BeginParams{
 				{Key: fresh[0]}, {Key: done}, {Key: busy}, {Key: printed, Fingerprint: "fp-2"}, {Key: fresh[1]},
@@ -114,7 +115,7 @@ func TestE2EBatch(t *testing.T) {
 			c.requireAbsent("y") // a waiting item is refused, not begun
 
 			// Finish: complete, terminal fail, a lost lease, an invalid item.
-			lost := unique("lost")
+			lost := idemtest.Unique("lost")
 			old := c.acquire(idem.BeginRequest{Key: lost})
 			c.mustFail(idem.FailRequest{Key: lost, LeaseToken: old.LeaseToken})
 			c.acquire(idem.BeginRequest{Key: lost})
@@ -168,7 +169,7 @@ func TestE2EBatchEnvelope(t *testing.T) {
 	t.Parallel()
 	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), MaxBatch: 3})
 	c := e.as(t, "")
-	keys := []string{unique("k"), unique("k"), unique("k"), unique("k")}
+	keys := []string{idemtest.Unique("k"), idemtest.Unique("k"), idemtest.Unique("k"), idemtest.Unique("k")}
 	items := make([]idem.BeginBatchItem, len(keys))
 	for i, k := range keys {
 		items[i], _ = json.Marshal(idem.BeginRequest{Key: k})
@@ -206,7 +207,7 @@ func TestE2EBatchTenantRate(t *testing.T) {
 	sdk := e.sdk(t, keys["rate"])
 	params := make([]idem.BeginParams, 5)
 	for i := range params {
-		params[i].Key = unique("k")
+		params[i].Key = idemtest.Unique("k")
 	}
 	res, err := sdk.BeginBatch(bg, params)
 	if err != nil {
@@ -220,7 +221,7 @@ func TestE2EBatchTenantRate(t *testing.T) {
 			t.Errorf("item %d over the burst: %+v, want rate-limited", i, r)
 		}
 	}
-	if r := e.as(t, keys["rate"]).begin(idem.BeginRequest{Key: unique("k")}); r.StatusCode() != http.StatusTooManyRequests {
+	if r := e.as(t, keys["rate"]).begin(idem.BeginRequest{Key: idemtest.Unique("k")}); r.StatusCode() != http.StatusTooManyRequests {
 		t.Errorf("single begin after the batch spent the burst: %d", r.StatusCode())
 	}
 	// Each item counts in idemsvc_begins_total as a single begin does.
@@ -298,12 +299,12 @@ func TestE2EBatchRoundTrips(t *testing.T) {
 		t.Run(s.name, func(t *testing.T) {
 			t.Parallel()
 			counts := &roundTrips{pipelines: map[string]int{}}
-			store := statemachine.NewRedisStore(s.client(t, counts), statemachine.RedisOptions{WaitReplicas: s.wait})
+			store := redisstore.New(s.client(t, counts), redisstore.Options{WaitReplicas: s.wait})
 			sdk := startOn(t, store).sdk(t, "")
 			batch := func() []idem.BeginParams {
 				p := make([]idem.BeginParams, 60) // on every master, most likely many times over
 				for i := range p {
-					p[i].Key = unique("rt")
+					p[i].Key = idemtest.Unique("rt")
 				}
 				return p
 			}

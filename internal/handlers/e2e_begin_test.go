@@ -12,6 +12,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // The outcomes of POST /v1/begin, one subtest per row of the contract's
@@ -24,7 +25,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("a new key is acquired", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			before := time.Now()
 			r := c.begin(idem.BeginRequest{Key: key, Owner: ptr("req-1"), LeaseMs: ptr[int64](20000)})
 			after := time.Now()
@@ -45,7 +46,7 @@ func TestE2EBegin(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
 			before := time.Now()
-			a := c.acquire(idem.BeginRequest{Key: unique("order")})
+			a := c.acquire(idem.BeginRequest{Key: idemtest.Unique("order")})
 			if d := a.LeaseExpiresAt.Sub(before); d < 29*time.Second || d > 31*time.Second {
 				t.Fatalf("lease_expires_at is %s after the begin, want 30s", d)
 			}
@@ -54,7 +55,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("the same owner gets its live lease again", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			first := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("req-1")})
 			before := c.snapshot(key)
 			r := c.begin(idem.BeginRequest{Key: key, Owner: ptr("req-1")})
@@ -74,7 +75,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("another caller gets 409 in-progress", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			held := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("req-1"), LeaseMs: ptr[int64](20000)})
 			before := c.snapshot(key)
 			for _, other := range []*string{ptr("req-2"), nil} {
@@ -104,7 +105,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("begins without an owner never match", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			c.acquire(idem.BeginRequest{Key: key})
 			r := c.begin(idem.BeginRequest{Key: key})
 			requireProblem(t, r.HTTPResponse, r.Body, http.StatusConflict, "in-progress")
@@ -113,7 +114,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("a completed key replays a binary response byte for byte", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			binary := make([]byte, 4096)
 			for i := range binary {
 				binary[i] = byte(i*7 + i/256) // every byte value, 0x00 and 0xff included
@@ -157,7 +158,7 @@ func TestE2EBegin(t *testing.T) {
 			small := "{\"charge_id\":\"ch_123\",\"note\":\"naïve ☃ 😀 <b>&amp;</b>\"}\r\n\t\x00\x01 \\ end"
 			// A large body is escaped and written in pieces.
 			for _, text := range []string{small, strings.Repeat(small, 1500)} {
-				key := unique("order")
+				key := idemtest.Unique("order")
 				lease := c.acquire(idem.BeginRequest{Key: key})
 				c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: lease.LeaseToken, Response: &idem.StoredResponse{
 					StatusCode: ptr(200), Headers: map[string]string{"Content-Type": "application/json; charset=utf-8"}, Body: &text,
@@ -175,7 +176,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("a completed key replays a response of only a body", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("msg")
+			key := idemtest.Unique("msg")
 			lease := c.acquire(idem.BeginRequest{Key: key})
 			c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: lease.LeaseToken, Response: &idem.StoredResponse{Body: ptr("ack")}})
 			r := c.begin(idem.BeginRequest{Key: key})
@@ -190,7 +191,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("a completed key without a response replays an empty response", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("msg")
+			key := idemtest.Unique("msg")
 			lease := c.acquire(idem.BeginRequest{Key: key})
 			c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: lease.LeaseToken})
 			r := c.begin(idem.BeginRequest{Key: key})
@@ -202,7 +203,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("a terminal failure replays its response and error", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			lease := c.acquire(idem.BeginRequest{Key: key})
 			failed := c.mustFail(idem.FailRequest{Key: key, LeaseToken: lease.LeaseToken, Retryable: ptr(false), Error: ptr("card declined"),
 				Response: &idem.StoredResponse{StatusCode: ptr(402), Headers: map[string]string{"Content-Type": "application/json"}, Body: ptr(`{"error":"card_declined"}`)}})
@@ -225,7 +226,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("a released key is acquired again by the next begin", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			first := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("req-1")})
 			c.mustFail(idem.FailRequest{Key: key, LeaseToken: first.LeaseToken, Retryable: ptr(true)})
 			second := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("req-2")})
@@ -261,7 +262,7 @@ func TestE2EBegin(t *testing.T) {
 			t.Run("a different fingerprint is 422 when "+s.name, func(t *testing.T) {
 				t.Parallel()
 				c := e.as(t, "")
-				key := unique("order")
+				key := idemtest.Unique("order")
 				s.setup(c, key)
 				before := c.snapshot(key)
 				r := c.begin(idem.BeginRequest{Key: key, Fingerprint: ptr("fp-2"), Owner: ptr("req-9")})
@@ -282,7 +283,7 @@ func TestE2EBegin(t *testing.T) {
 		t.Run("fingerprints are compared only when both carry one", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			withFP, withoutFP := unique("fp"), unique("nofp")
+			withFP, withoutFP := idemtest.Unique("fp"), idemtest.Unique("nofp")
 			l := c.acquire(idem.BeginRequest{Key: withFP, Fingerprint: ptr("fp-1")})
 			c.mustComplete(idem.CompleteRequest{Key: withFP, LeaseToken: l.LeaseToken})
 			if r := c.begin(idem.BeginRequest{Key: withFP}); r.StatusCode() != http.StatusOK {
@@ -307,7 +308,7 @@ func TestE2ELeaseExpiry(t *testing.T) {
 		t.Run("the next begin takes over with recovered", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			old := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("worker-a"), LeaseMs: ptr[int64](100)})
 			c.awaitLeaseExpired(key)
 			rec := c.record(key)
@@ -350,7 +351,7 @@ func TestE2ELeaseExpiry(t *testing.T) {
 		t.Run("the owner of an expired lease gets a new attempt", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			old := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("worker-a"), LeaseMs: ptr[int64](100)})
 			c.awaitLeaseExpired(key)
 			again := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("worker-a")})
@@ -362,7 +363,7 @@ func TestE2ELeaseExpiry(t *testing.T) {
 		t.Run("a holder nobody took over from may still complete", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](100)})
 			c.awaitLeaseExpired(key)
 			done := c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: ptr("late but fine")}})
@@ -374,7 +375,7 @@ func TestE2ELeaseExpiry(t *testing.T) {
 		t.Run("a holder nobody took over from may still fail", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](100)})
 			c.awaitLeaseExpired(key)
 			res := c.mustFail(idem.FailRequest{Key: key, LeaseToken: l.LeaseToken, Retryable: ptr(false), Error: ptr("gave up")})

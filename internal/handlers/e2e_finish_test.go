@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // wellFormedToken is a lease token idemsvc never issued.
@@ -25,7 +26,7 @@ func TestE2EComplete(t *testing.T) {
 		t.Run("stores the response", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, RetentionS: ptr[int64](600)})
 			r := c.complete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{StatusCode: ptr(201), Body: ptr("created")}})
 			requireJSON(t, r.HTTPResponse, r.Body, http.StatusOK)
@@ -47,7 +48,7 @@ func TestE2EComplete(t *testing.T) {
 		t.Run("retention_s of complete replaces begin's", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, RetentionS: ptr[int64](600)})
 			done := c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, RetentionS: ptr[int64](3600)})
 			if d := done.ExpiresAt.Sub(done.CompletedAt.Time); d != time.Hour {
@@ -58,7 +59,7 @@ func TestE2EComplete(t *testing.T) {
 		t.Run("a retried complete gets the same result and changes nothing", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			first := c.complete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{StatusCode: ptr(201), Body: ptr("first")}})
 			requireJSON(t, first.HTTPResponse, first.Body, http.StatusOK)
@@ -110,7 +111,7 @@ func TestE2EComplete(t *testing.T) {
 			t.Run("409 lease-lost "+row.name, func(t *testing.T) {
 				t.Parallel()
 				c := e.as(t, "")
-				key := unique("order")
+				key := idemtest.Unique("order")
 				token := row.setup(c, key)
 				before := c.snapshot(key)
 				r := c.complete(idem.CompleteRequest{Key: key, LeaseToken: token, Response: &idem.StoredResponse{Body: ptr("x")}})
@@ -124,7 +125,7 @@ func TestE2EComplete(t *testing.T) {
 		t.Run("404 without a record", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			if r := c.del(idem.DeleteKeyParams{Key: key}); r.StatusCode() != http.StatusNoContent {
 				t.Fatalf("delete: %d %s", r.StatusCode(), r.Body)
@@ -132,7 +133,7 @@ func TestE2EComplete(t *testing.T) {
 			r := c.complete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: ptr("x")}})
 			requireProblem(t, r.HTTPResponse, r.Body, http.StatusNotFound, "not-found")
 			c.requireAbsent(key)
-			never := unique("never")
+			never := idemtest.Unique("never")
 			r = c.complete(idem.CompleteRequest{Key: never, LeaseToken: wellFormedToken})
 			requireProblem(t, r.HTTPResponse, r.Body, http.StatusNotFound, "not-found")
 			c.requireAbsent(never)
@@ -148,7 +149,7 @@ func TestE2EComplete(t *testing.T) {
 		t.Run("a response of exactly 1 MiB is stored and replayed", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			binary := bytes.Repeat([]byte{0x00, 0xff, 0x7f, 0x80}, (mib-headerBytes)/4+1)[:mib-headerBytes]
 			encoded := base64.StdEncoding.EncodeToString(binary)
@@ -163,7 +164,7 @@ func TestE2EComplete(t *testing.T) {
 		t.Run("413 for a response of 1 MiB plus one byte", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			before := c.snapshot(key)
 			body := strings.Repeat("b", mib-headerBytes+1)
@@ -187,7 +188,7 @@ func TestE2EFail(t *testing.T) {
 		t.Run("a terminal failure is stored", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, RetentionS: ptr[int64](600)})
 			r := c.fail(idem.FailRequest{Key: key, LeaseToken: l.LeaseToken, Retryable: ptr(false), Error: ptr("card declined")})
 			requireJSON(t, r.HTTPResponse, r.Body, http.StatusOK)
@@ -212,7 +213,7 @@ func TestE2EFail(t *testing.T) {
 			t.Run("a retryable failure releases the key, "+row.name, func(t *testing.T) {
 				t.Parallel()
 				c := e.as(t, "")
-				key := unique("order")
+				key := idemtest.Unique("order")
 				first := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("req-1")})
 				r := c.fail(idem.FailRequest{Key: key, LeaseToken: first.LeaseToken, Retryable: row.retryable, Error: ptr("timeout upstream")})
 				requireJSON(t, r.HTTPResponse, r.Body, http.StatusOK)
@@ -241,7 +242,7 @@ func TestE2EFail(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
 			for _, retryable := range []bool{false, true} {
-				key := unique("order")
+				key := idemtest.Unique("order")
 				l := c.acquire(idem.BeginRequest{Key: key})
 				req := idem.FailRequest{Key: key, LeaseToken: l.LeaseToken, Retryable: &retryable, Error: ptr("boom"),
 					Response: &idem.StoredResponse{StatusCode: ptr(502)}}
@@ -262,7 +263,7 @@ func TestE2EFail(t *testing.T) {
 		t.Run("409 lease-lost after complete", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: ptr("ok")}})
 			before := c.snapshot(key)
@@ -278,7 +279,7 @@ func TestE2EFail(t *testing.T) {
 		t.Run("404 without a record", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			r := c.fail(idem.FailRequest{Key: key, LeaseToken: wellFormedToken, Retryable: ptr(false)})
 			requireProblem(t, r.HTTPResponse, r.Body, http.StatusNotFound, "not-found")
 			c.requireAbsent(key)
@@ -295,7 +296,7 @@ func TestE2EExtend(t *testing.T) {
 		t.Run("pushes lease_expires_at", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("worker-a"), LeaseMs: ptr[int64](100)})
 			r := c.extend(idem.ExtendRequest{Key: key, LeaseToken: l.LeaseToken, LeaseMs: ptr[int64](60000)})
 			requireJSON(t, r.HTTPResponse, r.Body, http.StatusOK)
@@ -325,7 +326,7 @@ func TestE2EExtend(t *testing.T) {
 		t.Run("409 lease-lost with the token of a taken-over attempt", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			old := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](100)})
 			c.awaitLeaseExpired(key)
 			c.acquire(idem.BeginRequest{Key: key})
@@ -349,7 +350,7 @@ func TestE2EExtend(t *testing.T) {
 					c.mustFail(idem.FailRequest{Key: key, LeaseToken: token, Retryable: ptr(true)})
 				},
 			} {
-				key := unique("order")
+				key := idemtest.Unique("order")
 				l := c.acquire(idem.BeginRequest{Key: key})
 				finish(key, l.LeaseToken)
 				before := c.snapshot(key)
@@ -364,7 +365,7 @@ func TestE2EExtend(t *testing.T) {
 		t.Run("404 without a record", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			r := c.extend(idem.ExtendRequest{Key: key, LeaseToken: wellFormedToken, LeaseMs: ptr[int64](60000)})
 			requireProblem(t, r.HTTPResponse, r.Body, http.StatusNotFound, "not-found")
 			c.requireAbsent(key)
@@ -381,7 +382,7 @@ func TestE2EStatus(t *testing.T) {
 		t.Run("in progress", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("req-1"), Fingerprint: ptr("sha256:abc")})
 			r := c.status(idem.GetStatusParams{Key: key})
 			requireJSON(t, r.HTTPResponse, r.Body, http.StatusOK)
@@ -399,7 +400,7 @@ func TestE2EStatus(t *testing.T) {
 		t.Run("in progress without owner or fingerprint omits them", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			c.acquire(idem.BeginRequest{Key: key})
 			r := c.status(idem.GetStatusParams{Key: key, IncludeResponse: ptr(false)})
 			requireJSON(t, r.HTTPResponse, r.Body, http.StatusOK)
@@ -410,7 +411,7 @@ func TestE2EStatus(t *testing.T) {
 		t.Run("completed, with and without the response", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("req-1"), Fingerprint: ptr("sha256:abc")})
 			stored := idem.StoredResponse{StatusCode: ptr(201), Headers: map[string]string{"Location": "/charges/ch_1"},
 				Body: ptr(base64.StdEncoding.EncodeToString([]byte{0, 1, 2, 0xff})), BodyEncoding: ptr(idem.BodyEncodingBase64)}
@@ -438,7 +439,7 @@ func TestE2EStatus(t *testing.T) {
 		t.Run("failed terminally", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			stored := idem.StoredResponse{StatusCode: ptr(402), Body: ptr("declined"), BodyEncoding: ptr(idem.BodyEncodingText)}
 			c.mustFail(idem.FailRequest{Key: key, LeaseToken: l.LeaseToken, Retryable: ptr(false), Error: ptr("card declined"), Response: &stored})
@@ -459,7 +460,7 @@ func TestE2EStatus(t *testing.T) {
 		t.Run("released, without an error message", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			c.mustFail(idem.FailRequest{Key: key, LeaseToken: l.LeaseToken, Retryable: ptr(true)})
 			r := c.status(idem.GetStatusParams{Key: key})
@@ -473,7 +474,7 @@ func TestE2EStatus(t *testing.T) {
 		t.Run("404 without a record", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			r := c.status(idem.GetStatusParams{Key: unique("never"), IncludeResponse: ptr(true)})
+			r := c.status(idem.GetStatusParams{Key: idemtest.Unique("never"), IncludeResponse: ptr(true)})
 			requireProblem(t, r.HTTPResponse, r.Body, http.StatusNotFound, "not-found")
 		})
 	})
@@ -488,7 +489,7 @@ func TestE2EDelete(t *testing.T) {
 		t.Run("a completed key is forgotten", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, Fingerprint: ptr("fp-1")})
 			c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: ptr("ok")}})
 			r := c.del(idem.DeleteKeyParams{Key: key})
@@ -508,7 +509,7 @@ func TestE2EDelete(t *testing.T) {
 		t.Run("an attempt in progress is forgotten", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			if r := c.del(idem.DeleteKeyParams{Key: key}); r.StatusCode() != http.StatusNoContent {
 				t.Fatalf("delete: %d %s", r.StatusCode(), r.Body)
@@ -521,7 +522,7 @@ func TestE2EDelete(t *testing.T) {
 		t.Run("204 also when absent", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("never")
+			key := idemtest.Unique("never")
 			for range 2 {
 				if r := c.del(idem.DeleteKeyParams{Key: key}); r.StatusCode() != http.StatusNoContent {
 					t.Fatalf("delete of an absent key: %d %s", r.StatusCode(), r.Body)

@@ -5,9 +5,7 @@ package handlers_test
 import (
 	"bytes"
 	"context"
-	"crypto/rand"
 	"encoding/json"
-	"fmt"
 	"io"
 	"mime"
 	"net/http"
@@ -22,9 +20,9 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
-	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }
@@ -36,7 +34,7 @@ const problemBase = "https://idemsvc.dev/problems/"
 type backend = idemtest.Backend
 
 // forEachBackend runs test on the memory store. The HTTP layer is the same
-// over every store, whose rules internal/statemachine tests on all three;
+// over every store, whose rules internal/redisstore tests on all three;
 // TestE2EEveryEndpointOnRedis runs each endpoint on Redis and a Cluster.
 func forEachBackend(t *testing.T, test func(t *testing.T, b backend)) {
 	t.Helper()
@@ -351,13 +349,6 @@ func requireMembers(t *testing.T, body []byte, names ...string) map[string]json.
 		t.Fatalf("members %v, want %v; body %s", got, want, body)
 	}
 	return m
-}
-
-// unique returns a key no other test uses.
-func unique(prefix string) string {
-	var b [6]byte
-	_, _ = rand.Read(b[:])
-	return fmt.Sprintf("%s-%x", prefix, b)
 }
 
 func ptr[T any](v T) *T { return &v }

@@ -13,10 +13,11 @@ import (
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // in_progress bounds the leases a tenant holds at once: a begin that would
@@ -34,12 +35,12 @@ func TestE2EInProgressLimit(t *testing.T) {
 			c := e.as(t, keys["held"])
 			full := inProgressProbe(t, c)
 
-			done := unique("done")
+			done := idemtest.Unique("done")
 			l := c.acquire(idem.BeginRequest{Key: done})
 			c.mustComplete(idem.CompleteRequest{Key: done, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: ptr("stored")}})
-			a := full.acquireSoon(unique("a"), 60_000)
-			short := full.acquireSoon(unique("short"), 300)
-			if full.try(unique("c"), 60_000) != nil {
+			a := full.acquireSoon(idemtest.Unique("a"), 60_000)
+			short := full.acquireSoon(idemtest.Unique("short"), 300)
+			if full.try(idemtest.Unique("c"), 60_000) != nil {
 				t.Fatal("a third lease acquired under in_progress 2")
 			}
 			// Full: replays, 409 answers and other tenants are served.
@@ -49,7 +50,7 @@ func TestE2EInProgressLimit(t *testing.T) {
 			if r := c.begin(idem.BeginRequest{Key: a.Key}); r.StatusCode() != http.StatusConflict {
 				t.Fatalf("begin of a key in progress while full: %d %s, want 409", r.StatusCode(), r.Body)
 			}
-			e.as(t, keys["free"]).acquire(idem.BeginRequest{Key: unique("k")})
+			e.as(t, keys["free"]).acquire(idem.BeginRequest{Key: idemtest.Unique("k")})
 			// The short lease is extended far past its first end, and the
 			// long one completed (its token in upper case, as the API
 			// allows): the complete frees a place.
@@ -57,18 +58,18 @@ func TestE2EInProgressLimit(t *testing.T) {
 				t.Fatalf("extend: %d %s", r.StatusCode(), r.Body)
 			}
 			c.mustComplete(idem.CompleteRequest{Key: a.Key, LeaseToken: strings.ToUpper(a.LeaseToken)})
-			failed := full.acquireSoon(unique("failed"), 60_000)
+			failed := full.acquireSoon(idemtest.Unique("failed"), 60_000)
 			// A retryable fail frees a place too; the lease acquired then
 			// is never completed and expires after 100 ms.
 			c.mustFail(idem.FailRequest{Key: failed.Key, LeaseToken: failed.LeaseToken, Retryable: ptr(true)})
-			full.acquireSoon(unique("expiring"), 100)
-			if full.try(unique("c"), 60_000) != nil {
+			full.acquireSoon(idemtest.Unique("expiring"), 100)
+			if full.try(idemtest.Unique("c"), 60_000) != nil {
 				t.Fatal("a lease acquired while the extended and the expiring ones count")
 			}
 			// The expired lease stops counting (after its margin of 5 s);
 			// the extended one, whose first end is long past, still counts.
-			full.acquireSoonWithin(unique("after"), 60_000, 10*time.Second)
-			if full.try(unique("c"), 60_000) != nil {
+			full.acquireSoonWithin(idemtest.Unique("after"), 60_000, 10*time.Second)
+			if full.try(idemtest.Unique("c"), 60_000) != nil {
 				t.Fatal("the extended lease stopped counting at its first end")
 			}
 		})
@@ -90,16 +91,16 @@ func TestE2EInProgressAcrossInstances(t *testing.T) {
 			}
 			var held []*idem.BeginAcquired
 			for _, p := range probes {
-				held = append(held, p.acquireSoon(unique("k"), 60_000))
+				held = append(held, p.acquireSoon(idemtest.Unique("k"), 60_000))
 			}
 			for i, p := range probes {
-				if p.try(unique("over"), 60_000) != nil {
+				if p.try(idemtest.Unique("over"), 60_000) != nil {
 					t.Fatalf("instance %d acquired a fourth lease under in_progress 3", i)
 				}
 			}
 			// A lease completed on another instance than its begin's frees a place.
 			probes[1].c.mustComplete(idem.CompleteRequest{Key: held[0].Key, LeaseToken: held[0].LeaseToken})
-			probes[2].acquireSoon(unique("k"), 60_000)
+			probes[2].acquireSoon(idemtest.Unique("k"), 60_000)
 		})
 	}
 }
@@ -162,17 +163,17 @@ func TestE2ELimitedBeginOneTimeout(t *testing.T) {
 	t.Cleanup(func() { _ = rdb.Close() })
 	limiter := quota.NewRedis(rdb, quota.Options{FlushInterval: testFlush, Timeout: timeout})
 	t.Cleanup(limiter.Close)
-	store := statemachine.NewRedisStore(rdb, statemachine.RedisOptions{Timeout: timeout})
+	store := redisstore.New(rdb, redisstore.Options{Timeout: timeout})
 	keyring, _, keys := limitedTenants(t, map[string]string{"limited": "{begins_per_s: 1000, in_progress: 10}"})
 	e := start(t, handlers.Config{Store: store, Keyring: keyring, Limiter: limiter, StoreTimeout: timeout})
 	c := e.as(t, keys["limited"])
-	c.acquire(idem.BeginRequest{Key: unique("k")}) // scripts loaded, connections open
+	c.acquire(idem.BeginRequest{Key: idemtest.Unique("k")}) // scripts loaded, connections open
 
 	resume := srv.Pause(t)
 	t.Cleanup(resume)
 	for range 2 {
 		start := time.Now()
-		r := c.begin(idem.BeginRequest{Key: unique("k")})
+		r := c.begin(idem.BeginRequest{Key: idemtest.Unique("k")})
 		took := time.Since(start)
 		requireProblem(t, r.HTTPResponse, r.Body, http.StatusServiceUnavailable, "store-unavailable")
 		t.Logf("503 after %v (store timeout %v)", took.Round(time.Millisecond), timeout)
@@ -209,7 +210,7 @@ func TestE2ETenantSeriesBounded(t *testing.T) {
 			e := start(t, cfg)
 			c := e.as(t, "")
 			const tenants = quota.MaxTenantLabels + 200
-			prefix := unique("s")
+			prefix := idemtest.Unique("s")
 			for i := range tenants {
 				tenant := fmt.Sprintf("%s-%d", prefix, i)
 				l := c.acquire(idem.BeginRequest{Key: "k", Tenant: &tenant})

@@ -19,6 +19,7 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // limitsFixture is what a bad request is aimed at: a released key, which
@@ -36,7 +37,7 @@ func padKey(key string, n int) string { return key + strings.Repeat("k", n-len(k
 
 func newLimitsFixture(c *caller) limitsFixture {
 	c.t.Helper()
-	f := limitsFixture{released: padKey(unique("released")+"/", 255), held: padKey(unique("held")+"/", 255)}
+	f := limitsFixture{released: padKey(idemtest.Unique("released")+"/", 255), held: padKey(idemtest.Unique("held")+"/", 255)}
 	l := c.acquire(idem.BeginRequest{Key: f.released, Fingerprint: ptr("fp-1")})
 	c.mustFail(idem.FailRequest{Key: f.released, LeaseToken: l.LeaseToken, Retryable: ptr(true)})
 	f.token = c.acquire(idem.BeginRequest{Key: f.held, Owner: ptr("req-1")}).LeaseToken
@@ -316,7 +317,7 @@ func TestE2ELimitsInclusive(t *testing.T) {
 			name string
 			req  idem.BeginRequest
 		}{
-			{"key of 255 bytes", idem.BeginRequest{Key: padKey(unique("bound"), 255)}},
+			{"key of 255 bytes", idem.BeginRequest{Key: padKey(idemtest.Unique("bound"), 255)}},
 			{"key of one byte", idem.BeginRequest{}}, // the key is set below
 			{"fingerprint of 256 bytes", idem.BeginRequest{Fingerprint: ptr(strings.Repeat("f", 256))}},
 			{"owner of 256 bytes", idem.BeginRequest{Owner: ptr(strings.Repeat("o", 256))}},
@@ -340,7 +341,7 @@ func TestE2ELimitsInclusive(t *testing.T) {
 						t.Fatalf("delete: %d %s", d.StatusCode(), d.Body)
 					}
 				case req.Key == "":
-					req.Key = unique("bound")
+					req.Key = idemtest.Unique("bound")
 				}
 				c.acquire(req)
 			})
@@ -349,7 +350,7 @@ func TestE2ELimitsInclusive(t *testing.T) {
 			t.Run(fmt.Sprintf("status_code %d", code), func(t *testing.T) {
 				t.Parallel()
 				c := e.as(t, "")
-				key := unique("bound")
+				key := idemtest.Unique("bound")
 				l := c.acquire(idem.BeginRequest{Key: key})
 				c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{StatusCode: &code}})
 				if r := c.begin(idem.BeginRequest{Key: key}); *r.JSON200.Response.StatusCode != code {
@@ -360,7 +361,7 @@ func TestE2ELimitsInclusive(t *testing.T) {
 		t.Run("a hundred headers", func(t *testing.T) {
 			t.Parallel()
 			c := e.as(t, "")
-			key := unique("bound")
+			key := idemtest.Unique("bound")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Headers: manyHeaders(100)}})
 			if r := c.begin(idem.BeginRequest{Key: key}); len(r.JSON200.Response.Headers) != 100 {
@@ -370,12 +371,12 @@ func TestE2ELimitsInclusive(t *testing.T) {
 		t.Run("content type with parameters", func(t *testing.T) {
 			t.Parallel()
 			resp, body := e.raw(t, http.MethodPost, "/v1/begin", "application/json; charset=utf-8",
-				jsonBody(t, idem.BeginRequest{Key: unique("ct")}))
+				jsonBody(t, idem.BeginRequest{Key: idemtest.Unique("ct")}))
 			requireJSON(t, resp, body, http.StatusCreated)
 		})
 		t.Run("a body of exactly 2 MiB", func(t *testing.T) {
 			t.Parallel()
-			key := unique("big")
+			key := idemtest.Unique("big")
 			head := `{"key":` + jsonText(key)
 			body := head + strings.Repeat(" ", 2*mib-len(head)-1) + "}"
 			resp, b := e.raw(t, http.MethodPost, "/v1/begin", "application/json", bytes.NewReader([]byte(body)))

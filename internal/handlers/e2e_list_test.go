@@ -11,6 +11,7 @@ import (
 	"time"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // GET /v1/keys through the SDK's iterator: a tenant lists its own records
@@ -28,7 +29,7 @@ func TestE2EListKeys(t *testing.T) {
 			return c
 		}
 		payments, billing := sdk(keyPayments), sdk(keyBilling)
-		prefix := unique("list")
+		prefix := idemtest.Unique("list")
 		stuck := map[string]bool{}
 		for i := range 25 {
 			key := fmt.Sprintf("%s-busy-%d", prefix, i)

@@ -19,6 +19,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // logLines is a log output that tests read while the service writes.
@@ -126,7 +127,7 @@ func TestE2EBeginDurationByOutcome(t *testing.T) {
 	t.Parallel()
 	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits())})
 	c := e.as(t, "")
-	key := unique("histogram")
+	key := idemtest.Unique("histogram")
 	l := c.acquire(idem.BeginRequest{Key: key})
 	if r := c.begin(idem.BeginRequest{Key: key, Owner: ptr("another"), WaitMs: ptr[int64](50)}); r.StatusCode() != http.StatusConflict {
 		t.Fatalf("begin while in progress: %d %s", r.StatusCode(), r.Body)

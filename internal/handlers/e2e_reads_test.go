@@ -10,6 +10,7 @@ import (
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // Replays and statuses with the response count against the tenant's read
@@ -26,7 +27,7 @@ func TestE2EReadBudget(t *testing.T) {
 			e := start(t, handlers.Config{Store: store, Keyring: keyring, Limiter: limiter})
 			body := strings.Repeat("r", 1500)
 			stored := func(c *caller) string {
-				key := unique("read")
+				key := idemtest.Unique("read")
 				l := c.acquire(idem.BeginRequest{Key: key})
 				c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &body}})
 				return key
@@ -56,7 +57,7 @@ func TestE2EReadBudget(t *testing.T) {
 			if st := c.status(idem.GetStatusParams{Key: key}); st.StatusCode() != http.StatusOK {
 				t.Fatalf("status without the response over the read budget: %d %s", st.StatusCode(), st.Body)
 			}
-			c.acquire(idem.BeginRequest{Key: unique("new")})
+			c.acquire(idem.BeginRequest{Key: idemtest.Unique("new")})
 			if r := replay(other, otherKey); r.StatusCode() != http.StatusOK {
 				t.Fatalf("another tenant's replay: %d %s", r.StatusCode(), r.Body)
 			}

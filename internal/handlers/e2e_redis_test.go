@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // Every endpoint, through a real server, on one Redis node and on a Redis
@@ -21,7 +21,7 @@ func TestE2EEveryEndpointOnRedis(t *testing.T) {
 			t.Parallel()
 			c := startOn(t, b.Open(t)).as(t, "")
 
-			paid := unique("paid")
+			paid := idemtest.Unique("paid")
 			l := c.acquire(idem.BeginRequest{Key: paid, Owner: ptr("worker-1")})
 			if r := c.begin(idem.BeginRequest{Key: paid, Owner: ptr("worker-2")}); r.StatusCode() != http.StatusConflict {
 				t.Errorf("begin in progress: %d %s", r.StatusCode(), r.Body)
@@ -38,7 +38,7 @@ func TestE2EEveryEndpointOnRedis(t *testing.T) {
 				t.Errorf("status: %+v", rec)
 			}
 
-			retried := unique("retried")
+			retried := idemtest.Unique("retried")
 			l = c.acquire(idem.BeginRequest{Key: retried})
 			c.mustFail(idem.FailRequest{Key: retried, LeaseToken: l.LeaseToken, Retryable: ptr(true)})
 			l = c.acquire(idem.BeginRequest{Key: retried}) // released: acquired again

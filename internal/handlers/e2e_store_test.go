@@ -9,13 +9,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
-	"github.com/idemsvc/idemsvc/internal/redistest"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // startOnOwnRedis serves a store over a Redis of the test's own, with a
@@ -25,7 +25,7 @@ func startOnOwnRedis(t *testing.T) (*env, *redistest.Server) {
 	srv := redistest.NewPrivateServer(t) // stopped and started again
 	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr(), ContextTimeoutEnabled: true})
 	t.Cleanup(func() { _ = rdb.Close() })
-	store := statemachine.NewRedisStore(rdb, statemachine.RedisOptions{Timeout: 300 * time.Millisecond})
+	store := redisstore.New(rdb, redisstore.Options{Timeout: 300 * time.Millisecond})
 	return startOn(t, store), srv
 }
 
@@ -43,7 +43,7 @@ func requireUnavailable(t *testing.T, e *env, key, token string) {
 		requireProblem(t, resp, body, http.StatusServiceUnavailable, "store-unavailable")
 		requireRetryAfter(t, resp, 1, 60)
 	}
-	rb := c.begin(idem.BeginRequest{Key: unique("fresh"), Owner: ptr("req-1")})
+	rb := c.begin(idem.BeginRequest{Key: idemtest.Unique("fresh"), Owner: ptr("req-1")})
 	check("begin of a new key", rb.HTTPResponse, rb.Body)
 	if rb.Headers503 == nil || rb.Headers503.RetryAfter < 1 {
 		t.Fatalf("Retry-After not parsed by the client: %+v", rb.Headers503)
@@ -92,7 +92,7 @@ func TestE2EStoreUnavailable(t *testing.T) {
 		t.Parallel()
 		e, srv := startOnOwnRedis(t)
 		c := e.as(t, "")
-		key := unique("order")
+		key := idemtest.Unique("order")
 		l := c.acquire(idem.BeginRequest{Key: key})
 
 		srv.Stop(t)
@@ -114,7 +114,7 @@ func TestE2EStoreUnavailable(t *testing.T) {
 		t.Parallel()
 		e, srv := startOnOwnRedis(t)
 		c := e.as(t, "")
-		key := unique("order")
+		key := idemtest.Unique("order")
 		l := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](60000)})
 
 		resume := srv.Pause(t)
@@ -143,12 +143,12 @@ func TestE2EReplicasShareCluster(t *testing.T) {
 	for range 3 {
 		// A generous store timeout: 300 requests at once on a small
 		// machine must not turn into 503s, which this test is not about.
-		e := startOn(t, statemachine.NewRedisStore(cluster.Client(t), statemachine.RedisOptions{Timeout: 10 * time.Second}))
+		e := startOn(t, redisstore.New(cluster.Client(t), redisstore.Options{Timeout: 10 * time.Second}))
 		envs = append(envs, e)
 		clients = append(clients, e.client(t, ""))
 		awaitReady(t, e) // the cluster client has loaded the slot map
 	}
-	key := unique("order")
+	key := idemtest.Unique("order")
 	const n = 300
 	results := make([]*idem.BeginResponse, n)
 	errs := make([]error, n)

@@ -18,10 +18,11 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // testFlush is the stored-bytes flush interval of the tests: shorter than
@@ -40,7 +41,7 @@ func limitedBackends() []limitedBackend {
 	redisInstance := func(t *testing.T, rdb redis.UniversalClient) (statemachine.Store, quota.Limiter) {
 		l := quota.NewRedis(rdb, quota.Options{FlushInterval: testFlush})
 		t.Cleanup(l.Close)
-		return statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}), l
+		return redisstore.New(rdb, redisstore.Options{}), l
 	}
 	return []limitedBackend{
 		{"memory", func(t *testing.T) (statemachine.Store, quota.Limiter) {
@@ -74,7 +75,7 @@ func limitedTenants(t *testing.T, limits map[string]string) (*auth.Keyring, map[
 	b.WriteString("tenants:\n")
 	names, keys := map[string]string{}, map[string]string{}
 	for role, l := range limits {
-		name, key := unique(role), "sk-"+unique(role)
+		name, key := idemtest.Unique(role), "sk-"+idemtest.Unique(role)
 		names[role], keys[role] = name, key
 		fmt.Fprintf(&b, "  - name: %s\n    api_key_sha256: [%q]\n", name, auth.Digest(key))
 		if l != "" {
@@ -112,10 +113,10 @@ func TestE2ETenantLimits(t *testing.T) {
 
 			t.Run("rate", func(t *testing.T) {
 				c := e.as(t, keys["rate"])
-				lease := c.acquire(idem.BeginRequest{Key: unique("k")})
-				c.begin(idem.BeginRequest{Key: unique("k")})
+				lease := c.acquire(idem.BeginRequest{Key: idemtest.Unique("k")})
+				c.begin(idem.BeginRequest{Key: idemtest.Unique("k")})
 				c.begin(idem.BeginRequest{Key: lease.Key}) // an in-progress answer counts too
-				r := c.begin(idem.BeginRequest{Key: unique("k")})
+				r := c.begin(idem.BeginRequest{Key: idemtest.Unique("k")})
 				p := requireProblem(t, r.HTTPResponse, r.Body, http.StatusTooManyRequests, "rate-limited")
 				requireRetryAfter(t, r.HTTPResponse, 1, 1)
 				if r.Headers429 == nil || r.Headers429.RetryAfter != 1 {
@@ -128,10 +129,10 @@ func TestE2ETenantLimits(t *testing.T) {
 				c.mustComplete(idem.CompleteRequest{Key: lease.Key, LeaseToken: lease.LeaseToken,
 					Response: &idem.StoredResponse{Body: ptr("done")}})
 				// Another tenant is not affected.
-				e.as(t, keys["free"]).acquire(idem.BeginRequest{Key: unique("k")})
+				e.as(t, keys["free"]).acquire(idem.BeginRequest{Key: idemtest.Unique("k")})
 				// A second later the rate allows one more.
 				time.Sleep(1100 * time.Millisecond)
-				c.acquire(idem.BeginRequest{Key: unique("k")})
+				c.acquire(idem.BeginRequest{Key: idemtest.Unique("k")})
 
 				if got := e.labelled(t, "idemsvc_limit_rejections_total", `limit="begins_per_s",tenant="`+names["rate"]+`"`); got != 1 {
 					t.Errorf("rejections metric = %v, want 1", got)
@@ -148,10 +149,10 @@ func TestE2ETenantLimits(t *testing.T) {
 				c := e.as(t, keys["bytes"])
 				body := strings.Repeat("x", 590)
 				headers := map[string]string{"Content-Type": "text/plain"} // 22 bytes
-				held := c.acquire(idem.BeginRequest{Key: unique("held")})
+				held := c.acquire(idem.BeginRequest{Key: idemtest.Unique("held")})
 				done := make([]string, 2)
 				for i := range done {
-					l := c.acquire(idem.BeginRequest{Key: unique("done")})
+					l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("done")})
 					c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken,
 						Response: &idem.StoredResponse{Body: &body, Headers: headers}})
 					done[i] = l.Key
@@ -160,12 +161,12 @@ func TestE2ETenantLimits(t *testing.T) {
 					return e.labelled(t, "idemsvc_stored_bytes", `tenant="`+names["bytes"]+`"`) == 2*(590+22)
 				})
 				var r *idem.BeginResponse
-				refused := unique("new")
+				refused := idemtest.Unique("new")
 				idemtest.Eventually(t, 5*time.Second, "quota-exceeded", func() bool {
 					r = c.begin(idem.BeginRequest{Key: refused})
 					if r.StatusCode() == http.StatusCreated { // not known over yet: let it go
 						c.mustFail(idem.FailRequest{Key: refused, LeaseToken: r.JSON201.LeaseToken})
-						refused = unique("new")
+						refused = idemtest.Unique("new")
 					}
 					return r.StatusCode() == http.StatusTooManyRequests
 				})
@@ -186,7 +187,7 @@ func TestE2ETenantLimits(t *testing.T) {
 					t.Fatalf("replay of the late complete: %d %s", rr.StatusCode(), rr.Body)
 				}
 				// Other tenants are not affected.
-				e.as(t, keys["free"]).acquire(idem.BeginRequest{Key: unique("k")})
+				e.as(t, keys["free"]).acquire(idem.BeginRequest{Key: idemtest.Unique("k")})
 				if got := e.labelled(t, "idemsvc_limit_rejections_total", `limit="stored_bytes",tenant="`+names["bytes"]+`"`); got < 1 {
 					t.Errorf("rejections metric = %v, want at least 1", got)
 				}
@@ -194,7 +195,7 @@ func TestE2ETenantLimits(t *testing.T) {
 
 			t.Run("an unlimited tenant's bytes are counted", func(t *testing.T) {
 				c := e.as(t, keys["free"])
-				l := c.acquire(idem.BeginRequest{Key: unique("k")})
+				l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("k")})
 				c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, RetentionS: ptr[int64](1),
 					Response: &idem.StoredResponse{Body: ptr("12345")}})
 				idemtest.Eventually(t, 5*time.Second, "unlimited tenant's bytes counted", func() bool {
@@ -204,7 +205,7 @@ func TestE2ETenantLimits(t *testing.T) {
 
 			t.Run("waiters", func(t *testing.T) {
 				c := e.as(t, keys["waiters"])
-				l := c.acquire(idem.BeginRequest{Key: unique("w")})
+				l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("w")})
 				first := make(chan *idem.BeginResponse, 1)
 				go func() {
 					r, err := c.c.BeginWithResponse(bg, idem.BeginRequest{Key: l.Key, WaitMs: ptr[int64](10_000)})
@@ -230,7 +231,7 @@ func TestE2ETenantLimits(t *testing.T) {
 					t.Fatal("the waiter did not answer")
 				}
 				// Its wait is over, so another may wait.
-				l2 := c.acquire(idem.BeginRequest{Key: unique("w")})
+				l2 := c.acquire(idem.BeginRequest{Key: idemtest.Unique("w")})
 				go func() {
 					time.Sleep(300 * time.Millisecond)
 					c.mustComplete(idem.CompleteRequest{Key: l2.Key, LeaseToken: l2.LeaseToken})
@@ -262,7 +263,7 @@ func (f flood) run(c *idem.ClientWithResponses) (tried, stored, failed int64) {
 	begins := int(f.bytes/int64(f.body)) + 1
 	openLoop(2*f.rate, 2*time.Minute, begins, func() {
 		triedN.Add(int64(f.body))
-		r, err := c.BeginWithResponse(bg, idem.BeginRequest{Key: unique("flood")})
+		r, err := c.BeginWithResponse(bg, idem.BeginRequest{Key: idemtest.Unique("flood")})
 		if err != nil || r.JSON201 == nil {
 			return // refused: 429
 		}
@@ -343,7 +344,7 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 			} else {
 				var rdb redis.UniversalClient
 				rdb, maxmemory = tt.open(t)
-				store, limiter = statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}), quota.NewRedis(rdb, quota.Options{})
+				store, limiter = redisstore.New(rdb, redisstore.Options{}), quota.NewRedis(rdb, quota.Options{})
 			}
 			f := f
 			f.bytes = maxmemory * 3 / 2
@@ -354,7 +355,7 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 			// The victim's records from before the flood.
 			before := map[string]string{}
 			for i := range 20 {
-				l := victim.acquire(idem.BeginRequest{Key: unique("before")})
+				l := victim.acquire(idem.BeginRequest{Key: idemtest.Unique("before")})
 				body := fmt.Sprintf("before-%d", i)
 				victim.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &body}})
 				before[l.Key] = body
@@ -374,7 +375,7 @@ func TestE2EFloodingTenantIsolation(t *testing.T) {
 					running = false
 				case <-time.After(50 * time.Millisecond):
 				}
-				l := victim.acquire(idem.BeginRequest{Key: unique("during")})
+				l := victim.acquire(idem.BeginRequest{Key: idemtest.Unique("during")})
 				body := "during-" + l.Key
 				victim.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &body}})
 				during[l.Key] = body
@@ -429,7 +430,7 @@ func TestE2EFloodWithoutLimitsFillsRedis(t *testing.T) {
 	f.bytes = maxmemory * 3 / 2
 	limiter := quota.NewRedis(rdb, quota.Options{})
 	t.Cleanup(limiter.Close)
-	e := start(t, handlers.Config{Store: statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}),
+	e := start(t, handlers.Config{Store: redisstore.New(rdb, redisstore.Options{}),
 		Keyring: keyring, Limiter: limiter})
 	tried, stored, failed := f.run(e.client(t, keys["flood"]))
 	t.Logf("unlimited flood: tried %d bytes, stored %d, %d completes failed", tried, stored, failed)
@@ -438,7 +439,7 @@ func TestE2EFloodWithoutLimitsFillsRedis(t *testing.T) {
 	}
 	victim := e.as(t, keys["victim"])
 	body := strings.Repeat("v", 64<<10)
-	r := victim.begin(idem.BeginRequest{Key: unique("victim")})
+	r := victim.begin(idem.BeginRequest{Key: idemtest.Unique("victim")})
 	if r.JSON201 != nil {
 		if c := victim.complete(idem.CompleteRequest{Key: r.JSON201.Key, LeaseToken: r.JSON201.LeaseToken,
 			Response: &idem.StoredResponse{Body: &body}}); c.StatusCode() == http.StatusOK {
@@ -471,7 +472,7 @@ func TestE2ERateHoldsAcrossInstances(t *testing.T) {
 		rdb := srv.Client(t)
 		limiter := quota.NewRedis(rdb, quota.Options{})
 		t.Cleanup(limiter.Close)
-		e := start(t, handlers.Config{Store: statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}),
+		e := start(t, handlers.Config{Store: redisstore.New(rdb, redisstore.Options{}),
 			Keyring: keyring, Limiter: limiter})
 		clients = append(clients, e.client(t, keys["tenant"]))
 	}

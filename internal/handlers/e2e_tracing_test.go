@@ -16,6 +16,7 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 )
 
 // Each request gets a server span that continues the caller's traceparent,
@@ -30,7 +31,7 @@ func TestE2ETracing(t *testing.T) {
 		e := start(t, handlers.Config{Store: b.Open(t), Keyring: tenantsKeyring(t), Tracer: provider})
 
 		const traceID, parentID = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-		key, owner, fingerprint, body := unique("secret-key"), "owner-secret", "fp-secret", "body-secret"
+		key, owner, fingerprint, body := idemtest.Unique("secret-key"), "owner-secret", "fp-secret", "body-secret"
 		traced := func(method, path, payload string) (*http.Response, []byte) {
 			return e.raw(t, method, path, "application/json", strings.NewReader(payload),
 				"Authorization", "Bearer "+keyPayments, "traceparent", "00-"+traceID+"-"+parentID+"-01")
@@ -97,7 +98,7 @@ func TestE2ETracing(t *testing.T) {
 }
 
 // A caller's trace goes on into idemsvc through the Go SDK when its HTTP
-// client is instrumented, as the README shows.
+// client is instrumented, as docs/operating.md shows.
 func TestE2ETracingThroughTheSDK(t *testing.T) {
 	t.Parallel()
 	recorder := tracetest.NewSpanRecorder()
@@ -111,7 +112,7 @@ func TestE2ETracingThroughTheSDK(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := client.Begin(ctx, idem.BeginParams{Key: unique("sdk-traced")}); err != nil {
+	if _, err := client.Begin(ctx, idem.BeginParams{Key: idemtest.Unique("sdk-traced")}); err != nil {
 		t.Fatal(err)
 	}
 	span.End()

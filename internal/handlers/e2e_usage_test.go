@@ -14,10 +14,10 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
 	"github.com/idemsvc/idemsvc/internal/quota"
-	"github.com/idemsvc/idemsvc/internal/redistest"
-	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // GET /v1/usage: a tenant key sees its own tenant, an admin every tenant
@@ -27,8 +27,8 @@ func TestE2EUsage(t *testing.T) {
 	for _, b := range limitedBackends()[:3] { // memory, redis, cluster
 		t.Run(b.name, func(t *testing.T) {
 			t.Parallel()
-			limited, free, admin := unique("limited"), unique("free"), unique("ops")
-			keys := map[string]string{limited: "sk-" + unique("l"), free: "sk-" + unique("f"), admin: "sk-" + unique("a")}
+			limited, free, admin := idemtest.Unique("limited"), idemtest.Unique("free"), idemtest.Unique("ops")
+			keys := map[string]string{limited: "sk-" + idemtest.Unique("l"), free: "sk-" + idemtest.Unique("f"), admin: "sk-" + idemtest.Unique("a")}
 			yaml := fmt.Sprintf("tenants:\n"+
 				"  - name: %s\n    api_key_sha256: [%q]\n    limits: {begins_per_s: 1, burst: 2, stored_bytes: 100000, waiters: 3, in_progress: 5}\n"+
 				"  - name: %s\n    api_key_sha256: [%q]\n"+
@@ -52,9 +52,9 @@ func TestE2EUsage(t *testing.T) {
 			// The limited tenant: two begins acquire (its burst), the third is
 			// refused for the rate; one completes with 1,000 bytes.
 			c := e.as(t, keys[limited])
-			l := c.acquire(idem.BeginRequest{Key: unique("k")})
-			c.acquire(idem.BeginRequest{Key: unique("k")})
-			if r := c.begin(idem.BeginRequest{Key: unique("k")}); r.StatusCode() != http.StatusTooManyRequests {
+			l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("k")})
+			c.acquire(idem.BeginRequest{Key: idemtest.Unique("k")})
+			if r := c.begin(idem.BeginRequest{Key: idemtest.Unique("k")}); r.StatusCode() != http.StatusTooManyRequests {
 				t.Fatalf("third begin: %d %s", r.StatusCode(), r.Body)
 			}
 			c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken,
@@ -129,12 +129,12 @@ func TestE2EUsageBeginRate(t *testing.T) {
 	e := start(t, handlers.Config{Store: idemtest.Backends()[0].Open(t)})
 	c := e.as(t, "")
 	for range 30 {
-		c.acquire(idem.BeginRequest{Key: unique("k")})
+		c.acquire(idem.BeginRequest{Key: idemtest.Unique("k")})
 	}
 	// A batch's items count one by one, as the limiter charges them.
 	items := make([]idem.BeginParams, 30)
 	for i := range items {
-		items[i] = idem.BeginParams{Key: unique("b")}
+		items[i] = idem.BeginParams{Key: idemtest.Unique("b")}
 	}
 	if _, err := e.sdk(t, "").BeginBatch(context.Background(), items); err != nil {
 		t.Fatal(err)
@@ -157,7 +157,7 @@ func TestE2EUsageStoreDown(t *testing.T) {
 	rdb := srv.Client(t)
 	l := quota.NewRedis(rdb, quota.Options{Timeout: 200 * time.Millisecond})
 	t.Cleanup(l.Close)
-	e := start(t, handlers.Config{Store: statemachine.NewRedisStore(rdb, statemachine.RedisOptions{}), Limiter: l})
+	e := start(t, handlers.Config{Store: redisstore.New(rdb, redisstore.Options{}), Limiter: l})
 	srv.Stop(t)
 	r, err := e.as(t, "").c.GetUsageWithResponse(context.Background(), nil)
 	if err != nil {

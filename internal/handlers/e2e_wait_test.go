@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
@@ -64,7 +64,7 @@ func TestE2EWait(t *testing.T) {
 			t.Parallel()
 			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, Owner: ptr("holder")})
 			answers := startWaiters(t, e, idem.BeginRequest{Key: key, WaitMs: ptr[int64](10000)}, 5)
 			c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{
@@ -84,7 +84,7 @@ func TestE2EWait(t *testing.T) {
 			t.Parallel()
 			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			answers := startWaiters(t, e, idem.BeginRequest{Key: key, WaitMs: ptr[int64](10000)}, 3)
 			c.mustFail(idem.FailRequest{Key: key, LeaseToken: l.LeaseToken, Retryable: ptr(true)})
@@ -108,7 +108,7 @@ func TestE2EWait(t *testing.T) {
 			t.Parallel()
 			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key})
 			answers := startWaiters(t, e, idem.BeginRequest{Key: key, WaitMs: ptr[int64](10000)}, 1)
 			c.mustFail(idem.FailRequest{Key: key, LeaseToken: l.LeaseToken, Retryable: ptr(false), Error: ptr("card declined")})
@@ -123,7 +123,7 @@ func TestE2EWait(t *testing.T) {
 			t.Parallel()
 			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](300)})
 			w := e.client(t, "")
 			r, err := w.BeginWithResponse(bg, idem.BeginRequest{Key: key, WaitMs: ptr[int64](10000)})
@@ -138,7 +138,7 @@ func TestE2EWait(t *testing.T) {
 			t.Parallel()
 			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr[int64](30000)})
 			before := c.snapshot(key)
 			start := time.Now()
@@ -164,7 +164,7 @@ func TestE2EWait(t *testing.T) {
 			// by the push. Each replica has a store of its own.
 			a := start(t, handlers.Config{Store: b.Open(t), WaitFallbackInterval: time.Minute})
 			other := startOn(t, b.Open(t)).as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			l := other.acquire(idem.BeginRequest{Key: key})
 			answers := startWaiters(t, a, idem.BeginRequest{Key: key, WaitMs: ptr[int64](30000)}, 3)
 			other.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: ptr("done")}})
@@ -190,7 +190,7 @@ func TestE2EWait(t *testing.T) {
 			t.Parallel()
 			e := start(t, handlers.Config{Store: b.Open(t), WaitFallbackInterval: time.Minute})
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			c.acquire(idem.BeginRequest{Key: key})
 			answers := startWaiters(t, e, idem.BeginRequest{Key: key, WaitMs: ptr[int64](30000)}, 1)
 			c.del(idem.DeleteKeyParams{Key: key})
@@ -210,7 +210,7 @@ func TestE2EWait(t *testing.T) {
 			t.Parallel()
 			e := startOn(t, b.Open(t))
 			c := e.as(t, "")
-			key := unique("order")
+			key := idemtest.Unique("order")
 			c.acquire(idem.BeginRequest{Key: key})
 			answers := startWaiters(t, e, idem.BeginRequest{Key: key, WaitMs: ptr[int64](30000)}, 2)
 			e.svc.StopWaiting()

@@ -212,7 +212,7 @@ func newMetrics(reg prometheus.Registerer, tenantLabel func(string) string) *met
 }
 
 // admitting is a store that bounds its calls in flight, as
-// statemachine.RedisStore does.
+// redisstore.Store does.
 type admitting interface {
 	InFlight() int
 	Shed() uint64

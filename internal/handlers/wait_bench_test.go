@@ -13,9 +13,10 @@ import (
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/idemtest"
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // BenchmarkWaiterLatency measures, on each store, the time from the answer
@@ -58,7 +59,7 @@ func BenchmarkIdleWaiters(b *testing.B) {
 
 func idleWaiters(b *testing.B, client redis.UniversalClient, nodes []*redis.Client) {
 	const keys, window = 1000, 5 * time.Second
-	store := statemachine.NewRedisStore(client, statemachine.RedisOptions{Timeout: time.Minute})
+	store := redisstore.New(client, redisstore.Options{Timeout: time.Minute})
 	e := start(b, handlers.Config{Store: store, MaxWait: 10 * time.Minute})
 	e.http.Transport.(*http.Transport).MaxConnsPerHost = 0
 	e.http.Transport.(*http.Transport).MaxIdleConnsPerHost = keys
@@ -67,7 +68,7 @@ func idleWaiters(b *testing.B, client redis.UniversalClient, nodes []*redis.Clie
 		b.Fatal(err)
 	}
 	for b.Loop() {
-		prefix := unique("idle")
+		prefix := idemtest.Unique("idle")
 		tokens := make([]string, keys)
 		for i := range keys {
 			res, err := store.Begin(b.Context(), handlers.DefaultTenant, statemachine.BeginRequest{Key: fmt.Sprintf("%s-%d", prefix, i), Lease: 10 * time.Minute})

@@ -7,14 +7,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // failoverWaiters is how many begins wait on each key across a failover.
@@ -33,14 +34,14 @@ func TestWaitersSurviveFailover(t *testing.T) {
 		master := cl.Nodes()[0]
 		var keys []string
 		for len(keys) < 4 {
-			if key := unique("failover"); cl.MasterOf(t, statemachine.RedisKey(handlers.DefaultTenant, key)) == master {
+			if key := idemtest.Unique("failover"); cl.MasterOf(t, redisstore.Key(handlers.DefaultTenant, key)) == master {
 				keys = append(keys, key)
 			}
 		}
 		waitAcrossFailover(t, cl.Client(t), keys, func() {
 			master.Kill(t)
 			idemtest.Eventually(t, 30*time.Second, "the replica takes over", func() bool {
-				return cl.MasterOf(t, statemachine.RedisKey(handlers.DefaultTenant, keys[0])) != master
+				return cl.MasterOf(t, redisstore.Key(handlers.DefaultTenant, keys[0])) != master
 			})
 		})
 	})
@@ -49,7 +50,7 @@ func TestWaitersSurviveFailover(t *testing.T) {
 		t.Parallel()
 		st := redistest.NewSentinel(t)
 		st.WaitHealthy(t)
-		keys := []string{unique("failover"), unique("failover")}
+		keys := []string{idemtest.Unique("failover"), idemtest.Unique("failover")}
 		waitAcrossFailover(t, st.Client(t), keys, func() {
 			st.Master(t).Kill(t)
 			st.WaitFailover(t)
@@ -63,8 +64,8 @@ func TestWaitersSurviveFailover(t *testing.T) {
 // before the failover; the rest goes without, as the promoted replica has
 // no replica of its own.
 func waitAcrossFailover(t *testing.T, client redis.UniversalClient, keys []string, failover func()) {
-	store := statemachine.NewRedisStore(client, statemachine.RedisOptions{})
-	replicated := statemachine.NewRedisStore(client, statemachine.RedisOptions{WaitReplicas: 1})
+	store := redisstore.New(client, redisstore.Options{})
+	replicated := redisstore.New(client, redisstore.Options{WaitReplicas: 1})
 	e := start(t, handlers.Config{Store: store, MaxWait: 2 * time.Minute, WaitFallbackInterval: time.Minute})
 	c := e.as(t, "")
 	tokens := make([]string, len(keys))

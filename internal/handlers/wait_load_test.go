@@ -13,14 +13,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/idemsvc/idemsvc/internal/idemtest"
+	"github.com/idemsvc/idemsvc/internal/redisstore"
+	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
-	"github.com/idemsvc/idemsvc/internal/redistest"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 // TestWaitersLoadRedisBoundedly parks 1,000 waiting begins on 1,000
@@ -39,13 +40,13 @@ func TestWaitersLoadRedisBoundedly(t *testing.T) {
 	// A store timeout long enough for 1,000 begins at once on a busy
 	// machine, none of them refused as overload: the test counts commands,
 	// not latency.
-	store := statemachine.NewRedisStore(srv.Client(t), statemachine.RedisOptions{Timeout: time.Minute, MaxInFlight: keys})
+	store := redisstore.New(srv.Client(t), redisstore.Options{Timeout: time.Minute, MaxInFlight: keys})
 	// Waits long enough for every waiter to park on a slow machine.
 	e := start(t, handlers.Config{Store: store, MaxWait: 10 * time.Minute})
 	e.http.Transport.(*http.Transport).MaxConnsPerHost = 0
 	e.http.Transport.(*http.Transport).MaxIdleConnsPerHost = keys
 	c := e.as(t, "")
-	prefix := unique("wait-load")
+	prefix := idemtest.Unique("wait-load")
 	names := make([]string, keys)
 	tokens := make([]string, keys)
 	for i := range names {
@@ -194,7 +195,7 @@ func waiterLatencies(tb testing.TB, e *env, n int) []time.Duration {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	prefix := unique("wait-latency")
+	prefix := idemtest.Unique("wait-latency")
 	latencies := make([]time.Duration, 0, n)
 	for i := range n {
 		key := fmt.Sprintf("%s-%d", prefix, i)

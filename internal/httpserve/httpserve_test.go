@@ -20,7 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/idemsvc/idemsvc/internal/testpki"
+	"github.com/idemsvc/idemsvc/internal/testkit/testpki"
 )
 
 // serve serves handler with cfg on a loopback port until the test ends.

@@ -16,7 +16,7 @@
 -- and 'PUBLISH' on one node or under Sentinel.
 
 local IN_PROGRESS, COMPLETED, FAILED = 1, 2, 3
--- Reply codes: the first element of every reply (statemachine/redis.go).
+-- Reply codes: the first element of every reply (internal/redisstore/store.go).
 local OK, BUSY, DONE, MISMATCH, LEASE_LOST, NOT_FOUND = 0, 1, 2, 3, 4, 5
 local LAYOUT = '>BBBBI4i8i8i8i8I4c16c8I2c0I2c0I2c0I4c0'
 local NO_CALL = '\0\0\0\0\0\0\0\0'

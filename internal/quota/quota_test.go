@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
-	"github.com/idemsvc/idemsvc/internal/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
 func TestMain(m *testing.M) { redistest.Main(m) }

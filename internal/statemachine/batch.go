@@ -34,7 +34,7 @@ type FinishOutcome struct {
 
 // Batcher runs many transitions in one call: each item as its single call
 // would run, its outcome at the item's index. A store that can sends them
-// together (RedisStore: one pipelined round trip per master).
+// together (redisstore.Store: one pipelined round trip per master).
 type Batcher interface {
 	BeginBatch(ctx context.Context, items []BatchBegin) []BeginOutcome
 	FinishBatch(ctx context.Context, items []BatchFinish) []FinishOutcome

@@ -11,9 +11,9 @@ import (
 	"time"
 )
 
-// stored is a record as a store keeps it, lease token included. Times are
+// Stored is a record as a store keeps it, lease token included. Times are
 // milliseconds since the Unix epoch on the store's clock.
-type stored struct {
+type Stored struct {
 	state       State
 	recovered   bool
 	retryable   bool
@@ -23,7 +23,7 @@ type stored struct {
 	lease       int64 // lease expiry
 	expires     int64 // end of retention
 	retention   int64 // seconds
-	token       token
+	token       Token
 	call        [8]byte // the last Extend call, to recognise a re-sent one
 	owner       string
 	fingerprint string
@@ -39,14 +39,14 @@ const (
 	fixedHeadBytes = 4 + 4 + 4*8 + 4 + 16 + 8
 )
 
-var errCorrupt = errors.New("statemachine: corrupt record")
+var ErrCorrupt = errors.New("statemachine: corrupt record")
 
-// decodeStored parses a record written by the Lua scripts. A head without
+// DecodeStored parses a record written by the Lua scripts. A head without
 // a response (as complete, fail and extend reply) decodes with none.
-func decodeStored(raw string) (stored, error) {
-	var s stored
+func DecodeStored(raw string) (Stored, error) {
+	var s Stored
 	if len(raw) < fixedHeadBytes || raw[0] != recordVersion {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	s.state = State(raw[1])
 	s.recovered = raw[2] == 1
@@ -62,16 +62,16 @@ func decodeStored(raw string) (stored, error) {
 	rest := raw[fixedHeadBytes:]
 	var ok bool
 	if s.owner, rest, ok = cutString(rest, 2); !ok {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	if s.fingerprint, rest, ok = cutString(rest, 2); !ok {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	if s.key, rest, ok = cutString(rest, 2); !ok {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	if s.errMsg, rest, ok = cutString(rest, 4); !ok {
-		return s, errCorrupt
+		return s, ErrCorrupt
 	}
 	s.response = rest
 	return s, nil
@@ -104,7 +104,7 @@ func cutString(s string, n int) (value, rest string, ok bool) {
 // name and value with u32 lengths, then the body, or for a reference its
 // size u64, SHA-256 (32 bytes), encoding with a u8 length, and the object
 // key to the end. A zero Response is the empty string.
-func encodeResponse(r *Response) string {
+func EncodeResponse(r *Response) string {
 	if r.IsZero() {
 		return ""
 	}
@@ -158,7 +158,7 @@ func decodeResponse(s string) (Response, error) {
 		return r, nil
 	}
 	if len(s) < 7 {
-		return r, errCorrupt
+		return r, ErrCorrupt
 	}
 	r.Base64 = s[0]&1 == 1
 	r.StatusCode = int(bigEndian(s[1:3]))
@@ -170,11 +170,11 @@ func decodeResponse(s string) (Response, error) {
 	for range n {
 		name, after, ok := cutString(rest, 4)
 		if !ok {
-			return r, errCorrupt
+			return r, ErrCorrupt
 		}
 		value, after, ok := cutString(after, 4)
 		if !ok {
-			return r, errCorrupt
+			return r, ErrCorrupt
 		}
 		r.Headers[name] = value
 		rest = after
@@ -184,21 +184,21 @@ func decodeResponse(s string) (Response, error) {
 		return r, nil
 	}
 	if len(rest) < 8+32+1 {
-		return r, errCorrupt
+		return r, ErrCorrupt
 	}
 	ref := &BodyRef{Size: int64(bigEndian(rest[:8]))}
 	copy(ref.SHA256[:], rest[8:40])
 	encoding, object, ok := cutString(rest[40:], 1)
 	if !ok || object == "" {
-		return r, errCorrupt
+		return r, ErrCorrupt
 	}
 	ref.Encoding, ref.Object = encoding, object
 	r.Ref = ref
 	return r, nil
 }
 
-// leaseOf returns the lease of an in-progress record.
-func (s *stored) leaseOf() Lease {
+// Lease returns the lease of an in-progress record.
+func (s *Stored) Lease() Lease {
 	return Lease{
 		Token:     s.token.String(),
 		Attempt:   s.attempt,
@@ -207,9 +207,9 @@ func (s *stored) leaseOf() Lease {
 	}
 }
 
-// record returns the public view of s at time now, with its response if
+// Record returns the public view of s at time now, with its response if
 // withResponse.
-func (s *stored) record(tenant string, now int64, withResponse bool) (Record, error) {
+func (s *Stored) Record(tenant string, now int64, withResponse bool) (Record, error) {
 	r := Record{
 		Tenant:      tenant,
 		Key:         s.key,
@@ -240,14 +240,38 @@ func (s *stored) record(tenant string, now int64, withResponse bool) (Record, er
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
 
-// acquired answers a Begin, on either store, that holds the lease of s.
-func acquired(tenant string, s *stored, now int64) (BeginResult, error) {
-	rec, err := s.record(tenant, now, false)
-	return BeginResult{Acquired: true, Lease: s.leaseOf(), Record: rec}, err
+// Acquired answers a Begin, on either store, that holds the lease of s.
+func Acquired(tenant string, s *Stored, now int64) (BeginResult, error) {
+	rec, err := s.Record(tenant, now, false)
+	return BeginResult{Acquired: true, Lease: s.Lease(), Record: rec}, err
 }
 
-// replay answers a Begin on the finished record s.
-func replay(tenant string, s *stored, now int64) (BeginResult, error) {
-	rec, err := s.record(tenant, now, true)
+// Busy is the error of a Begin that meets s in progress under a live
+// lease at time now: ErrInProgress, saying which attempt holds the key.
+func Busy(s *Stored, now int64) error {
+	return &InProgressError{Attempt: s.attempt, LeaseExpiresAt: msTime(s.lease),
+		Since: msTime(s.updated), Now: msTime(now)}
+}
+
+// Replay answers a Begin on the finished record s.
+func Replay(tenant string, s *Stored, now int64) (BeginResult, error) {
+	rec, err := s.Record(tenant, now, true)
 	return BeginResult{Record: rec}, err
+}
+
+// HeadPrefixes is the number of length-prefixed strings in a record's head.
+const HeadPrefixes = 4
+
+// HeadLength reads the length of the record head at the start of raw, as
+// far as raw holds it: the whole head's length and true, or false and how
+// many bytes are known to belong to the head so far.
+func HeadLength(raw string) (int, bool) {
+	at := fixedHeadBytes
+	for _, prefix := range [HeadPrefixes]int{2, 2, 2, 4} {
+		if len(raw) < at+prefix {
+			return at + prefix, false
+		}
+		at += prefix + int(bigEndian(raw[at:at+prefix]))
+	}
+	return at, len(raw) >= at
 }

@@ -16,7 +16,7 @@ func TestResponseRefRoundTrip(t *testing.T) {
 		{Ref: &BodyRef{Object: "o", Size: 0, Encoding: "zstd"}},
 		{StatusCode: 200, Body: "inline", Base64: true},
 	} {
-		got, err := decodeResponse(encodeResponse(&r))
+		got, err := decodeResponse(EncodeResponse(&r))
 		if err != nil || !reflect.DeepEqual(got, r) {
 			t.Fatalf("%+v came back as %+v, %v", r, got, err)
 		}

@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 
 // Package statemachine is idemsvc's domain: the record kept per (tenant,
-// key), its states, and the transitions that move it.
+// key), its states, the transitions that move it, the limits a request
+// must keep, and the record's stored form (the codec the Lua scripts of
+// internal/lua share).
 //
 // A caller brackets one operation with Begin and then Complete or Fail.
 // Begin either acquires a Lease, replays a finished Record, or refuses with
@@ -12,13 +14,11 @@
 // Fail released the key and another Begin acquired it, the old token is an
 // earlier attempt's, and a retry of that Fail gets ErrLeaseLost.
 //
-// Two Stores implement it with the same behaviour: RedisStore runs each
-// transition as one Lua script (package internal/lua) over a go-redis client
-// for one node, Sentinel or Cluster; MemoryStore keeps records in process for
-// development and tests. All times come from one clock: Redis's, or the
-// process's for MemoryStore.
-//
-// List pages through a tenant's records in one state for operators; on
-// Redis it SCANs every master (never KEYS) and reads only each record's
-// head, not its stored response.
+// Two Stores implement it with the same behaviour: the Redis adapter
+// (package internal/redisstore) runs each transition as one Lua script,
+// and MemoryStore keeps records in process for development and tests. All
+// times come from one clock: Redis's, or the process's for MemoryStore.
+// This package imports no Redis client; the adapter calls its exported
+// checks (Limits.CheckBegin and the like) and codec (DecodeStored,
+// EncodeResponse) so that each rule is stated once, here.
 package statemachine

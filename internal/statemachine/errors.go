@@ -32,7 +32,7 @@ var (
 	// ErrNoRoom is ErrStoreUnavailable for a begin that would have started
 	// an attempt on a Redis master whose free memory under maxmemory is
 	// under the reserve kept for the outcomes of the attempts in flight
-	// (RedisOptions.ReserveBytes). It changed nothing.
+	// (redisstore.Options.ReserveBytes). It changed nothing.
 	ErrNoRoom = fmt.Errorf("%w: no room for the outcomes of new attempts", ErrStoreUnavailable)
 	// ErrEvicting is ErrStoreUnavailable for a begin that would have
 	// started an attempt on a Redis master whose eviction policy may drop

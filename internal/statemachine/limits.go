@@ -55,9 +55,9 @@ func DefaultLimits() Limits {
 	}
 }
 
-// withDefaults fills zero fields from DefaultLimits and caps the lengths at
+// WithDefaults fills zero fields from DefaultLimits and caps the lengths at
 // what a record can hold.
-func (l Limits) withDefaults() Limits {
+func (l Limits) WithDefaults() Limits {
 	d := DefaultLimits()
 	fill := func(v *int, def int) {
 		if *v == 0 {
@@ -90,15 +90,15 @@ func (l Limits) withDefaults() Limits {
 	return l
 }
 
-// token is a lease token in its stored form.
-type token [16]byte
+// Token is a lease Token in its stored form.
+type Token [16]byte
 
 // String returns the token as the API shows it.
-func (t token) String() string { return hex.EncodeToString(t[:]) }
+func (t Token) String() string { return hex.EncodeToString(t[:]) }
 
-// checkKey validates the tenant and the client's key of any request.
-func (l *Limits) checkKey(tenant, key string) error {
-	if err := checkTenant(tenant); err != nil {
+// CheckKey validates the tenant and the client's key of any request.
+func (l *Limits) CheckKey(tenant, key string) error {
+	if err := CheckTenant(tenant); err != nil {
 		return err
 	}
 	if len(key) == 0 || len(key) > l.MaxKeyBytes {
@@ -112,8 +112,8 @@ func (l *Limits) checkKey(tenant, key string) error {
 	return nil
 }
 
-// checkTenant checks a tenant's name: [a-z0-9_-]{1,64}.
-func checkTenant(tenant string) error {
+// CheckTenant checks a tenant's name: [a-z0-9_-]{1,64}.
+func CheckTenant(tenant string) error {
 	if len(tenant) == 0 || len(tenant) > 64 {
 		return invalid("tenant", "must be 1 to 64 characters")
 	}
@@ -126,27 +126,29 @@ func checkTenant(tenant string) error {
 	return nil
 }
 
-// checkBegin validates req and returns its lease and retention with defaults applied.
-func (l *Limits) checkBegin(tenant string, req *BeginRequest) (lease, retention time.Duration, err error) {
-	if err := l.checkKey(tenant, req.Key); err != nil {
-		return 0, 0, err
+// CheckBegin validates req and returns its lease and retention with
+// defaults applied, and the token the attempt gets if the Begin acquires.
+func (l *Limits) CheckBegin(tenant string, req *BeginRequest) (lease, retention time.Duration, tok Token, err error) {
+	if err := l.CheckKey(tenant, req.Key); err != nil {
+		return 0, 0, tok, err
 	}
 	if len(req.Fingerprint) > l.MaxFingerprintBytes {
-		return 0, 0, invalid("fingerprint", "must be at most %d bytes", l.MaxFingerprintBytes)
+		return 0, 0, tok, invalid("fingerprint", "must be at most %d bytes", l.MaxFingerprintBytes)
 	}
 	if len(req.Owner) > l.MaxOwnerBytes {
-		return 0, 0, invalid("owner", "must be at most %d bytes", l.MaxOwnerBytes)
+		return 0, 0, tok, invalid("owner", "must be at most %d bytes", l.MaxOwnerBytes)
 	}
 	if lease, err = l.checkLease(req.Lease); err != nil {
-		return 0, 0, err
+		return 0, 0, tok, err
 	}
 	if retention, err = l.checkRetention(req.Retention); err != nil {
-		return 0, 0, err
+		return 0, 0, tok, err
 	}
 	if retention == 0 {
 		retention = l.DefaultRetention
 	}
-	return lease, retention, nil
+	tok, err = beginToken(req)
+	return lease, retention, tok, err
 }
 
 // The API gives durations as counts of a unit, absent or not. A request's
@@ -219,39 +221,39 @@ func (l *Limits) checkRetention(d time.Duration) (time.Duration, error) {
 	return d.Truncate(time.Second), nil
 }
 
-// checkFinish validates a Complete or Fail and returns the parsed token.
-func (l *Limits) checkFinish(tenant, key, tok string, retention time.Duration, resp *Response, errMsg string) (token, error) {
-	if err := l.checkKey(tenant, key); err != nil {
-		return token{}, err
+// CheckFinish validates a Complete or Fail and returns the parsed token.
+func (l *Limits) CheckFinish(tenant, key, tok string, retention time.Duration, resp *Response, errMsg string) (Token, error) {
+	if err := l.CheckKey(tenant, key); err != nil {
+		return Token{}, err
 	}
 	t, err := parseToken(tok)
 	if err != nil {
-		return token{}, err
+		return Token{}, err
 	}
 	if _, err := l.checkRetention(retention); err != nil {
-		return token{}, err
+		return Token{}, err
 	}
 	if resp.StatusCode != 0 && (resp.StatusCode < 100 || resp.StatusCode > 599) {
-		return token{}, invalid("response.status_code", "must be 100 to 599")
+		return Token{}, invalid("response.status_code", "must be 100 to 599")
 	}
 	if len(errMsg) > l.MaxErrorBytes {
-		return token{}, invalid("error", "must be at most %d bytes", l.MaxErrorBytes)
+		return Token{}, invalid("error", "must be at most %d bytes", l.MaxErrorBytes)
 	}
 	if len(resp.Headers) > l.MaxResponseHeaders {
-		return token{}, invalid("response.headers", "must hold at most %d header fields", l.MaxResponseHeaders)
+		return Token{}, invalid("response.headers", "must hold at most %d header fields", l.MaxResponseHeaders)
 	}
 	size := len(resp.Body)
 	for name, value := range resp.Headers {
 		if !isFieldName(name) {
-			return token{}, invalid("response.headers", "a header name must be an HTTP field name (RFC 9110 token characters)")
+			return Token{}, invalid("response.headers", "a header name must be an HTTP field name (RFC 9110 token characters)")
 		}
 		if strings.ContainsAny(value, "\r\n\x00") {
-			return token{}, invalid("response.headers", "a header value must not hold CR, LF or NUL")
+			return Token{}, invalid("response.headers", "a header value must not hold CR, LF or NUL")
 		}
 		size += len(name) + len(value)
 	}
 	if size > l.MaxResponseBytes {
-		return token{}, sizeError(size, l.MaxResponseBytes)
+		return Token{}, sizeError(size, l.MaxResponseBytes)
 	}
 	return t, nil
 }
@@ -271,14 +273,14 @@ func isFieldName(name string) bool {
 	return true
 }
 
-// checkExtend validates an Extend and returns the parsed token and the lease.
-func (l *Limits) checkExtend(tenant string, req *ExtendRequest) (token, time.Duration, error) {
-	if err := l.checkKey(tenant, req.Key); err != nil {
-		return token{}, 0, err
+// CheckExtend validates an Extend and returns the parsed token and the lease.
+func (l *Limits) CheckExtend(tenant string, req *ExtendRequest) (Token, time.Duration, error) {
+	if err := l.CheckKey(tenant, req.Key); err != nil {
+		return Token{}, 0, err
 	}
 	t, err := parseToken(req.Token)
 	if err != nil {
-		return token{}, 0, err
+		return Token{}, 0, err
 	}
 	lease, err := l.checkLease(req.Lease)
 	return t, lease, err
@@ -287,23 +289,23 @@ func (l *Limits) checkExtend(tenant string, req *ExtendRequest) (token, time.Dur
 // NewToken returns a random lease token in Lease.Token's form, for
 // BeginRequest.Token.
 func NewToken() string {
-	var t token
+	var t Token
 	rand.Read(t[:])
 	return t.String()
 }
 
 // beginToken is the token a Begin acquires with: req's, or a random one.
-func beginToken(req *BeginRequest) (token, error) {
+func beginToken(req *BeginRequest) (Token, error) {
 	if req.Token == "" {
-		var t token
+		var t Token
 		rand.Read(t[:])
 		return t, nil
 	}
 	return parseToken(req.Token)
 }
 
-func parseToken(s string) (token, error) {
-	var t token
+func parseToken(s string) (Token, error) {
+	var t Token
 	if s == "" {
 		return t, invalid("lease_token", "is required")
 	}

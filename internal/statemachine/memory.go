@@ -10,12 +10,12 @@ import (
 
 // MemoryStore keeps records in this process: the embedded store for
 // development and a reference for tests. It follows the Lua scripts of
-// RedisStore transition for transition, with the process's clock.
+// redisstore.Store transition for transition, with the process's clock.
 type MemoryStore struct {
 	limits  Limits
 	mu      sync.Mutex
-	records map[memoryKey]*stored
-	watches watchSet[memoryKey] // memory_watch.go
+	records map[memoryKey]*Stored
+	watches WatchSet[memoryKey] // memory_watch.go
 }
 
 type memoryKey struct{ tenant, key string }
@@ -26,7 +26,7 @@ const expirySample = 20
 
 // NewMemoryStore returns an empty MemoryStore enforcing limits.
 func NewMemoryStore(limits Limits) *MemoryStore {
-	return &MemoryStore{limits: limits.withDefaults(), records: make(map[memoryKey]*stored)}
+	return &MemoryStore{limits: limits.WithDefaults(), records: make(map[memoryKey]*Stored)}
 }
 
 var _ Store = (*MemoryStore)(nil)
@@ -34,7 +34,7 @@ var _ Store = (*MemoryStore)(nil)
 // get returns the live record under k, dropping it if its retention ended
 // (as in Redis, a record expires once the time is past its expiry).
 // The caller holds m.mu.
-func (m *MemoryStore) get(k memoryKey, now int64) *stored {
+func (m *MemoryStore) get(k memoryKey, now int64) *Stored {
 	s := m.records[k]
 	if s != nil && s.expires < now {
 		delete(m.records, k)
@@ -44,7 +44,7 @@ func (m *MemoryStore) get(k memoryKey, now int64) *stored {
 }
 
 // put stores s under k and drops a sample of expired records. The caller holds m.mu.
-func (m *MemoryStore) put(k memoryKey, s *stored, now int64) {
+func (m *MemoryStore) put(k memoryKey, s *Stored, now int64) {
 	n := 0
 	for other, rec := range m.records {
 		if rec.expires < now {
@@ -59,11 +59,7 @@ func (m *MemoryStore) put(k memoryKey, s *stored, now int64) {
 
 // Begin implements Store; see internal/lua/begin.lua.
 func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) (BeginResult, error) {
-	lease, retention, err := m.limits.checkBegin(tenant, &req)
-	if err != nil {
-		return BeginResult{}, err
-	}
-	tok, err := beginToken(&req)
+	lease, retention, tok, err := m.limits.CheckBegin(tenant, &req)
 	if err != nil {
 		return BeginResult{}, err
 	}
@@ -79,23 +75,22 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 		if old.state == StateInProgress {
 			if old.lease > now {
 				if req.Owner != "" && old.owner == req.Owner {
-					return acquired(tenant, old, now)
+					return Acquired(tenant, old, now)
 				}
-				return BeginResult{}, &InProgressError{Attempt: old.attempt, LeaseExpiresAt: msTime(old.lease),
-					Since: msTime(old.updated), Now: msTime(now)}
+				return BeginResult{}, Busy(old, now)
 			}
 		} else if !old.retryable {
 			if req.NoReplay {
 				return BeginResult{}, ErrReplayRefused
 			}
-			return replay(tenant, old, now)
+			return Replay(tenant, old, now)
 		}
 	}
 	if req.NoAcquire {
 		return BeginResult{}, ErrAcquireRefused
 	}
 
-	s := &stored{
+	s := &Stored{
 		state:       StateInProgress,
 		attempt:     1,
 		created:     now,
@@ -112,43 +107,43 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 		s.attempt, s.created = old.attempt+1, old.created
 		s.recovered = old.state == StateInProgress
 		if s.recovered {
-			m.watches.ended(k) // as begin.lua announces a takeover
+			m.watches.Ended(k) // as begin.lua announces a takeover
 		}
 		if s.fingerprint == "" {
 			s.fingerprint = old.fingerprint
 		}
 	}
 	m.put(k, s, now)
-	return acquired(tenant, s, now)
+	return Acquired(tenant, s, now)
 }
 
 // Complete implements Store; see internal/lua/complete.lua.
 func (m *MemoryStore) Complete(_ context.Context, tenant string, req CompleteRequest) (Record, error) {
-	tok, err := m.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, "")
+	tok, err := m.limits.CheckFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, "")
 	if err != nil {
 		return Record{}, err
 	}
-	response := encodeResponse(&req.Response)
-	return m.finish(tenant, req.Key, tok, StateCompleted, func(s *stored) {
+	response := EncodeResponse(&req.Response)
+	return m.finish(tenant, req.Key, tok, StateCompleted, func(s *Stored) {
 		s.response = response
 	}, req.Retention)
 }
 
 // Fail implements Store; see internal/lua/fail.lua.
 func (m *MemoryStore) Fail(_ context.Context, tenant string, req FailRequest) (Record, error) {
-	tok, err := m.limits.checkFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, req.Error)
+	tok, err := m.limits.CheckFinish(tenant, req.Key, req.Token, req.Retention, &req.Response, req.Error)
 	if err != nil {
 		return Record{}, err
 	}
-	response := encodeResponse(&req.Response)
-	return m.finish(tenant, req.Key, tok, StateFailed, func(s *stored) {
+	response := EncodeResponse(&req.Response)
+	return m.finish(tenant, req.Key, tok, StateFailed, func(s *Stored) {
 		s.retryable, s.errMsg, s.response = req.Retryable, req.Error, response
 	}, req.Retention)
 }
 
 // finish moves the in-progress record fenced by tok to state, as complete.lua
 // and fail.lua do; a second call with the same token answers as the first.
-func (m *MemoryStore) finish(tenant, key string, tok token, state State, set func(*stored), retention time.Duration) (Record, error) {
+func (m *MemoryStore) finish(tenant, key string, tok Token, state State, set func(*Stored), retention time.Duration) (Record, error) {
 	k := memoryKey{tenant, key}
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -160,7 +155,7 @@ func (m *MemoryStore) finish(tenant, key string, tok token, state State, set fun
 	case old.token != tok:
 		return Record{}, ErrLeaseLost
 	case old.state == state:
-		return old.record(tenant, now, false)
+		return old.Record(tenant, now, false)
 	case old.state != StateInProgress:
 		return Record{}, ErrLeaseLost
 	}
@@ -171,13 +166,13 @@ func (m *MemoryStore) finish(tenant, key string, tok token, state State, set fun
 	}
 	s.state, s.updated, s.expires = state, now, now+s.retention*1000
 	m.put(k, &s, now)
-	m.watches.ended(k)
-	return s.record(tenant, now, false)
+	m.watches.Ended(k)
+	return s.Record(tenant, now, false)
 }
 
 // Extend implements Store; see internal/lua/extend.lua.
 func (m *MemoryStore) Extend(_ context.Context, tenant string, req ExtendRequest) (Lease, error) {
-	tok, lease, err := m.limits.checkExtend(tenant, &req)
+	tok, lease, err := m.limits.CheckExtend(tenant, &req)
 	if err != nil {
 		return Lease{}, err
 	}
@@ -196,12 +191,12 @@ func (m *MemoryStore) Extend(_ context.Context, tenant string, req ExtendRequest
 	s.updated, s.lease = now, now+lease.Milliseconds()
 	s.expires = s.lease + s.retention*1000
 	m.put(k, &s, now)
-	return s.leaseOf(), nil
+	return s.Lease(), nil
 }
 
 // Status implements Store.
 func (m *MemoryStore) Status(_ context.Context, tenant, key string, withResponse bool) (Record, error) {
-	if err := m.limits.checkKey(tenant, key); err != nil {
+	if err := m.limits.CheckKey(tenant, key); err != nil {
 		return Record{}, err
 	}
 	m.mu.Lock()
@@ -211,19 +206,19 @@ func (m *MemoryStore) Status(_ context.Context, tenant, key string, withResponse
 	if s == nil {
 		return Record{}, ErrNotFound
 	}
-	return s.record(tenant, now, withResponse)
+	return s.Record(tenant, now, withResponse)
 }
 
 // Delete implements Store.
 func (m *MemoryStore) Delete(_ context.Context, tenant, key string) error {
-	if err := m.limits.checkKey(tenant, key); err != nil {
+	if err := m.limits.CheckKey(tenant, key); err != nil {
 		return err
 	}
 	k := memoryKey{tenant, key}
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if s := m.records[k]; s != nil && s.state == StateInProgress {
-		m.watches.ended(k)
+		m.watches.Ended(k)
 	}
 	delete(m.records, k)
 	return nil
@@ -234,5 +229,8 @@ func (m *MemoryStore) Limits() Limits { return m.limits }
 
 // Ping implements Store; memory is always there.
 func (m *MemoryStore) Ping(context.Context) error { return nil }
+
+// Readiness implements Store: the memory store is always ready.
+func (*MemoryStore) Readiness(context.Context) []Failure { return nil }
 
 func nowMs() int64 { return time.Now().UnixMilli() }

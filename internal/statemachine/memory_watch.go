@@ -6,19 +6,19 @@ package statemachine
 // key's watches in process, as the Redis scripts publish them.
 func (m *MemoryStore) Watch(tenant, key string) *Watch {
 	k := memoryKey{tenant, key}
-	w := newWatch(func(w *Watch) {
+	w := NewWatch(func(w *Watch) {
 		m.mu.Lock()
-		m.watches.remove(k, w)
+		m.watches.Remove(k, w)
 		m.mu.Unlock()
 	})
 	m.mu.Lock()
 	if m.watches == nil {
-		m.watches = make(watchSet[memoryKey])
+		m.watches = make(WatchSet[memoryKey])
 	}
-	m.watches.add(k, w)
+	m.watches.Add(k, w)
 	m.mu.Unlock()
 	// In force at once; an attempt that ended before it is the caller's to read.
-	signal(w.missed)
+	w.SignalMissed()
 	return w
 }
 

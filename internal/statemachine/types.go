@@ -110,7 +110,7 @@ type BeginRequest struct {
 	// its stored-bytes budget.
 	NoAcquire bool
 	// Waited marks a Begin sent again after waiting for another attempt
-	// to end: a store that refuses calls under overload (RedisStore) does
+	// to end: a store that refuses calls under overload (redisstore.Store) does
 	// not refuse it, as its caller has waited for this answer.
 	Waited bool
 	// NoReplay refuses to replay: a Begin on a finished record fails with

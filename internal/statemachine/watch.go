@@ -6,7 +6,7 @@ import "sync"
 
 // Watcher is a store that pushes the end of a key's attempts to whoever
 // watches the key, so that waiting for an attempt costs no reads while
-// nothing changes. RedisStore and MemoryStore implement it.
+// nothing changes. redisstore.Store and MemoryStore implement it.
 type Watcher interface {
 	// Watch watches tenant's key until Stop. It does not block on the store:
 	// when the watch cannot be set up, or news may have been lost, Missed
@@ -23,7 +23,7 @@ type Watch struct {
 	once   sync.Once
 }
 
-func newWatch(stop func(*Watch)) *Watch {
+func NewWatch(stop func(*Watch)) *Watch {
 	return &Watch{ended: make(chan struct{}, 1), missed: make(chan struct{}, 1), stop: stop}
 }
 
@@ -38,6 +38,9 @@ func (w *Watch) Ended() <-chan struct{} { return w.ended }
 // connection, a failover): the caller should read the key.
 func (w *Watch) Missed() <-chan struct{} { return w.missed }
 
+// SignalMissed signals Missed, for the store that feeds the watch.
+func (w *Watch) SignalMissed() { signal(w.missed) }
+
 // Stop ends the watch. It may be called more than once.
 func (w *Watch) Stop() { w.once.Do(func() { w.stop(w) }) }
 
@@ -48,11 +51,11 @@ func signal(c chan struct{}) {
 	}
 }
 
-// watchSet is the watches of a store's keys, by key.
-type watchSet[K comparable] map[K]map[*Watch]struct{}
+// WatchSet is the watches of a store's keys, by key.
+type WatchSet[K comparable] map[K]map[*Watch]struct{}
 
-// add adds w under k and reports whether it is k's first watch.
-func (s watchSet[K]) add(k K, w *Watch) bool {
+// Add adds w under k and reports whether it is k's first watch.
+func (s WatchSet[K]) Add(k K, w *Watch) bool {
 	ws := s[k]
 	if ws == nil {
 		ws = make(map[*Watch]struct{})
@@ -62,8 +65,8 @@ func (s watchSet[K]) add(k K, w *Watch) bool {
 	return len(ws) == 1
 }
 
-// remove removes w from k and reports whether k has no watch left.
-func (s watchSet[K]) remove(k K, w *Watch) bool {
+// Remove removes w from k and reports whether k has no watch left.
+func (s WatchSet[K]) Remove(k K, w *Watch) bool {
 	ws := s[k]
 	if ws == nil {
 		return false
@@ -76,15 +79,15 @@ func (s watchSet[K]) remove(k K, w *Watch) bool {
 	return false
 }
 
-// ended signals k's watches that an attempt ended.
-func (s watchSet[K]) ended(k K) {
+// Ended signals k's watches that an attempt Ended.
+func (s WatchSet[K]) Ended(k K) {
 	for w := range s[k] {
 		signal(w.ended)
 	}
 }
 
-// missed signals k's watches to read the key.
-func (s watchSet[K]) missed(k K) {
+// Missed signals k's watches to read the key.
+func (s WatchSet[K]) Missed(k K) {
 	for w := range s[k] {
 		signal(w.missed)
 	}
