@@ -8,12 +8,17 @@ import (
 	"crypto/sha256"
 	"fmt"
 	"io"
+	mrand "math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptest"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 	"github.com/idemsvc/idemsvc/internal/testkit/s3test"
@@ -83,6 +88,63 @@ func TestBlobBoundedMemory(t *testing.T) {
 		}
 		rss, peak := p.memory(t)
 		t.Logf("a %d MiB answer completed and replayed: VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)", largeBody>>20, rss/1e6, peak/1e6, p.startRSS/1e6)
+		if peak > rssBound {
+			t.Errorf("VmHWM = %.0f MB, want under %.0f MB", peak/1e6, rssBound/1e6)
+		}
+	})
+
+	t.Run("40 MiB through the Go middleware", func(t *testing.T) {
+		c, err := idem.New(url, idem.WithAPIKey(apiKey))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var runs atomic.Int32
+		handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs.Add(1)
+			w.Header().Set("Content-Type", "application/octet-stream")
+			w.WriteHeader(http.StatusCreated)
+			rng := mrand.NewChaCha8([32]byte{1})
+			buf := make([]byte, 64<<10)
+			for range largeBody / len(buf) {
+				rng.Read(buf)
+				if _, err := w.Write(buf); err != nil {
+					return
+				}
+			}
+		})
+		want := sha256.New()
+		rng := mrand.NewChaCha8([32]byte{1})
+		buf := make([]byte, 64<<10)
+		for range largeBody / len(buf) {
+			rng.Read(buf)
+			want.Write(buf)
+		}
+		svc := httptest.NewServer(idem.Middleware(c, idem.MiddlewareOptions{MaxStreamedBodyBytes: 64 << 20, Unscoped: true})(handler))
+		defer svc.Close()
+		key := fmt.Sprintf(`"mw-%d"`, time.Now().UnixNano())
+		for i, replayed := range []string{"", "true"} {
+			req, _ := http.NewRequest(http.MethodPost, svc.URL+"/orders", strings.NewReader(`{"n":1}`))
+			req.Header.Set("Idempotency-Key", key)
+			req.Header.Set("Content-Type", "application/json")
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			h := sha256.New()
+			n, err := io.Copy(h, resp.Body)
+			resp.Body.Close()
+			if err != nil || resp.StatusCode != http.StatusCreated || n != largeBody || !bytes.Equal(h.Sum(nil), want.Sum(nil)) {
+				t.Fatalf("answer %d: %d, %d bytes, %v", i, resp.StatusCode, n, err)
+			}
+			if got := resp.Header.Get(idem.ReplayedHeader); got != replayed || resp.Header.Get(idem.BodyOmittedHeader) != "" {
+				t.Fatalf("answer %d: %s %q", i, idem.ReplayedHeader, got)
+			}
+		}
+		if runs.Load() != 1 {
+			t.Fatalf("the handler ran %d times", runs.Load())
+		}
+		rss, peak := p.memory(t)
+		t.Logf("a %d MiB answer through the Go middleware, stored and replayed: idemsvc VmRSS %.0f MB, VmHWM %.0f MB", largeBody>>20, rss/1e6, peak/1e6)
 		if peak > rssBound {
 			t.Errorf("VmHWM = %.0f MB, want under %.0f MB", peak/1e6, rssBound/1e6)
 		}
