@@ -4,6 +4,8 @@ package blob
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"strings"
 	"time"
@@ -109,4 +111,40 @@ func (s *Store) Sweeper(ctx context.Context, interval time.Duration, report func
 		case <-t.C:
 		}
 	}
+}
+
+// DeleteAttempts removes the objects of the record key's attempts other
+// than keep's (every one when keep is ""), written before before: those
+// of attempts taken over or of a deleted record, which no complete can
+// name any more. It lists the tenant's days, then the key's objects in
+// each.
+func (s *Store) DeleteAttempts(ctx context.Context, tenant, key, keep string, before time.Time) (int, error) {
+	days, err := s.children(ctx, s.prefix+tenant+"/")
+	if err != nil {
+		return 0, err
+	}
+	sum := sha256.Sum256([]byte(key))
+	hash := hex.EncodeToString(sum[:])
+	removed := 0
+	for _, day := range days {
+		prefix := day + hash + "/"
+		p := s3.NewListObjectsV2Paginator(s.client, &s3.ListObjectsV2Input{Bucket: &s.bucket, Prefix: &prefix})
+		for p.HasMorePages() {
+			page, err := p.NextPage(ctx)
+			if err != nil {
+				return removed, classify("list", err)
+			}
+			for _, o := range page.Contents {
+				k := aws.ToString(o.Key)
+				if (keep != "" && strings.HasSuffix(k, "/"+keep)) || o.LastModified == nil || !o.LastModified.Before(before) {
+					continue
+				}
+				if err := s.Delete(ctx, k); err != nil {
+					return removed, err
+				}
+				removed++
+			}
+		}
+	}
+	return removed, nil
 }

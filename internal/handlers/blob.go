@@ -142,6 +142,20 @@ func (b *blobs) deleteSoon(object string) {
 	}()
 }
 
+// deleteAttempts deletes, in the background, the objects of key's
+// attempts other than keep's written before now: after a takeover (keep
+// is the new lease's token), or a delete of a record in progress (keep is
+// ""). Objects written since (by a later attempt) are left alone.
+func (b *blobs) deleteAttempts(tenant, key, keep string) {
+	before := time.Now()
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		n, _ := b.Store.DeleteAttempts(ctx, tenant, key, keep, before)
+		b.deleted.Add(float64(n))
+	}()
+}
+
 // streamBuffer is the buffer a streamed body passes through, taken from
 // the body budget while held.
 const streamBuffer = 32 << 10
@@ -511,10 +525,15 @@ func (a bodyAnswer) VisitGetBodyResponse(w http.ResponseWriter) error {
 	}
 }
 
-// deleteObject deletes the object a deleted record named.
-func (s *Service) deleteObject(r *statemachine.Response) {
-	if s.blobs != nil && r.Ref != nil {
-		s.blobs.deleteSoon(r.Ref.Object)
+// deleteObjects deletes the objects of a deleted record: the one its
+// response named, or those its attempts in progress may have written.
+func (s *Service) deleteObjects(t string, rec *statemachine.Record) {
+	switch {
+	case s.blobs == nil || rec == nil:
+	case rec.Response.Ref != nil:
+		s.blobs.deleteSoon(rec.Response.Ref.Object)
+	case rec.State == statemachine.StateInProgress:
+		s.blobs.deleteAttempts(t, rec.Key, "")
 	}
 }
 

@@ -434,3 +434,39 @@ func TestE2EStreamCompleteWithoutBlobStore(t *testing.T) {
 		requireProblem(t, hr, out, http.StatusUnsupportedMediaType, "unsupported-media-type")
 	})
 }
+
+// A takeover deletes what the attempts before it uploaded without
+// completing (a caller that crashed between its upload and its complete),
+// and a delete of a record in progress deletes its attempt's object.
+func TestE2EBlobTakeoverAndDeleteInProgress(t *testing.T) {
+	srv := s3test.New(t)
+	e := startBlob(t, redisBackends()[0], srv)
+	c := e.as(t, "")
+	put := func(key, token string) {
+		t.Helper()
+		body := randomBody(100 << 10)
+		obj := e.st.ObjectKey("default", key, blob.ExpiryDay(time.Now(), 24*time.Hour), token)
+		if err := e.st.Put(bg, obj, bytes.NewReader(body), int64(len(body)), sha256.Sum256(body)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	key := fmt.Sprintf("blob-takeover-%d", time.Now().UnixNano())
+	old := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr(int64(100))})
+	put(key, old.LeaseToken) // uploaded, then the caller crashed
+	time.Sleep(1100 * time.Millisecond) // past the lease, and a second past the upload (objects' times are whole seconds)
+	taken := c.acquire(idem.BeginRequest{Key: key})
+	if !taken.Recovered {
+		t.Fatal("no takeover")
+	}
+	idemtest.Eventually(t, 10*time.Second, "the earlier attempt's object deleted", func() bool {
+		return len(e.objects(t, old.LeaseToken)) == 0
+	})
+	put(key, taken.LeaseToken)
+	time.Sleep(1100 * time.Millisecond)
+	if r := c.del(idem.DeleteKeyParams{Key: key}); r.StatusCode() != http.StatusNoContent {
+		t.Fatalf("delete %d", r.StatusCode())
+	}
+	idemtest.Eventually(t, 10*time.Second, "the deleted attempt's object deleted", func() bool {
+		return len(e.objects(t, keyHash(key))) == 0
+	})
+}

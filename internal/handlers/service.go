@@ -149,6 +149,11 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		if err != nil {
 			return nil, s.beginFailed(t, lim, a, err)
 		}
+		if res.Acquired && res.Lease.Recovered && s.blobs != nil {
+			// A takeover: what the earlier attempts uploaded, no
+			// complete can name any more.
+			s.blobs.deleteAttempts(t, req.Body.Key, res.Lease.Token)
+		}
 		if !res.Acquired {
 			if err := s.resolve(ctx, &res.Record.Response); err != nil {
 				s.settleHold(t, lim, a.hold, &res)
@@ -439,13 +444,13 @@ func (s *Service) DeleteKey(ctx context.Context, req api.DeleteKeyRequestObject)
 	if err != nil {
 		return nil, err
 	}
-	var object statemachine.Response
+	var deleted *statemachine.Record
 	if s.blobs != nil {
-		// The object of a body in the blob store goes with its record.
+		// The objects of the record in the blob store go with it.
 		rec, err := s.store.Status(ctx, t, req.Params.Key, true)
 		switch {
 		case err == nil:
-			object = rec.Response
+			deleted = &rec
 		case !errors.Is(err, statemachine.ErrNotFound):
 			return nil, err
 		}
@@ -453,7 +458,7 @@ func (s *Service) DeleteKey(ctx context.Context, req api.DeleteKeyRequestObject)
 	if err := s.store.Delete(ctx, t, req.Params.Key); err != nil {
 		return nil, err
 	}
-	s.deleteObject(&object)
+	s.deleteObjects(t, deleted)
 	setOutcome(ctx, t, "deleted")
 	return api.DeleteKey204Response{}, nil
 }
