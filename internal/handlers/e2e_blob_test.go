@@ -452,7 +452,7 @@ func TestE2EBlobTakeoverAndDeleteInProgress(t *testing.T) {
 	}
 	key := fmt.Sprintf("blob-takeover-%d", time.Now().UnixNano())
 	old := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr(int64(100))})
-	put(key, old.LeaseToken) // uploaded, then the caller crashed
+	put(key, old.LeaseToken)            // uploaded, then the caller crashed
 	time.Sleep(1100 * time.Millisecond) // past the lease, and a second past the upload (objects' times are whole seconds)
 	taken := c.acquire(idem.BeginRequest{Key: key})
 	if !taken.Recovered {
