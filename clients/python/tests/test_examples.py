@@ -72,3 +72,28 @@ def test_consumer_example_applies_each_message_once(svc: Svc) -> None:
                          timeout=60, text=True)
     assert out.returncode == 0, out.stderr
     assert "applied 3 times for 3 messages delivered 9 times" in out.stdout
+
+
+@pytest.mark.parametrize("svc", ["memory", "redis"], indirect=True)
+def test_sqs_batch_example_reports_partial_failures_and_charges_once(svc: Svc) -> None:
+    out = subprocess.run([sys.executable, str(EXAMPLES / "sqs_batch.py")], env=env_of(svc), capture_output=True,
+                         timeout=60, text=True)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    failures = [ln for ln in lines if "batchItemFailures" in ln]
+    assert "0003'" in failures[0] and "0007'" in failures[0] and failures[0].count("'") == 4, failures
+    assert failures[1].endswith("[]")
+    assert "charged 9 orders here and 1 at the other consumer, each once, for 10 messages delivered 22 times" \
+        in out.stdout
+    assert sum(" replayed " in ln for ln in lines) == 11
+
+
+@pytest.mark.parametrize("svc", ["memory", "redis"], indirect=True)
+def test_kafka_batch_example_commits_past_what_is_done_and_ships_once(svc: Svc) -> None:
+    out = subprocess.run([sys.executable, str(EXAMPLES / "kafka_batch.py")], env=env_of(svc), capture_output=True,
+                         timeout=60, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "poll 1: 10 records, completed=9, error=1" in out.stdout
+    assert "poll 2: 5 records, completed=1, replayed=4" in out.stdout
+    assert "poll 3: 10 records, replayed=10" in out.stdout
+    assert "shipped 10 orders once each for 10 records consumed 25 times" in out.stdout

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 from . import errors
+from ._steps import BODY_OMITTED_HEADER as BODY_OMITTED_HEADER
 from ._types import Replay, Response
 from .canonical import canonicalize
 
 REPLAYED_HEADER = "Idempotent-Replayed"
-BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
 DEFAULT_STORED_HEADERS = ("Content-Type", "Content-Language", "Location", "ETag", "Last-Modified")
 MAX_KEY_BYTES = 255
 PROBLEM_TYPE_PREFIX = "https://idemsvc.dev/problems/"
@@ -39,7 +39,7 @@ class Settings:
     key_header: str = "Idempotency-Key"
     methods: Sequence[str] = ("POST", "PATCH")
     optional: bool = False
-    headers: Sequence[str] = DEFAULT_STORED_HEADERS
+    headers: Sequence[str] | None = None  # None: DEFAULT_STORED_HEADERS
     lease_ms: int = 30_000
     retention_s: int | None = None
     wait_ms: int = 0
@@ -48,7 +48,7 @@ class Settings:
     budget_s: float = 2.0
     scope: Callable[[Any], str | None] | None = None
     credential_cookies: Sequence[str] = ()
-    credential_secret: bytes | None = None
+    credential_secret: bytes | str | None = None
     unscoped: bool = False
     legacy_fingerprints: bool = True
     method_set: frozenset[str] = field(init=False)
@@ -59,6 +59,10 @@ class Settings:
         # Requests name methods in upper case: a configured "post" is POST.
         self.methods = tuple(m.upper() for m in self.methods)
         self.method_set = frozenset(self.methods)
+        self.headers = DEFAULT_STORED_HEADERS if self.headers is None else tuple(self.headers)
+        self.credential_cookies = tuple(self.credential_cookies)
+        if isinstance(self.credential_secret, str):
+            self.credential_secret = self.credential_secret.encode("utf-8")
         if self.lease_ms <= 0:
             self.lease_ms = 30_000
         if self.max_body_bytes <= 0:
@@ -74,8 +78,8 @@ def credential_key_of(s: Settings, client_config: dict[str, Any]) -> bytes:
     the client's API key, as the Go SDK's middleware derives it."""
     secret = s.credential_secret
     if secret is None:
-        secret = (client_config.get("api_key") or "").encode("utf-8")
-    return credential_key(secret)
+        secret = client_config.get("api_key") or ""
+    return credential_key(secret.encode("utf-8") if isinstance(secret, str) else secret)
 
 
 def parse_key(values: list[str]) -> str | None:
@@ -208,6 +212,21 @@ def _b64(b: bytes) -> str:
     return base64.urlsafe_b64encode(b).rstrip(b"=").decode("ascii")
 
 
+def stored_key_of(s: Settings, request: Any, key: str) -> tuple[str | None, bool]:
+    """The key stored for a request's key, and whether its credentials'
+    digest joins the fingerprint: with a ``scope``, the key scoped to the
+    subject it names (None for a key that cannot be scoped), and an
+    anonymous request (no subject) shares one scope, with its credentials
+    in the fingerprint, as without a scope."""
+    if s.scope is None:
+        return key, not s.unscoped
+    subject = s.scope(request)
+    return scoped_key(subject, key), not subject
+
+
+UNSCOPABLE_KEY = "idempotency key: key must be visible ASCII (0x21-0x7E)"
+
+
 def scoped_key(scope: str | None, key: str) -> str | None:
     """The key stored for key of the end user scope: ``~``, the unpadded
     base64url SHA-256 of the scope, ``~`` and the key; or, when that would be
@@ -316,11 +335,11 @@ def replay_answer(r: Replay) -> Answer:
     return Answer(resp.status_code or 200, headers, resp.body or b"")
 
 
-def stored_headers(allowed: Sequence[str], headers: list[tuple[str, str]]) -> dict[str, str] | None:
-    """The allow-listed headers of an answer; several fields of one name are
-    one field, their values joined."""
+def stored_headers(allowed: Sequence[str] | None, headers: list[tuple[str, str]]) -> dict[str, str] | None:
+    """The allow-listed headers of an answer (None: the default list);
+    several fields of one name are one field, their values joined."""
     out: dict[str, str] = {}
-    for name in allowed:
+    for name in DEFAULT_STORED_HEADERS if allowed is None else allowed:
         low = name.lower()
         values = [v for k, v in headers if k.lower() == low]
         if values and ", ".join(values):

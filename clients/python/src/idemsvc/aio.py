@@ -9,17 +9,17 @@ from __future__ import annotations
 
 import asyncio
 import http.client
-import itertools
-import json
 import time
-import urllib.parse
-from typing import Any, Awaitable, Callable, Mapping, Protocol
+from typing import Any, Awaitable, Callable, Mapping, Protocol, Sequence
 
+from . import _protocol as proto
+from . import _steps as steps
 from . import errors
-from ._types import Acquired, Lease, Replay, Response, Result, _current, begin_result, new_owner, short_message
+from ._protocol import BeginItem, BeginOutcome, FinishItem, FinishOutcome, Tries
+from ._types import Acquired, Lease, Replay, Response, Result, begin_result
 from .client import (
-    BODY_OMITTED_HEADER, DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_MS, DEFAULT_RETRY_BUDGET, DEFAULT_WAIT_MS,
-    USER_AGENT, Client, _Pool, _Target, backoff, encode_json, replayed, retry_after,
+    DEFAULT_CALL_TIMEOUT, DEFAULT_LEASE_MS, DEFAULT_RETRY_BUDGET, DEFAULT_WAIT_MS, USER_AGENT, Client, _Pool,
+    _Target,
 )
 
 try:
@@ -132,54 +132,29 @@ class AsyncClient:
 
     async def _call(self, op: str, method: str, path: str, payload: Mapping[str, Any] | None, *,
                     timeout: float | None = None, budget: float | None = None,
-                    request_id: str | None = None) -> tuple[int, Any]:
-        body = None
-        if payload is not None:
-            if self.tenant is not None:
-                payload = {**payload, "tenant": self.tenant}
-            body = encode_json(payload).encode("utf-8")
-        headers = self._headers
-        if request_id and request_id.isprintable() and request_id.isascii():
-            headers = {**headers, "X-Request-Id": request_id}
-        deadline = time.monotonic() + (self.retry_budget if budget is None else budget)
+                    request_id: str | None = None, batch: bool = False) -> tuple[int, Any]:
+        body = proto.encode(payload, None if batch else self.tenant)
+        headers = proto.with_request_id(self._headers, request_id)
+        tries = Tries(op, self.retry_budget if budget is None else budget)
         timeout = timeout or self.call_timeout
         full = self._target.prefix + path
-        for attempt in itertools.count():
-            wait: float | None = None
-            err: errors.IdemError
+        while True:
             try:
                 status, hdrs, data = await self._transport.request(method, full, body, headers, timeout)
             except _NO_ANSWER as e:
-                err = errors.Unreachable(f"idemsvc: {op}: unavailable: {e!r}")
-                err.__cause__ = e
+                pause = tries.no_answer(e)
             else:
-                if status < 300:
-                    return status, (json.loads(data) if data else None)
-                ra = retry_after(hdrs.get("Retry-After"))
-                err = errors.problem_error(status, hdrs.get("Content-Type", ""), data, ra, op)
-                if status not in (503, 429):
-                    raise err
-                wait = ra
-            if wait is None:
-                wait = backoff(attempt)
-            if time.monotonic() + wait > deadline:
-                raise err
-            await asyncio.sleep(wait)
-        raise AssertionError("unreachable")
+                got = tries.answer(status, hdrs, data)
+                if got is None:
+                    return status, proto.decode(data)
+                pause = got
+            await asyncio.sleep(pause)
 
     async def begin(self, key: str, *, fingerprint: str | None = None, owner: str | None = None,
                     lease_ms: int | None = None, retention_s: int | None = None, wait_ms: int | None = None,
                     budget: float | None = None, timeout: float | None = None,
-              request_id: str | None = None) -> Acquired | Replay:
-        payload: dict[str, Any] = {"key": key, "owner": owner or new_owner()}
-        if fingerprint:
-            payload["fingerprint"] = fingerprint
-        if lease_ms:
-            payload["lease_ms"] = lease_ms
-        if retention_s:
-            payload["retention_s"] = retention_s
-        if wait_ms:
-            payload["wait_ms"] = wait_ms
+                    request_id: str | None = None) -> Acquired | Replay:
+        payload = proto.begin_body(key, owner, fingerprint, lease_ms, retention_s, wait_ms)
         status, body = await self._call("begin", "POST", "/v1/begin", payload,
                                         timeout=timeout or self.call_timeout + (wait_ms or 0) / 1000, budget=budget,
                                         request_id=request_id)
@@ -187,122 +162,59 @@ class AsyncClient:
 
     async def complete(self, key: str, lease_token: str, response: Response | None = None, *,
                        retention_s: int | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {"key": key, "lease_token": lease_token,
-                                   "response": (response or Response()).to_wire()}
-        if retention_s:
-            payload["retention_s"] = retention_s
+        payload = proto.complete_body(key, lease_token, response, retention_s)
         return (await self._call("complete", "POST", "/v1/complete", payload))[1]  # type: ignore[no-any-return]
 
     async def fail(self, key: str, lease_token: str, *, retryable: bool = True, error: str | None = None,
                    response: Response | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {"key": key, "lease_token": lease_token, "retryable": retryable}
-        if error:
-            payload["error"] = short_message(error)
-        if response is not None:
-            payload["response"] = response.to_wire()
+        payload = proto.fail_body(key, lease_token, retryable, error, response)
         return (await self._call("fail", "POST", "/v1/fail", payload))[1]  # type: ignore[no-any-return]
 
     async def extend(self, key: str, lease_token: str, lease_ms: int | None = None, *,
                      budget: float | None = None) -> dict[str, Any]:
-        payload: dict[str, Any] = {"key": key, "lease_token": lease_token}
-        if lease_ms:
-            payload["lease_ms"] = lease_ms
+        payload = proto.extend_body(key, lease_token, lease_ms)
         return (await self._call("extend", "POST", "/v1/extend", payload, budget=budget))[1]  # type: ignore[no-any-return]
 
     async def status(self, key: str, include_response: bool = False, *, budget: float | None = None,
                      timeout: float | None = None) -> dict[str, Any]:
-        q = {"key": key}
-        if include_response:
-            q["include_response"] = "true"
-        if self.tenant is not None:
-            q["tenant"] = self.tenant
-        return (await self._call("status", "GET", "/v1/status?" + urllib.parse.urlencode(q), None,  # type: ignore[no-any-return]
-                                 budget=budget, timeout=timeout))[1]
+        return (await self._call("status", "GET", proto.status_path(key, include_response, self.tenant),  # type: ignore[no-any-return]
+                                 None, budget=budget, timeout=timeout))[1]
 
     async def delete(self, key: str) -> None:
-        q = {"key": key}
-        if self.tenant is not None:
-            q["tenant"] = self.tenant
-        await self._call("delete", "DELETE", "/v1/keys?" + urllib.parse.urlencode(q), None)
+        await self._call("delete", "DELETE", proto.delete_path(key, self.tenant), None)
+
+    async def begin_batch(self, items: Sequence[BeginItem | str], *,
+                          budget: float | None = None) -> list[BeginOutcome]:
+        """:meth:`idemsvc.Client.begin_batch`, awaited."""
+        payload = proto.begin_batch_body(items, self.tenant)
+        _, answer = await self._call("begin batch", "POST", "/v1/begin/batch", payload, budget=budget, batch=True)
+        return proto.begin_batch_results(answer, len(items))
+
+    async def finish_batch(self, items: Sequence[FinishItem], *,
+                           budget: float | None = None) -> list[FinishOutcome]:
+        """:meth:`idemsvc.Client.finish_batch`, awaited."""
+        payload = proto.finish_batch_body(items, self.tenant)
+        _, answer = await self._call("finish batch", "POST", "/v1/finish/batch", payload, budget=budget, batch=True)
+        return proto.finish_batch_results(answer, len(items))
 
     async def do(self, key: str, fn: Callable[[], Awaitable[Response]], *, fingerprint: str | None = None,
                  lease_ms: int = DEFAULT_LEASE_MS, retention_s: int | None = None,
                  wait_ms: int = DEFAULT_WAIT_MS, give_up_after: float | None = None) -> Result:
         """:meth:`idemsvc.Client.do` for a coroutine function."""
-        owner = new_owner()
-        end = None if give_up_after is None else time.monotonic() + give_up_after
-        for attempt in itertools.count():
-            try:
-                r = await self.begin(key, fingerprint=fingerprint, owner=owner, lease_ms=lease_ms,
-                                     retention_s=retention_s, wait_ms=wait_ms)
-            except errors.InProgress:
-                pause = backoff(attempt)
-                if end is not None and time.monotonic() + pause > end:
-                    raise
-                await asyncio.sleep(pause)
-                continue
-            if isinstance(r, Replay):
-                return replayed(r)
-            return await self.run(r, fn, lease_ms=lease_ms, retention_s=retention_s)
-        raise AssertionError("unreachable")
+        return await steps.adrive(steps.do(key, fn, fingerprint, lease_ms, retention_s, wait_ms, give_up_after),
+                                  self)
 
     async def run(self, acquired: Acquired, fn: Callable[[], Awaitable[Response]], *,
                   lease_ms: int = DEFAULT_LEASE_MS, retention_s: int | None = None,
                   omit_body: bool = False) -> Result:
-        held = self.hold(acquired, lease_ms)
-        token = _current.set(held.lease)
-        try:
-            resp = await fn()
-        except BaseException as e:
-            self.release(held)
-            # The operation ran (or broke off): its outcome is stored even if
-            # the task is being cancelled.
-            await asyncio.shield(self._fail_for(acquired, e))
-            if isinstance(e, errors.TerminalError):
-                raise errors.Failed(str(e), response=e.response, attempt=acquired.attempt) from e
-            raise
-        finally:
-            _current.reset(token)
-        self.release(held)
-        await asyncio.shield(self._complete_for(acquired, resp, retention_s, omit_body))
-        return Result(response=resp, replayed=False, attempt=acquired.attempt)
+        """:meth:`idemsvc.Client.run` for a coroutine function."""
+        return await steps.adrive(steps.run(acquired, fn, lease_ms, retention_s, omit_body), self)
 
     async def _complete_for(self, a: Acquired, resp: Response, retention_s: int | None, omit_body: bool) -> None:
-        try:
-            await self.complete(a.key, a.lease_token, resp, retention_s=retention_s)
-            return
-        except errors.TooLarge as e:
-            if not omit_body:
-                refused: errors.ProblemError = e
-            else:
-                headers = {**(resp.headers or {}), BODY_OMITTED_HEADER: "true"}
-                try:
-                    await self.complete(a.key, a.lease_token, Response(resp.status_code, headers),
-                                        retention_s=retention_s)
-                    return
-                except (errors.TooLarge, errors.InvalidRequest) as e2:
-                    refused = e2
-        except errors.InvalidRequest as e:
-            refused = e
-        msg = f"the response could not be stored: {refused}"
-        try:
-            await self.fail(a.key, a.lease_token, retryable=False, error=msg)
-        except errors.IdemError as ferr:
-            refused.add_note(f"and failing the attempt: {ferr}")
-        raise errors.Failed(msg, response=resp, attempt=a.attempt) from refused
+        await steps.adrive(steps.complete_for(a, resp, retention_s, omit_body), self)
 
     async def _fail_for(self, a: Acquired, e: BaseException) -> None:
-        try:
-            if isinstance(e, errors.TerminalError):
-                resp = e.response if isinstance(e.response, Response) else None
-                try:
-                    await self.fail(a.key, a.lease_token, retryable=False, error=str(e), response=resp)
-                except errors.TooLarge:
-                    await self.fail(a.key, a.lease_token, retryable=False, error=str(e))
-            else:
-                await self.fail(a.key, a.lease_token, error=f"{type(e).__name__}: {e}")
-        except errors.IdemError as ferr:
-            e.add_note(f"idemsvc: failing the attempt: {ferr}")
+        await steps.adrive(steps.fail_for(a, e), self)
 
     def hold(self, acquired: Acquired, lease_ms: int = DEFAULT_LEASE_MS) -> _Held:
         """Starts the heartbeat of an acquired lease on the running loop: a
@@ -325,22 +237,5 @@ class AsyncClient:
             held.task = asyncio.get_running_loop().create_task(self._beat(held))
 
     async def _beat(self, held: _Held) -> None:
-        sent = time.monotonic()
-        lease = held.lease
-        try:
-            await self.extend(lease.key, lease.token, int(held.lease_s * 1000),
-                              budget=max(0.0, held.expires - sent))
-        except (errors.LeaseLost, errors.NotFound) as e:
-            if not held.stopped:
-                held.lose(e)
-            return
-        except errors.IdemError as e:
-            if held.stopped:
-                return
-            if time.monotonic() >= held.expires:
-                held.lose(e)
-                return
-        else:
-            held.expires = sent + held.lease_s
-        if not held.stopped:
+        if await steps.adrive(steps.beat(held), self):
             held.timer = asyncio.get_running_loop().call_later(held.lease_s / 3, self._due, held)

@@ -15,7 +15,7 @@ from . import errors
 from ._middleware import (
     Answer, Settings, begin_error_answer, credential_digest, credential_key_of, fingerprint, legacy_answer,
     legacy_fingerprint, parse_key, problem, replay_answer,
-    retry_again, scoped_key, stored_headers,
+    retry_again, stored_headers, stored_key_of, UNSCOPABLE_KEY,
 )
 from ._types import Acquired, Replay, Response
 from .aio import AsyncClient
@@ -51,15 +51,9 @@ class IdempotencyMiddleware:
         self.app = app
         self._client = client
         self._aclient: AsyncClient | None = client if isinstance(client, AsyncClient) else None
-        self.settings = s = Settings(key_header=key_header, methods=methods, optional=optional,
-                                     lease_ms=lease_ms, retention_s=retention_s, wait_ms=wait_ms,
-                                     max_body_bytes=max_body_bytes, max_stored_body_bytes=max_stored_body_bytes,
-                                     budget_s=budget_s, scope=scope, credential_cookies=tuple(credential_cookies),
-                                     credential_secret=(credential_secret.encode("utf-8")
-                                                        if isinstance(credential_secret, str) else credential_secret),
-                                     unscoped=unscoped, legacy_fingerprints=legacy_fingerprints)
-        if headers is not None:
-            s.headers = tuple(headers)
+        self.settings = s = Settings(key_header, methods, optional, headers, lease_ms, retention_s, wait_ms,
+                                     max_body_bytes, max_stored_body_bytes, budget_s, scope, credential_cookies,
+                                     credential_secret, unscoped, legacy_fingerprints)
         self._key_name = key_header.lower().encode("latin-1")
         self._credential_key = credential_key_of(s, client._config)
         self._scoped = s.scope is not None
@@ -90,19 +84,11 @@ class IdempotencyMiddleware:
                 "invalid-request", 400, f"the {s.key_header} header must be one non-empty Structured Field String "
                 "of at most 255 characters, such as \"8e03978e\""))
             return
-        stored_key = key
-        with_credentials = not s.unscoped
-        if self._scoped:
-            assert s.scope is not None
-            subject = s.scope(scope)
-            # An anonymous request (no subject) shares one scope, and its
-            # credentials' digest joins the fingerprint, as without a scope.
-            with_credentials = not subject
-            scoped = scoped_key(subject, key)
-            if scoped is None:
-                await _send(send, problem("invalid-request", 400, "idempotency key: key must be visible ASCII (0x21-0x7E)"))
-                return
-            stored_key = scoped
+        scoped, with_credentials = stored_key_of(s, scope, key)
+        if scoped is None:
+            await _send(send, problem("invalid-request", 400, UNSCOPABLE_KEY))
+            return
+        stored_key = scoped
         try:
             body = await _read_body(receive, s.max_body_bytes)
         except _Disconnected:

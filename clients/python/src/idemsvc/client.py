@@ -7,18 +7,21 @@ from __future__ import annotations
 import heapq
 import http.client
 import itertools
-import json
-import random
 import ssl
 import threading
 import time
 import urllib.parse
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
+from . import _protocol as proto
+from . import _steps as steps
 from . import errors
-from ._types import (
-    Acquired, Lease, Replay, Response, Result, _current, begin_result, new_owner, short_message,
+from ._protocol import (  # noqa: F401 (backoff, encode_json and retry_after are the client's API since 0.1)
+    BeginItem, BeginOutcome, FinishItem, FinishOutcome, Tries, backoff, encode_json, retry_after,
 )
+from ._steps import BODY_OMITTED_HEADER as BODY_OMITTED_HEADER
+from ._steps import replayed as replayed
+from ._types import Acquired, Lease, Replay, Response, Result, begin_result
 
 VERSION = "0.1.0"
 USER_AGENT = "idemsvc-python/" + VERSION
@@ -27,28 +30,6 @@ DEFAULT_CALL_TIMEOUT = 10.0  # seconds per HTTP exchange, plus a begin's wait
 DEFAULT_RETRY_BUDGET = 15.0  # seconds spent retrying one call
 DEFAULT_LEASE_MS = 30_000
 DEFAULT_WAIT_MS = 5_000  # how long each begin of do() waits for another caller's attempt
-MIN_BACKOFF = 0.05
-MAX_BACKOFF = 2.0
-
-
-# One encoder for every call: json.dumps with options makes one per call.
-encode_json = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-
-def backoff(attempt: int) -> float:
-    """A full-jitter exponential delay for the attempt'th retry, as the Go SDK's."""
-    d: float = min(MIN_BACKOFF * float(2 ** min(attempt, 16)), MAX_BACKOFF)
-    return d / 2 + random.uniform(0, d / 2)
-
-
-def retry_after(value: str | None) -> float | None:
-    """Retry-After in whole seconds, as idemsvc sends it; None when absent or not a number."""
-    if value and value.strip().isdigit():
-        s = int(value.strip())
-        return float(s) if s > 0 else None
-    return None
-
-
 class _Target:
     """Where the client's calls go: scheme, host, port and path prefix of the base URL."""
 
@@ -238,42 +219,26 @@ class Client:
 
     def _call(self, op: str, method: str, path: str, payload: Mapping[str, Any] | None, *,
               timeout: float | None = None, budget: float | None = None,
-              request_id: str | None = None) -> tuple[int, Any]:
+              request_id: str | None = None, batch: bool = False) -> tuple[int, Any]:
         """Runs one API call until it succeeds, fails for good, or the retry
-        budget ends; returns the status and the decoded JSON answer."""
-        body = None
-        if payload is not None:
-            if self.tenant is not None:
-                payload = {**payload, "tenant": self.tenant}
-            body = encode_json(payload).encode("utf-8")
-        headers = self._headers
-        if request_id and request_id.isprintable() and request_id.isascii():
-            headers = {**headers, "X-Request-Id": request_id}
-        deadline = time.monotonic() + (self.retry_budget if budget is None else budget)
+        budget ends; returns the status and the decoded JSON answer. A batch's
+        items carry the tenant, its envelope does not."""
+        body = proto.encode(payload, None if batch else self.tenant)
+        headers = proto.with_request_id(self._headers, request_id)
+        tries = Tries(op, self.retry_budget if budget is None else budget)
         timeout = timeout or self.call_timeout
         full = self._target.prefix + path
-        for attempt in itertools.count():
-            wait: float | None = None
-            err: errors.IdemError
+        while True:
             try:
                 status, hdrs, data = self._pool.request(method, full, body, headers, timeout)
             except (OSError, http.client.HTTPException) as e:
-                err = errors.Unreachable(f"idemsvc: {op}: unavailable: {e!r}")
-                err.__cause__ = e
+                pause = tries.no_answer(e)
             else:
-                if status < 300:
-                    return status, (json.loads(data) if data else None)
-                ra = retry_after(hdrs.get("Retry-After"))
-                err = errors.problem_error(status, hdrs.get("Content-Type", ""), data, ra, op)
-                if status not in (503, 429):
-                    raise err
-                wait = ra
-            if wait is None:
-                wait = backoff(attempt)
-            if time.monotonic() + wait > deadline:
-                raise err
-            time.sleep(wait)
-        raise AssertionError("unreachable")
+                got = tries.answer(status, hdrs, data)
+                if got is None:
+                    return status, proto.decode(data)
+                pause = got
+            time.sleep(pause)
 
     # --- the API ----------------------------------------------------------
 
@@ -284,15 +249,7 @@ class Client:
         """Starts an attempt for key. A key in progress elsewhere raises
         :class:`~idemsvc.errors.InProgress`. Without an owner, one is made up,
         so that the call's own retries get the lease it may have been given."""
-        payload: dict[str, Any] = {"key": key, "owner": owner or new_owner()}
-        if fingerprint:
-            payload["fingerprint"] = fingerprint
-        if lease_ms:
-            payload["lease_ms"] = lease_ms
-        if retention_s:
-            payload["retention_s"] = retention_s
-        if wait_ms:
-            payload["wait_ms"] = wait_ms
+        payload = proto.begin_body(key, owner, fingerprint, lease_ms, retention_s, wait_ms)
         status, body = self._call("begin", "POST", "/v1/begin", payload,
                                   timeout=timeout or self.call_timeout + (wait_ms or 0) / 1000, budget=budget,
                                   request_id=request_id)
@@ -301,48 +258,57 @@ class Client:
     def complete(self, key: str, lease_token: str, response: Response | None = None, *,
                  retention_s: int | None = None) -> dict[str, Any]:
         """Stores response as the outcome of the attempt holding lease_token."""
-        payload: dict[str, Any] = {"key": key, "lease_token": lease_token,
-                                   "response": (response or Response()).to_wire()}
-        if retention_s:
-            payload["retention_s"] = retention_s
+        payload = proto.complete_body(key, lease_token, response, retention_s)
         return self._call("complete", "POST", "/v1/complete", payload)[1]  # type: ignore[no-any-return]
 
     def fail(self, key: str, lease_token: str, *, retryable: bool = True, error: str | None = None,
              response: Response | None = None) -> dict[str, Any]:
         """Ends the attempt holding lease_token with a failure: retryable
         releases the key; otherwise the failure is stored for replay."""
-        payload: dict[str, Any] = {"key": key, "lease_token": lease_token, "retryable": retryable}
-        if error:
-            payload["error"] = short_message(error)
-        if response is not None:
-            payload["response"] = response.to_wire()
+        payload = proto.fail_body(key, lease_token, retryable, error, response)
         return self._call("fail", "POST", "/v1/fail", payload)[1]  # type: ignore[no-any-return]
 
     def extend(self, key: str, lease_token: str, lease_ms: int | None = None, *,
                budget: float | None = None) -> dict[str, Any]:
         """Pushes the lease of the attempt holding lease_token to now + lease_ms."""
-        payload: dict[str, Any] = {"key": key, "lease_token": lease_token}
-        if lease_ms:
-            payload["lease_ms"] = lease_ms
+        payload = proto.extend_body(key, lease_token, lease_ms)
         return self._call("extend", "POST", "/v1/extend", payload, budget=budget)[1]  # type: ignore[no-any-return]
 
     def status(self, key: str, include_response: bool = False, *, budget: float | None = None,
                timeout: float | None = None) -> dict[str, Any]:
         """key's record; :class:`~idemsvc.errors.NotFound` when there is none."""
-        q = {"key": key}
-        if include_response:
-            q["include_response"] = "true"
-        if self.tenant is not None:
-            q["tenant"] = self.tenant
-        return self._call("status", "GET", "/v1/status?" + urllib.parse.urlencode(q), None,  # type: ignore[no-any-return]
+        return self._call("status", "GET", proto.status_path(key, include_response, self.tenant), None,  # type: ignore[no-any-return]
                           budget=budget, timeout=timeout)[1]
 
     def delete(self, key: str) -> None:
         """Forgets key's record; deleting an absent record is no error."""
-        q = {"key": key}
-        if self.tenant is not None:
-            q["tenant"] = self.tenant
-        self._call("delete", "DELETE", "/v1/keys?" + urllib.parse.urlencode(q), None)
+        self._call("delete", "DELETE", proto.delete_path(key, self.tenant), None)
+
+    def begin_batch(self, items: Sequence[BeginItem | str], *,
+                    budget: float | None = None) -> list[BeginOutcome]:
+        """Begins every item in one call (POST /v1/begin/batch), for a queue
+        consumer's batch: at most the service's batch size (100 by default).
+        The outcomes come in the items' order, each what :meth:`begin` would
+        have given: an :class:`Acquired`, a :class:`Replay`, or the item's
+        problem as its exception (:class:`~idemsvc.errors.InProgress`,
+        :class:`~idemsvc.errors.FingerprintMismatch`, ...), returned, not
+        raised: one item's problem does not fail the others. A batch never
+        waits. An item without an owner gets one made up, kept when the call
+        is retried, so that a retry gets the same leases. Raised: the whole
+        call's error (unreachable, a 400 for the batch)."""
+        payload = proto.begin_batch_body(items, self.tenant)
+        _, answer = self._call("begin batch", "POST", "/v1/begin/batch", payload, budget=budget, batch=True)
+        return proto.begin_batch_results(answer, len(items))
+
+    def finish_batch(self, items: Sequence[FinishItem], *, budget: float | None = None) -> list[FinishOutcome]:
+        """Completes or fails every item in one call (POST /v1/finish/batch).
+        The outcomes come in the items' order: the single call's answer, or
+        the item's problem as its exception (:class:`~idemsvc.errors.LeaseLost`,
+        ...), returned, not raised. Retrying is safe: the same token finishing
+        again gets the same result. Raised: the whole call's error."""
+        payload = proto.finish_batch_body(items, self.tenant)
+        _, answer = self._call("finish batch", "POST", "/v1/finish/batch", payload, budget=budget, batch=True)
+        return proto.finish_batch_results(answer, len(items))
 
     # --- running an operation --------------------------------------------
 
@@ -366,82 +332,19 @@ class Client:
           again. A response idemsvc refuses to store fails the attempt
           terminally, so that no duplicate runs fn again.
         """
-        owner = new_owner()
-        end = None if give_up_after is None else time.monotonic() + give_up_after
-        for attempt in itertools.count():
-            try:
-                r = self.begin(key, fingerprint=fingerprint, owner=owner, lease_ms=lease_ms,
-                               retention_s=retention_s, wait_ms=wait_ms)
-            except errors.InProgress:
-                pause = backoff(attempt)
-                if end is not None and time.monotonic() + pause > end:
-                    raise
-                time.sleep(pause)
-                continue
-            if isinstance(r, Replay):
-                return replayed(r)
-            return self.run(r, fn, lease_ms=lease_ms, retention_s=retention_s)
-        raise AssertionError("unreachable")
+        return steps.drive(steps.do(key, fn, fingerprint, lease_ms, retention_s, wait_ms, give_up_after), self)
 
     def run(self, acquired: Acquired, fn: Callable[[], Response], *, lease_ms: int = DEFAULT_LEASE_MS,
             retention_s: int | None = None, omit_body: bool = False) -> Result:
         """Runs fn under an acquired lease, with a heartbeat, and completes or
         fails the attempt, as :meth:`do` does once it acquired the key."""
-        held = self.hold(acquired, lease_ms)
-        token = _current.set(held.lease)
-        try:
-            resp = fn()
-        except BaseException as e:
-            self.release(held)
-            self._fail_for(acquired, e)
-            if isinstance(e, errors.TerminalError):
-                raise errors.Failed(str(e), response=e.response, attempt=acquired.attempt) from e
-            raise
-        finally:
-            _current.reset(token)
-        self.release(held)
-        self._complete_for(acquired, resp, retention_s, omit_body)
-        return Result(response=resp, replayed=False, attempt=acquired.attempt)
+        return steps.drive(steps.run(acquired, fn, lease_ms, retention_s, omit_body), self)
 
     def _complete_for(self, a: Acquired, resp: Response, retention_s: int | None, omit_body: bool) -> None:
-        try:
-            self.complete(a.key, a.lease_token, resp, retention_s=retention_s)
-            return
-        except errors.TooLarge as e:
-            if not omit_body:
-                refused: errors.ProblemError = e
-            else:
-                headers = {**(resp.headers or {}), BODY_OMITTED_HEADER: "true"}
-                try:
-                    self.complete(a.key, a.lease_token, Response(resp.status_code, headers),
-                                  retention_s=retention_s)
-                    return
-                except (errors.TooLarge, errors.InvalidRequest) as e2:
-                    refused = e2
-        except errors.InvalidRequest as e:
-            refused = e
-        # The operation ran but its outcome cannot be stored: a terminal
-        # failure keeps duplicates from running it again.
-        msg = f"the response could not be stored: {refused}"
-        try:
-            self.fail(a.key, a.lease_token, retryable=False, error=msg)
-        except errors.IdemError as ferr:
-            refused.add_note(f"and failing the attempt: {ferr}")
-        raise errors.Failed(msg, response=resp, attempt=a.attempt) from refused
+        steps.drive(steps.complete_for(a, resp, retention_s, omit_body), self)
 
     def _fail_for(self, a: Acquired, e: BaseException) -> None:
-        try:
-            if isinstance(e, errors.TerminalError):
-                resp = e.response if isinstance(e.response, Response) else None
-                try:
-                    self.fail(a.key, a.lease_token, retryable=False, error=str(e), response=resp)
-                except errors.TooLarge:
-                    # Store the failure without its response rather than not at all.
-                    self.fail(a.key, a.lease_token, retryable=False, error=str(e))
-            else:
-                self.fail(a.key, a.lease_token, error=f"{type(e).__name__}: {e}")
-        except errors.IdemError as ferr:
-            e.add_note(f"idemsvc: failing the attempt: {ferr}")
+        steps.drive(steps.fail_for(a, e), self)
 
     # --- heartbeat ----------------------------------------------------------
 
@@ -459,35 +362,5 @@ class Client:
         held.stopped = True
 
     def _beat(self, held: _Held) -> None:
-        if held.stopped:
-            return
-        sent = time.monotonic()
-        lease = held.lease
-        try:
-            # Retried only while the lease may still be live.
-            self.extend(lease.key, lease.token, int(held.lease_s * 1000),
-                        budget=max(0.0, held.expires - sent))
-        except (errors.LeaseLost, errors.NotFound) as e:
-            if not held.stopped:
-                held.lose(e)
-            return
-        except errors.IdemError as e:
-            if held.stopped:
-                return
-            if time.monotonic() >= held.expires:
-                held.lose(e)
-                return
-        else:
-            held.expires = sent + held.lease_s
-        if not held.stopped:
+        if not held.stopped and steps.drive(steps.beat(held), self):
             self._beats.schedule(held, time.monotonic() + held.lease_s / 3)
-
-
-BODY_OMITTED_HEADER = "Idempotent-Body-Omitted"
-
-
-def replayed(r: Replay) -> Result:
-    """The Result of a finished attempt's stored outcome; a terminal failure raises Failed."""
-    if r.failed:
-        raise errors.Failed(r.error or "", response=r.response, attempt=r.attempt, replayed=True)
-    return Result(response=r.response, replayed=True, attempt=r.attempt)

@@ -11,11 +11,14 @@ import json
 import os
 import threading
 import weakref
-from typing import Any, Callable, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Callable, Protocol, TypeVar, cast
 
 from ._types import Response
 from .canonical import canonical_json
 from .client import DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, Client
+
+if TYPE_CHECKING:
+    from .aio import AsyncClient
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -54,6 +57,50 @@ def default_client() -> Client:
 
 
 MAX_KEY_BYTES = 255
+
+
+def stored_key(prefix: str, key: Any) -> str:
+    """``<prefix>:<key>`` (the key alone for an empty prefix); a prefix too
+    long for idemsvc's key limit goes by its digest."""
+    k = key if isinstance(key, str) else str(key)
+    full = f"{prefix}:{k}" if prefix else k
+    if len(full.encode("utf-8")) > MAX_KEY_BYTES:
+        full = hashlib.sha256(prefix.encode()).hexdigest()[:32] + ":" + k
+    return full
+
+
+def key_and_fingerprint(prefix: str, key: Any, digest: str | None, keyed: bool) -> tuple[str, str | None]:
+    """The stored key and the begin's fingerprint of a call: the key is the
+    payload's digest unless a key function gave one; then the digest, if
+    any, is the fingerprint."""
+    full = stored_key(prefix, key if keyed else digest)
+    return full, ("sha256:" + digest if (digest is not None and keyed) else None)
+
+
+def sync_client_of(client: Any) -> Client:
+    """The client given (or a function's), else :func:`default_client`."""
+    c = client() if callable(client) and not isinstance(client, Client) else client
+    if c is None:
+        c = default_client()
+    if not isinstance(c, Client):
+        raise TypeError("idemsvc: a synchronous function needs an idemsvc.Client")
+    return c
+
+
+def async_client_of(client: Any, cache: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any]) -> AsyncClient:
+    """The asyncio client given (or a function's); a synchronous one, or
+    :func:`default_client`, as an asyncio client with its settings, one per
+    event loop in cache: its connections belong to the loop."""
+    from .aio import AsyncClient
+    c = client() if callable(client) and not isinstance(client, (Client, AsyncClient)) else client
+    if c is None:
+        c = default_client()
+    if isinstance(c, AsyncClient):
+        return c
+    loop = asyncio.get_running_loop()
+    if loop not in cache:
+        cache[loop] = AsyncClient.like(c)
+    return cache[loop]  # type: ignore[no-any-return]
 
 
 def payload_digest(value: Any) -> str:
@@ -125,15 +172,8 @@ def idempotent(client: Any = None, *, key: Callable[..., str] | None = None, pay
                 bound = sig.bind(*args, **kwargs)
                 bound.apply_defaults()
                 digest = payload_digest(bound.arguments[payload])
-            k = key(*args, **kwargs) if key is not None else cast(str, digest)
-            if not isinstance(k, str):
-                k = str(k)
-            full = f"{name_prefix}:{k}" if name_prefix else k
-            if len(full.encode("utf-8")) > MAX_KEY_BYTES:
-                # A prefix too long for idemsvc's key limit goes by its digest.
-                full = hashlib.sha256(name_prefix.encode()).hexdigest()[:32] + ":" + k
-            fingerprint = "sha256:" + digest if (digest is not None and key is not None) else None
-            return full, fingerprint
+            return key_and_fingerprint(name_prefix, key(*args, **kwargs) if key is not None else None, digest,
+                                       key is not None)
 
         def encode(value: Any) -> Response:
             return Response(body=store.encode(value))
@@ -150,20 +190,10 @@ def idempotent(client: Any = None, *, key: Callable[..., str] | None = None, pay
             return e
 
         if inspect.iscoroutinefunction(fn):
-            from .aio import AsyncClient
-            # One asyncio client per event loop: its connections belong to the loop.
-            aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, AsyncClient] = weakref.WeakKeyDictionary()
+            aclients: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Any] = weakref.WeakKeyDictionary()
 
             def async_client() -> AsyncClient:
-                c = client() if callable(client) and not isinstance(client, (Client, AsyncClient)) else client
-                if c is None:
-                    c = default_client()
-                if isinstance(c, AsyncClient):
-                    return c
-                loop = asyncio.get_running_loop()
-                if loop not in aclients:
-                    aclients[loop] = AsyncClient.like(c)
-                return aclients[loop]
+                return async_client_of(client, aclients)
 
             @functools.wraps(fn)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -186,12 +216,7 @@ def idempotent(client: Any = None, *, key: Callable[..., str] | None = None, pay
             return cast(F, async_wrapper)
 
         def sync_client() -> Client:
-            c = client() if callable(client) and not isinstance(client, Client) else client
-            if c is None:
-                c = default_client()
-            if not isinstance(c, Client):
-                raise TypeError("idempotent: a synchronous function needs an idemsvc.Client")
-            return c
+            return sync_client_of(client)
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -157,6 +157,11 @@ def problem_error(status: int, content_type: str, body: bytes, retry_after: floa
                 problem = parsed
         except ValueError:
             pass
+    return problem_of(status, problem, retry_after, op)
+
+
+def problem_of(status: int, problem: Mapping[str, Any], retry_after: float | None, op: str) -> ProblemError:
+    """The exception of a decoded problem (an error answer's, or a batch item's)."""
     kind = problem.get("code")
     if not isinstance(kind, str) or kind not in PROBLEM_CLASSES:
         t = problem.get("type")

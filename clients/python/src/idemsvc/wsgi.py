@@ -17,7 +17,7 @@ from . import errors
 from ._middleware import (
     Answer, Settings, begin_error_answer, credential_digest, credential_key_of, fingerprint, legacy_answer,
     legacy_fingerprint, parse_key, problem, replay_answer,
-    retry_again, scoped_key, status_line, stored_headers,
+    retry_again, status_line, stored_headers, stored_key_of, UNSCOPABLE_KEY,
 )
 from ._types import Acquired, Replay, Response
 from .client import BODY_OMITTED_HEADER, Client
@@ -65,15 +65,9 @@ class IdempotencyMiddleware:
                  unscoped: bool = False, legacy_fingerprints: bool = True):
         self.app = app
         self.client = client
-        self.settings = s = Settings(key_header=key_header, methods=methods, optional=optional,
-                                     lease_ms=lease_ms, retention_s=retention_s, wait_ms=wait_ms,
-                                     max_body_bytes=max_body_bytes, max_stored_body_bytes=max_stored_body_bytes,
-                                     budget_s=budget_s, scope=scope, credential_cookies=tuple(credential_cookies),
-                                     credential_secret=(credential_secret.encode("utf-8")
-                                                        if isinstance(credential_secret, str) else credential_secret),
-                                     unscoped=unscoped, legacy_fingerprints=legacy_fingerprints)
-        if headers is not None:
-            s.headers = tuple(headers)
+        self.settings = s = Settings(key_header, methods, optional, headers, lease_ms, retention_s, wait_ms,
+                                     max_body_bytes, max_stored_body_bytes, budget_s, scope, credential_cookies,
+                                     credential_secret, unscoped, legacy_fingerprints)
         self._key_env = "HTTP_" + key_header.upper().replace("-", "_")
         self._credential_key = credential_key_of(s, client._config)
         self._scoped = s.scope is not None
@@ -92,19 +86,10 @@ class IdempotencyMiddleware:
             return _send(start_response, problem(
                 "invalid-request", 400, f"the {s.key_header} header must be one non-empty Structured Field String "
                 "of at most 255 characters, such as \"8e03978e\""))
-        stored_key = key
-        with_credentials = not s.unscoped
-        if self._scoped:
-            assert s.scope is not None
-            subject = s.scope(environ)
-            # An anonymous request (no subject) shares one scope, and its
-            # credentials' digest joins the fingerprint, as without a scope.
-            with_credentials = not subject
-            scoped = scoped_key(subject, key)
-            if scoped is None:
-                return _send(start_response, problem("invalid-request", 400,
-                                                     "idempotency key: key must be visible ASCII (0x21-0x7E)"))
-            stored_key = scoped
+        scoped, with_credentials = stored_key_of(s, environ, key)
+        if scoped is None:
+            return _send(start_response, problem("invalid-request", 400, UNSCOPABLE_KEY))
+        stored_key = scoped
         body = _read_body(environ, s.max_body_bytes)
         if body is None:
             return _send(start_response, problem("too-large", 413, "the request body is too large to be made idempotent"))
