@@ -376,5 +376,9 @@ func openBlob(ctx context.Context, cfg *config, reg prometheus.Registerer, log *
 			log.Warn("blob store: sweep", "removed", n, "err", err)
 		}
 	})
-	return &handlers.BlobConfig{Store: st, Threshold: cfg.blobThreshold, MaxStoredBytes: cfg.maxStoredBytes, SpoolDir: cfg.blobSpoolDir}, nil
+	threshold := cfg.blobThreshold
+	if threshold == 0 {
+		threshold = -1 // every non-empty body
+	}
+	return &handlers.BlobConfig{Store: st, Threshold: threshold, MaxStoredBytes: cfg.maxStoredBytes, SpoolDir: cfg.blobSpoolDir}, nil
 }

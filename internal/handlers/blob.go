@@ -37,7 +37,8 @@ const (
 type BlobConfig struct {
 	Store *blob.Store
 	// Threshold is the body size over which a stored body goes to Store
-	// rather than into its record (default DefaultBlobThreshold).
+	// rather than into its record (0: DefaultBlobThreshold; negative:
+	// every non-empty body).
 	Threshold int64
 	// MaxStoredBytes bounds a body stored by POST /v1/complete/stream
 	// (default DefaultMaxStoredBytes).
@@ -74,8 +75,11 @@ func newBlobs(cfg *BlobConfig, reg prometheus.Registerer) *blobs {
 		return nil
 	}
 	b := &blobs{BlobConfig: *cfg, bad: make(map[string]struct{})}
-	if b.Threshold <= 0 {
+	switch {
+	case b.Threshold == 0:
 		b.Threshold = DefaultBlobThreshold
+	case b.Threshold < 0:
+		b.Threshold = 0
 	}
 	if b.MaxStoredBytes <= 0 {
 		b.MaxStoredBytes = DefaultMaxStoredBytes
