@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 
-import { randomBytes } from 'node:crypto';
+import { createHash, randomBytes } from 'node:crypto';
 import { doOnce, type DoOptions, type DoResult, type Operation } from './do.js';
-import { IdemError, problemOf, type Problem } from './errors.js';
+import { BodyMismatchError, IdemError, problemOf, type Problem } from './errors.js';
 import type { components } from './schema.js';
 
 type Schemas = components['schemas'];
@@ -10,6 +10,17 @@ type Schemas = components['schemas'];
 export type BeginParams = Omit<Schemas['BeginRequest'], 'tenant'>;
 /** A complete's fields. */
 export type CompleteParams = Omit<Schemas['CompleteRequest'], 'tenant'>;
+/**
+ * A streamed complete's fields (`POST /v1/complete/stream`): the response
+ * but its body, which goes as the request's own.
+ */
+export interface CompleteStreamParams {
+  key: string;
+  lease_token: string;
+  status_code?: number;
+  headers?: Record<string, string>;
+  retention_s?: number;
+}
 /** A fail's fields; `error` is cut to the 1,024 bytes idemsvc takes. */
 export type FailParams = Omit<Schemas['FailRequest'], 'tenant'>;
 /** An extend's fields. */
@@ -154,6 +165,58 @@ export class IdemClient {
   }
 
   /**
+   * Stores a response whose body is streamed (`POST /v1/complete/stream`):
+   * up to idemsvc's `IDEMSVC_MAX_STORED_BYTES` (64 MiB by default) with a
+   * blob store, never held whole. A body given as bytes is sent again when
+   * a try gets 503 (the blob store down, say) within the retry budget; a
+   * stream is sent once.
+   */
+  completeStream(params: CompleteStreamParams, body: Uint8Array | ReadableStream<Uint8Array>, options?: CallOptions): Promise<FinishResult> {
+    const headers: Record<string, string> = {
+      'content-type': 'application/octet-stream',
+      'idem-key': params.key,
+      'idem-lease-token': params.lease_token,
+    };
+    if (params.status_code !== undefined) headers['idem-response-status'] = String(params.status_code);
+    if (params.headers && Object.keys(params.headers).length > 0) {
+      // JSON with every non-ASCII character escaped: a header carries ASCII.
+      headers['idem-response-headers'] = JSON.stringify(params.headers).replace(/[\u0080-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+    }
+    if (params.retention_s !== undefined) headers['idem-retention-s'] = String(params.retention_s);
+    if (this.tenant !== undefined) headers['idem-tenant'] = this.tenant;
+    const once = !(body instanceof Uint8Array);
+    return this.call('complete', 'POST', '/v1/complete/stream', body, options, this.callTimeoutMs + 600_000, json<FinishResult>, !once, headers);
+  }
+
+  /**
+   * Streams the stored body of a finished key (`GET /v1/keys/body`): a
+   * replay whose `response.body_ref` names it. The stream errors with
+   * `BodyMismatchError` rather than ending when its bytes are not the
+   * stored ones (their SHA-256 is the answer's `Repr-Digest`).
+   */
+  async openBody(key: string, options?: CallOptions): Promise<{ body: ReadableStream<Uint8Array>; size: number }> {
+    const res = await this.call('body', 'GET', `/v1/keys/body?${this.query({ key })}`, undefined, options, this.callTimeoutMs,
+      async (r) => r, true);
+    const size = Number(res.headers.get('content-length') ?? '-1');
+    const digest = /^sha-256=:(.*):$/.exec(res.headers.get('repr-digest') ?? '')?.[1];
+    const hash = createHash('sha256');
+    let seen = 0;
+    const check = new TransformStream<Uint8Array, Uint8Array>({
+      transform(chunk, controller) {
+        hash.update(chunk);
+        seen += chunk.byteLength;
+        controller.enqueue(chunk);
+      },
+      flush(controller) {
+        if ((size >= 0 && seen !== size) || (digest !== undefined && hash.digest('base64') !== digest)) {
+          controller.error(new BodyMismatchError());
+        }
+      },
+    });
+    return { body: res.body!.pipeThrough(check), size };
+  }
+
+  /**
    * Ends the attempt holding `params.lease_token` with a failure: retryable
    * (the default) releases the key, `retryable: false` stores a terminal
    * failure that begin replays.
@@ -272,25 +335,29 @@ export class IdemClient {
     op: string,
     method: string,
     path: string,
-    body: string | undefined,
+    body: string | Uint8Array | ReadableStream<Uint8Array> | undefined,
     options: CallOptions | undefined,
     timeoutMs: number,
     read: (res: Response) => Promise<T>,
     retry = true,
+    extra?: Record<string, string>,
   ): Promise<T> {
     const signal = options?.signal;
     // A request id that no header can carry (a control character, or one
     // past Latin-1, which fetch refuses) is not sent.
-    const headers = options?.requestId && /^[\x20-\x7e\x80-\xff]*$/.test(options.requestId)
+    let headers = options?.requestId && /^[\x20-\x7e\x80-\xff]*$/.test(options.requestId)
       ? { ...this.headers, 'x-request-id': options.requestId }
       : this.headers;
+    if (extra) headers = { ...headers, ...extra };
+    // A stream goes as the request's own body, sent as it is read.
+    const duplex = body instanceof ReadableStream ? { duplex: 'half' } : {};
     const deadline = Date.now() + this.retryBudgetMs;
     for (let attempt = 0; ; attempt++) {
       signal?.throwIfAborted();
       const timeout = timeoutSignal(timeoutMs, signal);
       let err: IdemError;
       try {
-        const res = await this.fetch(this.baseUrl + path, { method, headers, body, signal: timeout.signal });
+        const res = await this.fetch(this.baseUrl + path, { method, headers, body, signal: timeout.signal, ...duplex } as RequestInit);
         if (res.status < 300) return await read(res);
         err = await errorOf(op, res);
       } catch (cause) {
