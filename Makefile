@@ -32,8 +32,9 @@ load:
 	benchmarks/http-load.sh
 
 # The caller's whole path: a service behind the Go SDK's middleware beside
-# the same service alone, and idemsvc beside a bare handler, closed and open
-# loop, interleaved.
+# the same service alone, an Express app behind the TypeScript SDK's beside
+# it alone and behind an in-process library, and idemsvc beside a bare
+# handler, closed and open loop, interleaved (docs/performance-ts.md).
 load-sdk:
 	benchmarks/caller-load.sh
 

@@ -128,7 +128,7 @@ load() {
       printf "%.0f\n", share }' "$dir/time")" >"$results/$name.cpu"
 }
 # row NAME OP: an operation's p50, p90, p99 and max.
-row() { awk -v op="$2" '$1 == op { print $4, $5, $6, $7 }' "$results/$1.txt"; }
+row() { awk -v op="$2" '$1 == op { print $4, $5, $6, $8 }' "$results/$1.txt"; }
 total() { awk -v what="$2" '$1 == what { print $2 }' "$results/$1.txt"; }
 errors() { awk '$1 == "errors:" { print $2 }' "$results/$1.txt"; }
 

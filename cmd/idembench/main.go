@@ -38,7 +38,7 @@
 // latencies; the report adds how late the turns started (the lag), which
 // grows when every worker is busy.
 //
-// The report gives requests/s (and cycles/s), the p50, p90, p99 and maximum
+// The report gives requests/s (and cycles/s), the p50, p90, p99, p99.9 and maximum
 // latency of each operation, the responses by status, and the errors:
 // statuses other than the expected ones, and requests that got no reply.
 // It also tallies acquisitions per key: every key idembench begins more

@@ -109,8 +109,8 @@ func (r *report) write(out io.Writer) {
 		fmt.Fprintf(out, "cycles/s   %10.1f  (%d cycles)\n", float64(cycles)/secs, cycles)
 	}
 
-	fmt.Fprintf(out, "\n%-15s %9s %10s %8s %8s %8s %8s  %s\n",
-		"operation", "count", "per_s", "p50_ms", "p90_ms", "p99_ms", "max_ms", "statuses")
+	fmt.Fprintf(out, "\n%-15s %9s %10s %8s %8s %8s %8s %8s  %s\n",
+		"operation", "count", "per_s", "p50_ms", "p90_ms", "p99_ms", "p999_ms", "max_ms", "statuses")
 	for i := range r.rows {
 		s := &r.rows[i]
 		n := s.count()
@@ -118,9 +118,9 @@ func (r *report) write(out io.Writer) {
 			continue
 		}
 		h := &s.hist
-		fmt.Fprintf(out, "%-15s %9d %10.1f %8.3f %8.3f %8.3f %8.3f  %s\n",
+		fmt.Fprintf(out, "%-15s %9d %10.1f %8.3f %8.3f %8.3f %8.3f %8.3f  %s\n",
 			rowNames[i], n, float64(n)/secs,
-			ms(h.quantile(0.50)), ms(h.quantile(0.90)), ms(h.quantile(0.99)), ms(h.max),
+			ms(h.quantile(0.50)), ms(h.quantile(0.90)), ms(h.quantile(0.99)), ms(h.quantile(0.999)), ms(h.max),
 			statuses(s.statuses))
 	}
 

@@ -227,7 +227,9 @@ class Capture {
     ended: (status: number) => void,
   ) {
     const head = res as unknown as HeadMethods;
-    this.originalHead = Object.fromEntries(HEAD_METHODS.filter((name) => typeof head[name] === 'function').map((name) => [name, head[name]]));
+    const originalHead: Partial<Record<keyof HeadMethods, unknown>> = {};
+    for (const name of HEAD_METHODS) if (typeof head[name] === 'function') originalHead[name] = head[name];
+    this.originalHead = originalHead as Partial<HeadMethods>;
     this.original = { write: res.write, end: res.end };
 
     const capture = this;
