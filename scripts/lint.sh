@@ -3,8 +3,10 @@
 # The quick lint (make lint): formatting, vet, tidy go.mod files,
 # generated code (Go, and the TypeScript SDK's types) that matches its
 # sources, the OpenAPI description through Redocly and Spectral's OWASP
-# ruleset, and the Python SDK's type hints. The deployment files have their
-# own, heavier lint: scripts/lint-deploy.sh (make lint-deploy).
+# ruleset, the TypeScript SDK's import graph (no circles), the Markdown's
+# relative links and anchors, and the Python SDK's type hints. The
+# deployment files have their own, heavier lint: scripts/lint-deploy.sh
+# (make lint-deploy).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -93,6 +95,12 @@ if ! git diff --exit-code --stat -- clients/ts/src/schema.ts; then
   echo "clients/ts/src/schema.ts is stale: run make generate and commit the result" >&2
   exit 1
 fi
+# The TypeScript SDK's import graph has no circle, type-only imports
+# included: madge (a devDependency, pinned, so npm ci brings it) walks it.
+(cd clients/ts && npm run --silent cycles)
+# The Markdown's relative links and anchors: README.md, docs/, the SDKs'
+# READMEs (scripts/doclinks.sh).
+scripts/doclinks.sh
 # The Python SDK's type hints, through mypy --strict (Debian's package).
 if ! command -v mypy >/dev/null || ! /usr/bin/python3 -c 'import httpx' 2>/dev/null; then
   . scripts/apt.sh

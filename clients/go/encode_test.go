@@ -5,6 +5,8 @@ package idem
 import (
 	"encoding/json"
 	"testing"
+
+	"github.com/idemsvc/idemsvc/clients/go/encodecheck"
 )
 
 // strings escape every way encoding/json escapes.
@@ -88,4 +90,19 @@ func BenchmarkBeginBody(b *testing.B) {
 			buf = appendBeginRequest(buf[:0], r)
 		}
 	})
+}
+
+// TestRequestBodiesCarryEveryField: each hot call's body holds every field
+// of its generated request type, set by reflection, so that a field added
+// to api/openapi.yaml cannot be left out of encode.go while the examples
+// above, which hold today's fields, still pass.
+func TestRequestBodiesCarryEveryField(t *testing.T) {
+	begin := encodecheck.Filled[BeginRequest](t)
+	encodecheck.Check(t, begin, appendBeginRequest(nil, &begin))
+	complete := encodecheck.Filled[CompleteRequest](t)
+	encodecheck.Check(t, complete, appendCompleteRequest(nil, &complete))
+	fail := encodecheck.Filled[FailRequest](t)
+	encodecheck.Check(t, fail, appendFailRequest(nil, &fail))
+	extend := encodecheck.Filled[ExtendRequest](t)
+	encodecheck.Check(t, extend, appendExtendRequest(nil, &extend))
 }

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/idemsvc/idemsvc/clients/go/encodecheck"
 )
 
 // visited is what a response wrote: status, Content-Type and body.
@@ -259,4 +261,23 @@ func TestStatusResponseWritesLikeGenerated(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestAnswersCarryEveryField: each hand-written answer holds every field
+// of its generated response type, set by reflection, so that a field
+// added to api/openapi.yaml cannot be left out of encode.go while the
+// examples above, which hold today's fields, still pass.
+func TestAnswersCarryEveryField(t *testing.T) {
+	written := func(write func(*httptest.ResponseRecorder) error) []byte {
+		return []byte(visit(t, write).body)
+	}
+	replay := encodecheck.Filled[BeginReplay](t)
+	encodecheck.Check(t, replay, written(func(w *httptest.ResponseRecorder) error { return BeginReplayResponse(replay).VisitBeginResponse(w) }))
+	acquired := encodecheck.Filled[BeginAcquired](t)
+	encodecheck.Check(t, acquired, written(func(w *httptest.ResponseRecorder) error { return BeginAcquiredResponse(acquired).VisitBeginResponse(w) }))
+	finish := encodecheck.Filled[FinishResult](t)
+	encodecheck.Check(t, finish, written(func(w *httptest.ResponseRecorder) error { return FinishResponse(finish).VisitCompleteResponse(w) }))
+	encodecheck.Check(t, finish, written(func(w *httptest.ResponseRecorder) error { return FinishResponse(finish).VisitFailResponse(w) }))
+	status := encodecheck.Filled[StatusRecord](t)
+	encodecheck.Check(t, status, written(func(w *httptest.ResponseRecorder) error { return StatusResponse(status).VisitGetStatusResponse(w) }))
 }

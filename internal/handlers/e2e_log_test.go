@@ -34,6 +34,12 @@ func (l *logLines) Write(p []byte) (int, error) {
 	return l.buf.Write(p)
 }
 
+func (l *logLines) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.String()
+}
+
 // find returns the request line with the given request id.
 func (l *logLines) find(t *testing.T, id string) map[string]any {
 	t.Helper()

@@ -198,6 +198,7 @@ func New(cfg Config) *Service {
 	// the body it writes.
 	r.Use(middleware.GetHead)
 	r.Use(s.observe) // inside the router, so that it sees the matched route
+	r.Use(s.recoverPanic)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeProblem(w, r, errNoRoute) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
 		var allowed []string

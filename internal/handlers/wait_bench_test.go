@@ -59,7 +59,11 @@ func BenchmarkIdleWaiters(b *testing.B) {
 
 func idleWaiters(b *testing.B, client redis.UniversalClient, nodes []*redis.Client) {
 	const keys, window = 1000, 5 * time.Second
-	store := redisstore.New(client, redisstore.Options{Timeout: time.Minute})
+	// As many scripts in flight as there are waiters, so that the begins
+	// arriving at once are all admitted (DefaultMaxInFlight sheds most of
+	// them with 503, and the loop below then never saw them all wait):
+	// this measures idle waiters, not admission.
+	store := redisstore.New(client, redisstore.Options{Timeout: time.Minute, MaxInFlight: keys})
 	e := start(b, handlers.Config{Store: store, MaxWait: 10 * time.Minute})
 	e.http.Transport.(*http.Transport).MaxConnsPerHost = 0
 	e.http.Transport.(*http.Transport).MaxIdleConnsPerHost = keys
@@ -80,10 +84,19 @@ func idleWaiters(b *testing.B, client redis.UniversalClient, nodes []*redis.Clie
 		var wg sync.WaitGroup
 		for i := range keys {
 			wg.Go(func() {
-				_, _ = c.BeginWithResponse(bg, idem.BeginRequest{Key: fmt.Sprintf("%s-%d", prefix, i), WaitMs: ptr[int64](600_000)})
+				res, err := c.BeginWithResponse(bg, idem.BeginRequest{Key: fmt.Sprintf("%s-%d", prefix, i), WaitMs: ptr[int64](600_000)})
+				if err == nil && res.StatusCode() != http.StatusOK {
+					err = fmt.Errorf("%d %s", res.StatusCode(), res.Body)
+				}
+				if err != nil {
+					b.Errorf("a waiting begin: %v", err)
+				}
 			})
 		}
 		for waiting(b, e) != keys {
+			if b.Failed() { // a begin that ended early will never wait
+				b.FailNow()
+			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		time.Sleep(2 * time.Second) // past the subscriptions and the reads that follow them

@@ -1,58 +1,53 @@
 // SPDX-License-Identifier: Apache-2.0
 
-import { createHash, randomUUID } from 'node:crypto';
+import { createHash } from 'node:crypto';
 import * as http from 'node:http';
 import * as https from 'node:https';
 import { doOnce, type DoOptions, type DoResult, type Operation } from './do.js';
 import { BodyMismatchError, IdemError, problemOf, type Problem } from './errors.js';
+import { backoff, newOwner, sleep } from './retry.js';
 import type { components } from './schema.js';
+import type {
+  BeginParams,
+  BeginResult,
+  CallOptions,
+  CompleteParams,
+  CompleteStreamParams,
+  ExtendParams,
+  FailParams,
+  FinishResult,
+  Health,
+  KeyList,
+  Lease,
+  LeaseCalls,
+  ListParams,
+  Readiness,
+  StatusRecord,
+  TenantUsage,
+} from './types.js';
 
-type Schemas = components['schemas'];
-/** A begin's fields; `owner` is made up per call when absent. */
-export type BeginParams = Omit<Schemas['BeginRequest'], 'tenant'>;
-/** A complete's fields. */
-export type CompleteParams = Omit<Schemas['CompleteRequest'], 'tenant'>;
-/**
- * A streamed complete's fields (`POST /v1/complete/stream`): the response
- * but its body, which goes as the request's own.
- */
-export interface CompleteStreamParams {
-  key: string;
-  lease_token: string;
-  status_code?: number;
-  headers?: Record<string, string>;
-  retention_s?: number;
-}
-/** A fail's fields; `error` is cut to the 1,024 bytes idemsvc takes. */
-export type FailParams = Omit<Schemas['FailRequest'], 'tenant'>;
-/** An extend's fields. */
-export type ExtendParams = Omit<Schemas['ExtendRequest'], 'tenant'>;
-/** A begin that acquired the key: run the operation, then complete or fail. */
-export type BeginAcquired = Schemas['BeginAcquired'];
-/** A begin that found the key finished: replay its outcome, do not run the operation. */
-export type BeginReplay = Schemas['BeginReplay'];
-/** What begin answers; tell the two apart by `status` (`acquired`, or `completed`/`failed`). */
-export type BeginResult = BeginAcquired | BeginReplay;
-export type FinishResult = Schemas['FinishResult'];
-export type Lease = Schemas['Lease'];
-export type StatusRecord = Schemas['StatusRecord'];
-export type KeyList = Schemas['KeyList'];
-export type State = Schemas['State'];
-export type Health = Schemas['Health'];
-export type Readiness = Schemas['Readiness'];
-/** One tenant's usage against its limits; see {@link IdemClient.usage}. */
-export type TenantUsage = Schemas['TenantUsage'];
-
-/** The parameters of one page of a listing. */
-export interface ListParams {
-  state: State;
-  /** Only records whose last transition is at least this old. */
-  older_than_s?: number;
-  /** Records per page, 1 to 1000 (the server's default is 100). */
-  limit?: number;
-  /** The `next_cursor` of the page before. */
-  cursor?: string;
-}
+// The API's types live in types.ts, which do.ts shares without importing
+// this module; they are exported from here too, as they always were.
+export type {
+  BeginParams,
+  CompleteParams,
+  CompleteStreamParams,
+  FailParams,
+  ExtendParams,
+  BeginAcquired,
+  BeginReplay,
+  BeginResult,
+  FinishResult,
+  Lease,
+  StatusRecord,
+  KeyList,
+  State,
+  Health,
+  Readiness,
+  TenantUsage,
+  ListParams,
+  CallOptions,
+} from './types.js';
 
 export interface IdemClientOptions {
   /** Where idemsvc serves, e.g. `http://idemsvc:8080`. */
@@ -73,14 +68,6 @@ export interface IdemClientOptions {
   fetch?: typeof globalThis.fetch;
 }
 
-/** Options of a single call. */
-export interface CallOptions {
-  /** Ends the call, and its retries, when it fires. */
-  signal?: AbortSignal;
-  /** Sent as X-Request-Id, so idemsvc's log lines can be matched with the caller's. */
-  requestId?: string;
-}
-
 /** Defaults of IdemClientOptions. */
 export const DEFAULT_CALL_TIMEOUT_MS = 10_000;
 export const DEFAULT_RETRY_BUDGET_MS = 15_000;
@@ -95,8 +82,6 @@ export const VERSION = '0.1.0';
  */
 const AGENT_OPTIONS: http.AgentOptions = { keepAlive: true, timeout: 4_000 };
 
-const MIN_BACKOFF_MS = 50;
-const MAX_BACKOFF_MS = 2_000;
 const MAX_ERROR_BYTES = 1024;
 
 /**
@@ -128,7 +113,7 @@ export function apiKeyOf(client: IdemClient): string {
   return apiKeys.get(client) ?? '';
 }
 
-export class IdemClient {
+export class IdemClient implements LeaseCalls {
   readonly baseUrl: string;
   readonly callTimeoutMs: number;
   readonly retryBudgetMs: number;
@@ -368,7 +353,7 @@ export class IdemClient {
    */
   async usage(options?: CallOptions): Promise<TenantUsage[]> {
     const q = this.query({});
-    const list = await this.call('usage', 'GET', q ? `/v1/usage?${q}` : '/v1/usage', undefined, options, this.callTimeoutMs, json<Schemas['UsageList']>);
+    const list = await this.call('usage', 'GET', q ? `/v1/usage?${q}` : '/v1/usage', undefined, options, this.callTimeoutMs, json<components['schemas']['UsageList']>);
     return list.tenants;
   }
 
@@ -574,28 +559,6 @@ function text(reply: Reply): string {
 
 function drain(): void {}
 
-/** A full-jitter exponential delay for the attempt'th retry. */
-export function backoff(attempt: number): number {
-  const d = Math.min(MIN_BACKOFF_MS * 2 ** Math.min(attempt, 16), MAX_BACKOFF_MS);
-  return d / 2 + Math.random() * (d / 2);
-}
-
-/** Resolves after ms, or rejects with signal's reason when it fires first. */
-export function sleep(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve, reject) => {
-    if (signal?.aborted) return reject(signal.reason);
-    const onAbort = () => {
-      clearTimeout(timer);
-      reject(signal?.reason);
-    };
-    const timer = setTimeout(() => {
-      signal?.removeEventListener('abort', onAbort);
-      resolve();
-    }, ms);
-    signal?.addEventListener('abort', onAbort, { once: true });
-  });
-}
-
 /**
  * A signal that fires after ms or when parent fires. (AbortSignal.any would
  * do, but Node 18 lacks it.)
@@ -612,12 +575,6 @@ function timeoutSignal(ms: number, parent?: AbortSignal): { signal: AbortSignal;
       parent?.removeEventListener('abort', onAbort);
     },
   };
-}
-
-/** A random owner for a begin, so that its retries get the lease it may already have been given. */
-export function newOwner(): string {
-  // randomUUID draws from a cache of entropy: cheaper per call than randomBytes.
-  return `idem-ts-${randomUUID().replaceAll('-', '')}`;
 }
 
 /** msg cut to the 1,024 bytes of UTF-8 idemsvc takes, at a character boundary. */

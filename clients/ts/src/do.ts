@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 
-import type { BeginAcquired, BeginReplay, IdemClient } from './client.js';
-import { backoff, newOwner, sleep } from './client.js';
+import { backoff, newOwner, sleep } from './retry.js';
+import type { BeginAcquired, BeginReplay, LeaseCalls } from './types.js';
 import { IdemError, isIdemError, problemOf, terminalOf, TerminalFailure } from './errors.js';
 import { decodeResponse, encodeResponse, type IdemResponse } from './response.js';
 
@@ -65,7 +65,7 @@ export interface DoResult {
  * TerminalFailure; any other error releases the key (a retryable fail) and
  * is thrown again.
  */
-export async function doOnce(client: IdemClient, key: string, fn: Operation, options: DoOptions = {}): Promise<DoResult> {
+export async function doOnce(client: LeaseCalls, key: string, fn: Operation, options: DoOptions = {}): Promise<DoResult> {
   const leaseMs = options.leaseMs && options.leaseMs > 0 ? options.leaseMs : DEFAULT_LEASE_MS;
   const waitMs = options.waitMs && options.waitMs > 0 ? options.waitMs : DEFAULT_WAIT_MS;
   const begin = {
@@ -111,7 +111,7 @@ export interface LeaseOptions {
 }
 
 /** Runs fn under lease, extending it, and completes or fails the attempt. */
-export async function runUnderLease(client: IdemClient, lease: BeginAcquired, options: LeaseOptions, fn: Operation): Promise<DoResult> {
+export async function runUnderLease(client: LeaseCalls, lease: BeginAcquired, options: LeaseOptions, fn: Operation): Promise<DoResult> {
   const { key, lease_token, attempt } = lease;
   // fn's signal fires when the caller's does, or when the lease is lost;
   // the heartbeat goes on until fn settles either way, since fn may go on
@@ -197,7 +197,7 @@ class Heartbeat {
   private inFlight: { abort: AbortController; done: Promise<void> } | undefined;
 
   constructor(
-    private readonly client: IdemClient,
+    private readonly client: LeaseCalls,
     private readonly key: string,
     private readonly token: string,
     private readonly leaseMs: number,
