@@ -420,7 +420,11 @@ func TestE2EStreamCompleteWithoutBlobStore(t *testing.T) {
 		c := e.as(t, "")
 		key := fmt.Sprintf("stream-inline-%d", time.Now().UnixNano())
 		lease := c.acquire(idem.BeginRequest{Key: key})
-		hr, out := e.streamComplete(t, key, lease.LeaseToken, 200, nil, randomBody(1<<20+1))
+		// Sent without a length (chunked), so that idemsvc reads it to the
+		// limit before it answers, rather than answer at once and close
+		// the connection on a client still sending.
+		hr, out := e.raw(t, http.MethodPost, "/v1/complete/stream", "application/octet-stream", io.MultiReader(bytes.NewReader(randomBody(1<<20+1))),
+			"Idem-Key", key, "Idem-Lease-Token", lease.LeaseToken)
 		requireProblem(t, hr, out, http.StatusRequestEntityTooLarge, "too-large")
 		body := randomBody(700 << 10)
 		if hr, out := e.streamComplete(t, key, lease.LeaseToken, 202, map[string]string{"X-A": "b"}, body); hr.StatusCode != 200 {
