@@ -9,7 +9,8 @@
 #   benchmarks/http-instructions.sh [seconds]      (default 20; make load-instructions)
 #
 # For each load (begin on new keys, begin + complete, begin of a completed
-# key with a 1 KiB body) and each server, it starts the server under
+# key with a 1 KiB body, and the last two with a 16 KiB JSON answer:
+# cycle16k, replay16k) and each server, it starts the server under
 # callgrind on a Redis of its own, warms it up uninstrumented, then counts
 # the instructions of every thread of the server, the Go runtime's
 # included, while idembench puts the load on at concurrency 4 for
@@ -57,7 +58,9 @@ bench_tenant
 # cycle) of SERVER under a load of MIX. (Not in a subshell: the server's
 # PID must reach pids, and a failure must stop the script.)
 count() {
-  local server=$1 mix=$2 port vg_pid args=() up=0
+  local server=$1 load=$2 mix port vg_pid args=() up=0 answer=()
+  mix=${load%16k}
+  [ "$mix" != "$load" ] && answer=(--answer-bytes 16384)
   port=$(free_port)
   case $server in
   barechi) args=(--redis-url "$redis_url") ;;
@@ -73,7 +76,7 @@ count() {
   pids+=("$vg_pid")
   for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$port/" && up=1 && break; sleep 0.1; done
   [ "$up" = 1 ] || { echo "$server did not come up under valgrind (see $dir/$server.log)" >&2; return 1; }
-  local bench=("$dir/idembench" --url "http://127.0.0.1:$port" --mix "$mix" --concurrency 4 --replay-keys 16)
+  local bench=("$dir/idembench" --url "http://127.0.0.1:$port" --mix "$mix" --concurrency 4 --replay-keys 16 "${answer[@]}")
   "${bench[@]}" --duration 3s >/dev/null # warm-up: pools, caches, valgrind's translations
   callgrind_control -i on "$vg_pid" >"$dir/control.log" 2>&1 || { cat "$dir/control.log" >&2; return 1; }
   "${bench[@]}" --duration "${seconds}s" >"$dir/report"
@@ -85,24 +88,24 @@ count() {
   [ "$mix" = cycle ] && unit=cycles
   n=$(awk -v u="$unit/s" '$1 == u { gsub(/[()]/, "", $3); print $3; exit }' "$dir/report")
   if grep -q -E '^(errors: [0-9]|ERROR)' "$dir/report" || [ -z "$n" ] || [ "$n" = 0 ]; then
-    echo "$server, $mix: idembench failed:" >&2
+    echo "$server, $load: idembench failed:" >&2
     cat "$dir/report" >&2
     return 1
   fi
   if [ -n "${KEEP:-}" ]; then
     mkdir -p "$KEEP"
     cp "$dir/$server" "$KEEP/"
-    cat "$dir"/cg.out.*.1 >"$KEEP/$server-$mix.callgrind"
+    cat "$dir"/cg.out.*.1 >"$KEEP/$server-$load.callgrind"
   fi
   total=$(cat "$dir"/cg.out.* | awk '$1 == "totals:" { s += $2 } END { print s + 0 }')
-  [ "$total" -gt 0 ] || { echo "$server, $mix: callgrind counted nothing:" >&2; cat "$dir/control.log" >&2; return 1; }
+  [ "$total" -gt 0 ] || { echo "$server, $load: callgrind counted nothing:" >&2; cat "$dir/control.log" >&2; return 1; }
   counted=$((total / n))
 }
 
 printf '%-8s %14s %14s' load "barechi" "idemsvc"
 [ -n "${SVC_BASE:-}" ] && printf ' %14s' "idemsvc@$SVC_BASE"
 printf '   instructions per request (cycle), and idemsvc over barechi\n'
-for mix in begin cycle replay; do
+for mix in ${LOADS:-begin cycle replay cycle16k replay16k}; do
   declare -A got=()
   for server in "${servers[@]}"; do
     count "$server" "$mix"

@@ -17,6 +17,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/idemsvc/idemsvc/internal/answer"
 )
 
 // hotLease is the lease of the hot key: it must outlast the run.
@@ -45,8 +47,12 @@ const warmUpTimeout = time.Minute
 // than requestGrace past the end.
 var errGraceOver = errors.New("the request was still running " + requestGrace.String() + " after the load ended")
 
-// storedBody is the 1 KiB response body the replay keys are completed with.
-var storedBody = strings.Repeat("x", 1024)
+// storedBody is the 1 KiB response body the replay keys are completed with,
+// and cycleBody the body of a cycle's complete, without --answer-bytes.
+var (
+	storedBody = strings.Repeat("x", 1024)
+	cycleBody  = `{\"order\":\"created\"}`
+)
 
 // bench is one run's shared, read-only setup, plus the acquisition tally.
 type bench struct {
@@ -57,6 +63,8 @@ type bench struct {
 	replayBodies [][]byte       // begin bodies of the replay keys
 	replayAcq    []atomic.Int32 // acquisitions of each replay key
 	replayReply  []byte         // what a replay's reply must contain
+	storedBody   string         // the replay keys' body, as a JSON string's content
+	cycleBody    string         // a cycle's complete's body, likewise
 
 	hotKey       string
 	hotBody      []byte // begin body of the hot key, without an owner
@@ -79,7 +87,16 @@ func newBench(cfg config) *bench {
 	b.hotKey = b.prefix + "hot"
 	b.hotBody = []byte(`{"key":"` + b.hotKey + `"}`)
 	b.hotOwnerBody = fmt.Appendf(nil, `{"key":%q,"owner":%q,"lease_ms":%d}`, b.hotKey, b.prefix+"holder", hotLease.Milliseconds())
+	b.storedBody, b.cycleBody = storedBody, cycleBody
 	b.replayReply = []byte(`"body":"` + storedBody + `"`)
+	if cfg.answerBytes > 0 {
+		quoted, _ := json.Marshal(answer.JSON(cfg.answerBytes, 1))
+		b.storedBody = string(quoted[1 : len(quoted)-1])
+		b.cycleBody = b.storedBody
+		// The start of the answer: letters and quotes, escaped alike by
+		// every JSON encoder.
+		b.replayReply = []byte(`"body":"` + b.storedBody[:48])
+	}
 	return b
 }
 
@@ -176,7 +193,7 @@ func (w *worker) completeReplayKey(ctx context.Context, i int) error {
 		return fmt.Errorf("warm-up: begin of replay key %d: %w", i, err)
 	}
 	b.replayAcq[i].Store(1)
-	status, reply, err = w.post(ctx, completePath, nil, completeBody([]byte(key), token, storedBody))
+	status, reply, err = w.post(ctx, completePath, nil, completeBody([]byte(key), token, b.storedBody))
 	if err == nil && status != http.StatusOK {
 		err = fmt.Errorf("want 200, got %d: %s", status, snippet(reply))
 	}
@@ -366,7 +383,7 @@ func (w *worker) cycle(ctx context.Context) {
 		w.fail(rowCycleBegin, status, err.Error())
 		return
 	}
-	status, reply, ok = w.call(ctx, rowComplete, time.Now(), completePath, nil, completeBody(key, token, `{\"order\":\"created\"}`))
+	status, reply, ok = w.call(ctx, rowComplete, time.Now(), completePath, nil, completeBody(key, token, w.b.cycleBody))
 	if !ok {
 		return
 	}
@@ -385,7 +402,7 @@ func (w *worker) replay(ctx context.Context) {
 	case status == http.StatusOK:
 		if !bytes.Contains(reply, w.b.replayReply) {
 			w.bad++
-			w.fail(rowReplay, status, "the reply lacks the stored 1 KiB body: "+snippet(reply))
+			w.fail(rowReplay, status, "the reply lacks the stored body: "+snippet(reply))
 		}
 	case status == http.StatusCreated:
 		w.b.replayAcq[i].Add(1)

@@ -6,6 +6,7 @@
 //
 //	idembench [--url http://127.0.0.1:8080] [--api-key KEY] [--concurrency 64]
 //	          [--duration 10s] [--mix begin] [--replay-keys 1000] [--rate 0]
+//	          [--answer-bytes 0]
 //
 // The API key may also come from the environment variable IDEMSVC_API_KEY;
 // without one, requests carry no Authorization header (an idemsvc without
@@ -25,6 +26,11 @@
 //	        expecting 201: an application's endpoint made idempotent (by
 //	        the Go SDK's middleware, say), not idemsvc's; --url is the
 //	        application's, and pay goes alone in the mix
+//
+// With --answer-bytes N, cycle completes and the replay keys are completed
+// with a JSON answer of N bytes (a page of orders, as
+// internal/answer makes it) instead of their small and 1 KiB
+// bodies: the cost of storing and replaying answers of a size.
 //
 // --mix takes one name, or weights such as begin=1,cycle=1,replay=2: each
 // turn picks an operation at random in those proportions (a name without a
@@ -94,6 +100,7 @@ type config struct {
 	mix         mix
 	replayKeys  int
 	rate        float64 // turns a second; 0 for a closed loop
+	answerBytes int     // the size of the JSON answers stored; 0 for the small defaults
 }
 
 // run parses args, puts the load on, and writes the report to stdout. It
@@ -129,6 +136,7 @@ func parseFlags(args []string) (config, error) {
 	rawMix := fs.String("mix", "begin", "operations: begin, cycle, replay, hot, pay, or weights like begin=1,cycle=1,replay=2")
 	replayKeys := fs.Int("replay-keys", 1000, "keys completed during the warm-up for replay")
 	rate := fs.Float64("rate", 0, "open loop: turns a second, due on a schedule (0: a closed loop)")
+	answerBytes := fs.Int("answer-bytes", 0, "cycle and replay store JSON answers of this many bytes (0: small defaults; at least 64)")
 	if err := fs.Parse(args); err != nil {
 		return config{}, err
 	}
@@ -158,13 +166,15 @@ func parseFlags(args []string) (config, error) {
 		return config{}, errors.New("--replay-keys must be at least 1")
 	case *rate < 0:
 		return config{}, errors.New("--rate must not be negative")
+	case *answerBytes != 0 && (*answerBytes < 64 || *answerBytes > 1<<20-1024):
+		return config{}, errors.New("--answer-bytes must be 0, or 64 to 1047552 (under the stored-response limit)")
 	case m.has(opPay) && m.total() != m[opPay]:
 		return config{}, errors.New("--mix: pay calls an application, not idemsvc: it goes alone")
 	case m.has(opHot) && *duration >= hotLease-time.Minute:
 		return config{}, fmt.Errorf("--duration must be under %v with hot: the hot key's lease would run out", hotLease-time.Minute)
 	}
 	return config{url: u, apiKey: *apiKey, concurrency: *concurrency, duration: *duration, mix: m,
-		replayKeys: *replayKeys, rate: *rate}, nil
+		replayKeys: *replayKeys, rate: *rate, answerBytes: *answerBytes}, nil
 }
 
 // An op is what a worker does on one turn.

@@ -10,6 +10,7 @@
 //	idemctl status KEY [--tenant T] [--show-response] [--json]
 //	idemctl delete KEY [--tenant T] [--json]
 //	idemctl usage [--tenant T] [--json]
+//	idemctl capacity --rate R --retention D --answer-bytes N [--compressibility C] [...]
 //
 // Common flags, which may come before or after KEY (use -- before a key
 // that starts with "-"):
@@ -48,6 +49,11 @@
 // (shared), each "/ limit" when the tenant has one. A tenant key sees its
 // own tenant; an admin key every tenant, or the one --tenant names. With
 // --json it prints one tenant per line as the API gives it.
+//
+// capacity prints the capacity model of docs/capacity.md for a begin rate,
+// a retention and an answer size: bytes per record, Redis memory, masters
+// and idemsvc instances, with answers kept as sent, compressed and by
+// reference. It talks to no idemsvc; `idemctl capacity -h` lists its flags.
 //
 // Exit status: 0 when the record was found (status) or deleted (delete),
 // 3 when status or delete finds no record for the key, 1 on any error:
@@ -103,6 +109,7 @@ const usage = `usage:
   idemctl status KEY [--tenant T] [--show-response] [--json]
   idemctl delete KEY [--tenant T] [--json]
   idemctl usage [--tenant T] [--json]
+  idemctl capacity --rate R --retention D --answer-bytes N [...]  (idemctl capacity -h)
   idemctl --version
 
 flags (before or after KEY; use -- before a key starting with "-"):
@@ -154,6 +161,9 @@ func run(ctx context.Context, args, env []string, stdout, stderr io.Writer) int 
 	if buildinfo.IsVersionFlag(args) {
 		fmt.Fprintln(stdout, buildinfo.Line("idemctl"))
 		return exitOK
+	}
+	if len(args) > 0 && args[0] == "capacity" {
+		return capacityCmd(args[1:], stdout, stderr)
 	}
 	opts, err := parseArgs(args, env)
 	if errors.Is(err, flag.ErrHelp) {

@@ -3,6 +3,7 @@
 package handlers_test
 
 import (
+	"encoding/base64"
 	"fmt"
 	"math"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	answers "github.com/idemsvc/idemsvc/internal/answer"
 	"github.com/idemsvc/idemsvc/internal/auth"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/quota"
@@ -258,7 +260,9 @@ type flood struct {
 // that takes on a busy machine; at most 2 minutes) and returns the bytes it
 // tried to store and stored, and how many of its completes failed.
 func (f flood) run(c *idem.ClientWithResponses) (tried, stored, failed int64) {
-	body := strings.Repeat("f", f.body)
+	// Random bytes, as base64: a body compression cannot shrink, so that
+	// each one takes its size in Redis.
+	body, enc := base64.StdEncoding.EncodeToString([]byte(answers.Incompressible(f.body, 1))), idem.BodyEncodingBase64
 	var triedN, storedN, failedN atomic.Int64
 	begins := int(f.bytes/int64(f.body)) + 1
 	openLoop(2*f.rate, 2*time.Minute, begins, func() {
@@ -268,7 +272,7 @@ func (f flood) run(c *idem.ClientWithResponses) (tried, stored, failed int64) {
 			return // refused: 429
 		}
 		cr, err := c.CompleteWithResponse(bg, idem.CompleteRequest{Key: r.JSON201.Key,
-			LeaseToken: r.JSON201.LeaseToken, Response: &idem.StoredResponse{Body: &body}})
+			LeaseToken: r.JSON201.LeaseToken, Response: &idem.StoredResponse{Body: &body, BodyEncoding: &enc}})
 		if err != nil || cr.StatusCode() != http.StatusOK {
 			failedN.Add(1)
 			return
@@ -438,11 +442,12 @@ func TestE2EFloodWithoutLimitsFillsRedis(t *testing.T) {
 		t.Fatalf("the unlimited flood stored %d bytes in a Redis of %d without a failure", stored, maxmemory)
 	}
 	victim := e.as(t, keys["victim"])
-	body := strings.Repeat("v", 64<<10)
+	// 64 KiB that compression cannot shrink, as the flood's.
+	body, enc := base64.StdEncoding.EncodeToString([]byte(answers.Incompressible(64<<10, 2))), idem.BodyEncodingBase64
 	r := victim.begin(idem.BeginRequest{Key: idemtest.Unique("victim")})
 	if r.JSON201 != nil {
 		if c := victim.complete(idem.CompleteRequest{Key: r.JSON201.Key, LeaseToken: r.JSON201.LeaseToken,
-			Response: &idem.StoredResponse{Body: &body}}); c.StatusCode() == http.StatusOK {
+			Response: &idem.StoredResponse{Body: &body, BodyEncoding: &enc}}); c.StatusCode() == http.StatusOK {
 			t.Fatalf("the victim's calls still succeed on a full Redis")
 		}
 	}

@@ -116,18 +116,22 @@ func (s *Service) waitLimited(ctx context.Context, tenant string, lim auth.Limit
 }
 
 // stored counts the bytes of a response a complete or terminal fail stored
-// against tenant's budget: the body after decoding, header names and values.
-func (s *Service) stored(tenant string, resp *statemachine.Response, expires time.Time) {
+// against tenant's budget: what the store holds, the body as stored
+// (compressed or not), header names and values (Record.StoredBytes).
+func (s *Service) stored(tenant string, rec *statemachine.Record) {
 	if s.limiter == nil {
 		return
 	}
-	s.limiter.Stored(tenant, responseSize(resp), expires)
+	s.limiter.Stored(tenant, rec.StoredBytes, rec.ExpiresAt)
 }
 
-// responseSize is a stored response's size as the limits count it: the
+// responseSize is a response's size as the read budget counts it: the
 // body after decoding, header names and values.
 func responseSize(resp *statemachine.Response) int64 {
 	n := len(resp.Body)
+	if resp.Ref != nil { // a body kept in the blob store
+		n += int(resp.Ref.Size)
+	}
 	for name, value := range resp.Headers {
 		n += len(name) + len(value)
 	}

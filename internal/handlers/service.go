@@ -303,7 +303,7 @@ func (s *Service) completeRequest(ctx context.Context, b *api.CompleteRequest) (
 
 // completed counts a stored complete and returns its answer.
 func (s *Service) completed(ctx context.Context, t string, req *statemachine.CompleteRequest, rec *statemachine.Record) api.FinishResponse {
-	s.stored(t, &req.Response, rec.ExpiresAt)
+	s.stored(t, rec)
 	s.leaseEnded(t, req.Token, time.Time{})
 	setOutcome(ctx, t, "completed")
 	return api.FinishResponse(finishResult(rec))
@@ -348,7 +348,7 @@ func (s *Service) failed(ctx context.Context, t string, req *statemachine.FailRe
 	if req.Retryable {
 		setOutcome(ctx, t, "released")
 	} else {
-		s.stored(t, &req.Response, rec.ExpiresAt)
+		s.stored(t, rec)
 		setOutcome(ctx, t, "failed")
 	}
 	return api.FinishResponse(finishResult(rec))

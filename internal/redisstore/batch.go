@@ -67,7 +67,7 @@ func (s *Store) FinishBatch(ctx context.Context, items []statemachine.BatchFinis
 	}
 	replies, errs := s.runBatch(ctx, "finish", false, calls, run)
 	for _, i := range run {
-		out[i].Record, out[i].Err = s.finished(items[i].Tenant, ops[i], replies[i], errs[i])
+		out[i].Record, out[i].Err = calls[i].finished(items[i].Tenant, ops[i], replies[i], errs[i])
 	}
 	return out
 }

@@ -27,10 +27,15 @@ import (
 const benchCallers = 64
 
 func benchStore(b *testing.B) (*redisstore.Store, *redis.Client) {
+	return benchStoreWith(b, redisstore.Options{})
+}
+
+// benchStoreWith is benchStore with opts.
+func benchStoreWith(b *testing.B, opts redisstore.Options) (*redisstore.Store, *redis.Client) {
 	srv := redistest.NewServer(b)
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr(), PoolSize: benchCallers})
 	b.Cleanup(func() { client.Close() })
-	return redisstore.New(client, redisstore.Options{}), client
+	return redisstore.New(client, opts), client
 }
 
 // runParallel runs op from benchCallers goroutines and reports ops/s and
@@ -102,9 +107,9 @@ func BenchmarkBeginCompletedKey(b *testing.B) {
 	})
 }
 
-func BenchmarkComplete(b *testing.B) {
-	store, client := benchStore(b)
-	tenant := idemtest.Unique("bench")
+// beginKeys begins the keys order-0 to order-(b.N-1) of tenant, from
+// benchCallers goroutines, and returns their lease tokens.
+func beginKeys(b *testing.B, store *redisstore.Store, tenant string) []string {
 	tokens := make([]string, b.N)
 	var prepared atomic.Int64
 	var wg sync.WaitGroup
@@ -121,6 +126,13 @@ func BenchmarkComplete(b *testing.B) {
 		})
 	}
 	wg.Wait()
+	return tokens
+}
+
+func BenchmarkComplete(b *testing.B) {
+	store, client := benchStore(b)
+	tenant := idemtest.Unique("bench")
+	tokens := beginKeys(b, store, tenant)
 	resp := sm.Response{StatusCode: 201, Body: `{"id":"ch_1","amount":1200}`}
 	runParallel(b, client, func(i int64) error {
 		_, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: "order-" + strconv.FormatInt(i, 10), Token: tokens[i], Response: resp})

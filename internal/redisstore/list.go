@@ -114,7 +114,7 @@ func (s *Store) List(ctx context.Context, tenant string, req statemachine.ListRe
 					page.NextCursor = at.encode()
 					return page, nil
 				}
-				rec, _ := r.s.Record(tenant, b.now, false)
+				rec, _ := r.s.Record(tenant, b.now, false, 0)
 				page.Records = append(page.Records, rec)
 				at.After = r.name
 			}

@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	answers "github.com/idemsvc/idemsvc/internal/answer"
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
 	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
@@ -85,7 +86,7 @@ func TestRoomForOutcomes(t *testing.T) {
 		t.Errorf("begin by the lease's owner: %+v, want its lease %+v", res, ownedLease)
 	}
 
-	answer := strings.Repeat("a", 1<<20-100)
+	answer := answers.Incompressible(1<<20-100, 1) // stored as sent: compression cannot help
 	if _, err := running[0].extend(shortLease); err != nil {
 		t.Errorf("extend: %v", err)
 	}
@@ -238,7 +239,7 @@ func TestOutcomeHeadroom(t *testing.T) {
 	}
 	for _, n := range []int{16 << 10, 256 << 10, 1<<20 - 100} {
 		s := newSubject(t, store)
-		body := strings.Repeat("a", n)
+		body := answers.Incompressible(n, uint64(n)) // stored as sent: compression cannot help
 		// fits begins the key (with no maxmemory) and completes it with
 		// factor × n bytes free; it reports whether the complete was stored.
 		fits := func(factor float64) bool {

@@ -199,6 +199,8 @@ type scriptCall struct {
 	key     string
 	args    []any
 	refusal error // Begin: why the key's master refuses new attempts, if it does
+	maxBody int   // Begin: the size a replayed body may decode to
+	stored  int64 // Complete, Fail: what the response counts against stored_bytes (StoredSize)
 }
 
 // beginCall checks req and builds its script call.
@@ -221,7 +223,7 @@ func (s *Store) beginCall(ctx context.Context, tenant string, req *statemachine.
 		// says when to come back, rather than the master's refusal.
 		refusal = nil
 	}
-	return scriptCall{script: s.scripts.Begin, key: key, refusal: refusal, args: []any{
+	return scriptCall{script: s.scripts.Begin, key: key, refusal: refusal, maxBody: s.limits.MaxResponseBytes, args: []any{
 		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention / time.Second), req.Key, noAcquire, noReplay,
 	}}, nil
 }
@@ -235,7 +237,7 @@ func (c *scriptCall) beginResult(tenant string, r *reply) (statemachine.BeginRes
 	case codeOK:
 		return statemachine.Acquired(tenant, &r.rec, r.now)
 	case codeDone:
-		return statemachine.Replay(tenant, &r.rec, r.now)
+		return statemachine.Replay(tenant, &r.rec, r.now, c.maxBody)
 	case codeBusy:
 		return statemachine.BeginResult{}, statemachine.Busy(&r.rec, r.now)
 	}
@@ -249,7 +251,7 @@ func (s *Store) Complete(ctx context.Context, tenant string, req statemachine.Co
 		return statemachine.Record{}, err
 	}
 	r, err := s.run(ctx, "complete", false, c.script, c.key, c.args...)
-	return s.finished(tenant, "complete", r, err)
+	return c.finished(tenant, "complete", r, err)
 }
 
 // completeCall checks req and builds its script call.
@@ -258,8 +260,9 @@ func (s *Store) completeCall(tenant string, req *statemachine.CompleteRequest) (
 	if err != nil {
 		return scriptCall{}, err
 	}
-	return scriptCall{script: s.scripts.Complete, key: Key(tenant, req.Key), args: []any{
-		string(tok[:]), statemachine.EncodeResponse(&req.Response), retentionArg(req.Retention),
+	form := statemachine.EncodeResponse(&req.Response, s.limits.CompressBodiesFrom)
+	return scriptCall{script: s.scripts.Complete, key: Key(tenant, req.Key), stored: statemachine.StoredSize(form, &req.Response), args: []any{
+		string(tok[:]), form, retentionArg(req.Retention),
 	}}, nil
 }
 
@@ -270,7 +273,7 @@ func (s *Store) Fail(ctx context.Context, tenant string, req statemachine.FailRe
 		return statemachine.Record{}, err
 	}
 	r, err := s.run(ctx, "fail", false, c.script, c.key, c.args...)
-	return s.finished(tenant, "fail", r, err)
+	return c.finished(tenant, "fail", r, err)
 }
 
 // failCall checks req and builds its script call.
@@ -283,19 +286,24 @@ func (s *Store) failCall(tenant string, req *statemachine.FailRequest) (scriptCa
 	if req.Retryable {
 		retryable = "1"
 	}
-	return scriptCall{script: s.scripts.Fail, key: Key(tenant, req.Key), args: []any{
-		string(tok[:]), retryable, req.Error, statemachine.EncodeResponse(&req.Response), retentionArg(req.Retention),
+	form := statemachine.EncodeResponse(&req.Response, s.limits.CompressBodiesFrom)
+	return scriptCall{script: s.scripts.Fail, key: Key(tenant, req.Key), stored: statemachine.StoredSize(form, &req.Response), args: []any{
+		string(tok[:]), retryable, req.Error, form, retentionArg(req.Retention),
 	}}, nil
 }
 
-func (s *Store) finished(tenant, op string, r reply, err error) (statemachine.Record, error) {
+// finished reads the reply of a complete or fail script: the record, with
+// the bytes its response takes as stored.
+func (c *scriptCall) finished(tenant, op string, r reply, err error) (statemachine.Record, error) {
 	if err != nil {
 		return statemachine.Record{}, err
 	}
 	if r.code != codeOK {
 		return statemachine.Record{}, r.err(op)
 	}
-	return r.rec.Record(tenant, r.now, false)
+	rec, err := r.rec.Record(tenant, r.now, false, 0)
+	rec.StoredBytes = c.stored
+	return rec, err
 }
 
 // Extend implements Store; see internal/lua/extend.lua.
@@ -329,7 +337,7 @@ func (s *Store) Status(ctx context.Context, tenant, key string, withResponse boo
 	if r.code != codeOK {
 		return statemachine.Record{}, r.err("status")
 	}
-	return r.rec.Record(tenant, r.now, withResponse)
+	return r.rec.Record(tenant, r.now, withResponse, s.limits.MaxResponseBytes)
 }
 
 // Delete implements Store; see internal/lua/delete.lua.

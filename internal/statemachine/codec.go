@@ -3,12 +3,13 @@
 package statemachine
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"time"
+	"unsafe"
 )
 
 // Stored is a record as a store keeps it, lease token included. Times are
@@ -29,7 +30,7 @@ type Stored struct {
 	fingerprint string
 	key         string
 	errMsg      string
-	response    string // encodeResponse's form; empty while in progress
+	response    string // EncodeResponse's form; empty while in progress
 }
 
 // The record layout of internal/lua/record.lua: a fixed head, four
@@ -99,12 +100,16 @@ func cutString(s string, n int) (value, rest string, ok bool) {
 	return s[n : n+size], s[n+size:], true
 }
 
-// The response's form inside a record: flags u8 (1 = base64 body, 2 =
-// the body is a reference), status u16, header count u32, each header's
-// name and value with u32 lengths, then the body, or for a reference its
-// size u64, SHA-256 (32 bytes), encoding with a u8 length, and the object
-// key to the end. A zero Response is the empty string.
-func EncodeResponse(r *Response) string {
+// EncodeResponse returns the response's form inside a record: flags u8,
+// status u16, header count u32, each header's name and value with u32
+// lengths, then the body as stored. Flags: bit 0 the body was sent
+// base64-encoded; bits 1-2 the body's encoding in the record (compress.go:
+// identity or zstd: bodies of at least compressFrom bytes may be
+// compressed, Limits.CompressBodiesFrom); bit 3 the body is a reference
+// to the blob store (Ref) instead: its size u64, SHA-256 (32 bytes),
+// encoding with a u8 length, and the object key to the end. A zero
+// Response is the empty string.
+func EncodeResponse(r *Response, compressFrom int) string {
 	if r.IsZero() {
 		return ""
 	}
@@ -115,44 +120,58 @@ func EncodeResponse(r *Response) string {
 	for name, value := range r.Headers {
 		size += 8 + len(name) + len(value)
 	}
-	var b strings.Builder
-	b.Grow(size)
-	var flags byte
-	if r.Base64 {
-		flags = 1
+	if len(r.Body) >= compressFrom && len(r.Body) <= compressMaxBytes {
+		size += zstdOverhead(len(r.Body)) // room for an attempt that does not shrink it
 	}
-	if r.Ref != nil {
-		flags |= 2
-	}
-	b.WriteByte(flags)
-	writeBigEndian(&b, uint64(r.StatusCode), 2)
-	writeBigEndian(&b, uint64(len(r.Headers)), 4)
+	b := make([]byte, 1, size)
+	b = binary.BigEndian.AppendUint16(b, uint16(r.StatusCode))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers)))
 	for _, name := range slices.Sorted(maps.Keys(r.Headers)) {
-		writeBigEndian(&b, uint64(len(name)), 4)
-		b.WriteString(name)
-		writeBigEndian(&b, uint64(len(r.Headers[name])), 4)
-		b.WriteString(r.Headers[name])
+		b = binary.BigEndian.AppendUint32(b, uint32(len(name)))
+		b = append(b, name...)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers[name])))
+		b = append(b, r.Headers[name]...)
 	}
 	if ref := r.Ref; ref != nil {
-		writeBigEndian(&b, uint64(ref.Size), 8)
-		b.Write(ref.SHA256[:])
-		writeBigEndian(&b, uint64(len(ref.Encoding)), 1)
-		b.WriteString(ref.Encoding)
-		b.WriteString(ref.Object)
+		b = binary.BigEndian.AppendUint64(b, uint64(ref.Size))
+		b = append(b, ref.SHA256[:]...)
+		b = append(b, byte(len(ref.Encoding)))
+		b = append(b, ref.Encoding...)
+		b = append(b, ref.Object...)
+		b[0] = flagRef
 	} else {
-		b.WriteString(r.Body)
+		var encoding byte
+		b, encoding = appendBody(b, r.Body, compressFrom)
+		b[0] = encoding
 	}
-	return b.String()
+	if r.Base64 {
+		b[0] |= flagBase64
+	}
+	return unsafe.String(unsafe.SliceData(b), len(b))
 }
 
-// writeBigEndian writes the n low bytes of v, most significant first.
-func writeBigEndian(b *strings.Builder, v uint64, n int) {
-	for i := n - 1; i >= 0; i-- {
-		b.WriteByte(byte(v >> (8 * i)))
+// StoredSize is what a response counts against a tenant's stored_bytes,
+// as the contract counts it: the body after decoding (as sent, whether the
+// record keeps it compressed or not), plus header names and values. A
+// tenant's budget is then the same on every store and does not move with
+// how well its answers compress.
+func StoredSize(form string, r *Response) int64 {
+	if form == "" {
+		return 0
 	}
+	n := len(r.Body)
+	if r.Ref != nil { // kept in the blob store, counted as sent
+		n += int(r.Ref.Size)
+	}
+	for name, value := range r.Headers {
+		n += len(name) + len(value)
+	}
+	return int64(n)
 }
 
-func decodeResponse(s string) (Response, error) {
+// decodeResponse decodes EncodeResponse's form; a compressed body may
+// decode to at most maxBody bytes.
+func decodeResponse(s string, maxBody int) (Response, error) {
 	var r Response
 	if s == "" {
 		return r, nil
@@ -160,7 +179,7 @@ func decodeResponse(s string) (Response, error) {
 	if len(s) < 7 {
 		return r, ErrCorrupt
 	}
-	r.Base64 = s[0]&1 == 1
+	r.Base64 = s[0]&flagBase64 != 0
 	r.StatusCode = int(bigEndian(s[1:3]))
 	n := int(bigEndian(s[3:7]))
 	rest := s[7:]
@@ -179,21 +198,32 @@ func decodeResponse(s string) (Response, error) {
 		r.Headers[name] = value
 		rest = after
 	}
-	if s[0]&2 == 0 {
-		r.Body = rest
+	if s[0]&flagRef != 0 {
+		if len(rest) < 8+32+1 {
+			return r, ErrCorrupt
+		}
+		ref := &BodyRef{Size: int64(bigEndian(rest[:8]))}
+		copy(ref.SHA256[:], rest[8:40])
+		encoding, object, ok := cutString(rest[40:], 1)
+		if !ok || object == "" {
+			return r, ErrCorrupt
+		}
+		ref.Encoding, ref.Object = encoding, object
+		r.Ref = ref
 		return r, nil
 	}
-	if len(rest) < 8+32+1 {
-		return r, ErrCorrupt
+	switch s[0] & encodingMask {
+	case encodingIdentity:
+		r.Body = rest
+	case encodingZstd:
+		body, err := decompressBody(rest, maxBody)
+		if err != nil {
+			return r, err
+		}
+		r.Body = body
+	default:
+		return r, fmt.Errorf("%w: unknown body encoding %d", ErrCorrupt, s[0]&encodingMask>>1)
 	}
-	ref := &BodyRef{Size: int64(bigEndian(rest[:8]))}
-	copy(ref.SHA256[:], rest[8:40])
-	encoding, object, ok := cutString(rest[40:], 1)
-	if !ok || object == "" {
-		return r, ErrCorrupt
-	}
-	ref.Encoding, ref.Object = encoding, object
-	r.Ref = ref
 	return r, nil
 }
 
@@ -208,8 +238,8 @@ func (s *Stored) Lease() Lease {
 }
 
 // Record returns the public view of s at time now, with its response if
-// withResponse.
-func (s *Stored) Record(tenant string, now int64, withResponse bool) (Record, error) {
+// withResponse, its body decoded to at most maxBody bytes.
+func (s *Stored) Record(tenant string, now int64, withResponse bool, maxBody int) (Record, error) {
 	r := Record{
 		Tenant:      tenant,
 		Key:         s.key,
@@ -229,7 +259,7 @@ func (s *Stored) Record(tenant string, now int64, withResponse bool) (Record, er
 		r.LeaseExpired = s.lease <= now
 	}
 	if withResponse {
-		resp, err := decodeResponse(s.response)
+		resp, err := decodeResponse(s.response, maxBody)
 		if err != nil {
 			return Record{}, fmt.Errorf("statemachine: a record of tenant %s: %w", tenant, err) // no client key: errors are logged
 		}
@@ -242,7 +272,7 @@ func msTime(ms int64) time.Time { return time.UnixMilli(ms).UTC() }
 
 // Acquired answers a Begin, on either store, that holds the lease of s.
 func Acquired(tenant string, s *Stored, now int64) (BeginResult, error) {
-	rec, err := s.Record(tenant, now, false)
+	rec, err := s.Record(tenant, now, false, 0)
 	return BeginResult{Acquired: true, Lease: s.Lease(), Record: rec}, err
 }
 
@@ -253,9 +283,10 @@ func Busy(s *Stored, now int64) error {
 		Since: msTime(s.updated), Now: msTime(now)}
 }
 
-// Replay answers a Begin on the finished record s.
-func Replay(tenant string, s *Stored, now int64) (BeginResult, error) {
-	rec, err := s.Record(tenant, now, true)
+// Replay answers a Begin on the finished record s, its body decoded to at
+// most maxBody bytes.
+func Replay(tenant string, s *Stored, now int64, maxBody int) (BeginResult, error) {
+	rec, err := s.Record(tenant, now, true, maxBody)
 	return BeginResult{Record: rec}, err
 }
 

@@ -23,6 +23,11 @@ type Limits struct {
 	DefaultRetention    time.Duration
 	// MaxResponseBytes bounds a stored response: body, header names and values.
 	MaxResponseBytes int
+	// CompressBodiesFrom is the length from which a stored body is kept
+	// zstd-compressed, when that saves at least an eighth of it
+	// (compress.go); math.MaxInt keeps every body as sent, as idemsvc did
+	// before it compressed, for the benchmarks that compare.
+	CompressBodiesFrom int
 	// MaxResponseHeaders bounds the header fields of a stored response:
 	// each costs a replay work of its own, whatever its size.
 	MaxResponseHeaders int
@@ -49,6 +54,7 @@ func DefaultLimits() Limits {
 		MaxRetention:        30 * 24 * time.Hour,
 		DefaultRetention:    24 * time.Hour,
 		MaxResponseBytes:    1 << 20,
+		CompressBodiesFrom:  compressMinBytes,
 		MaxResponseHeaders:  100,
 		MaxErrorBytes:       1024,
 		MaxWait:             30 * time.Second,
@@ -73,6 +79,7 @@ func (l Limits) WithDefaults() Limits {
 	fill(&l.MaxFingerprintBytes, d.MaxFingerprintBytes)
 	fill(&l.MaxOwnerBytes, d.MaxOwnerBytes)
 	fill(&l.MaxResponseBytes, d.MaxResponseBytes)
+	fill(&l.CompressBodiesFrom, d.CompressBodiesFrom)
 	fill(&l.MaxResponseHeaders, d.MaxResponseHeaders)
 	fill(&l.MaxErrorBytes, d.MaxErrorBytes)
 	l.MaxKeyBytes = min(l.MaxKeyBytes, maxPrefixed)

@@ -91,7 +91,7 @@ func (m *MemoryStore) List(_ context.Context, tenant string, req ListRequest) (L
 		page.NextCursor = base64.RawURLEncoding.EncodeToString([]byte("m" + found[len(found)-1].key))
 	}
 	for _, s := range found {
-		r, _ := s.Record(tenant, now, false) // without the response, nothing to decode
+		r, _ := s.Record(tenant, now, false, 0) // without the response, nothing to decode
 		page.Records = append(page.Records, r)
 	}
 	m.mu.Unlock()

@@ -4,6 +4,7 @@ package statemachine
 
 import (
 	"context"
+	"math"
 	"sync"
 	"time"
 )
@@ -83,7 +84,7 @@ func (m *MemoryStore) Begin(_ context.Context, tenant string, req BeginRequest) 
 			if req.NoReplay {
 				return BeginResult{}, ErrReplayRefused
 			}
-			return Replay(tenant, old, now)
+			return Replay(tenant, old, now, m.limits.MaxResponseBytes)
 		}
 	}
 	if req.NoAcquire {
@@ -123,10 +124,12 @@ func (m *MemoryStore) Complete(_ context.Context, tenant string, req CompleteReq
 	if err != nil {
 		return Record{}, err
 	}
-	response := EncodeResponse(&req.Response)
-	return m.finish(tenant, req.Key, tok, StateCompleted, func(s *Stored) {
+	response := m.keptForm(&req.Response)
+	rec, err := m.finish(tenant, req.Key, tok, StateCompleted, func(s *Stored) {
 		s.response = response
 	}, req.Retention)
+	rec.StoredBytes = StoredSize(response, &req.Response)
+	return rec, err
 }
 
 // Fail implements Store; see internal/lua/fail.lua.
@@ -135,11 +138,19 @@ func (m *MemoryStore) Fail(_ context.Context, tenant string, req FailRequest) (R
 	if err != nil {
 		return Record{}, err
 	}
-	response := EncodeResponse(&req.Response)
-	return m.finish(tenant, req.Key, tok, StateFailed, func(s *Stored) {
+	response := m.keptForm(&req.Response)
+	rec, err := m.finish(tenant, req.Key, tok, StateFailed, func(s *Stored) {
 		s.retryable, s.errMsg, s.response = req.Retryable, req.Error, response
 	}, req.Retention)
+	rec.StoredBytes = StoredSize(response, &req.Response)
+	return rec, err
 }
+
+// keptForm is r's form as the memory store keeps it: the body as sent,
+// never compressed. Every replay of a record then shares its one stored
+// body, where decompressing would give each replay a copy of its own (300
+// slow readers of a 6 MiB answer would hold 1.8 GB: TestBoundedMemory).
+func (m *MemoryStore) keptForm(r *Response) string { return EncodeResponse(r, math.MaxInt) }
 
 // finish moves the in-progress record fenced by tok to state, as complete.lua
 // and fail.lua do; a second call with the same token answers as the first.
@@ -155,7 +166,7 @@ func (m *MemoryStore) finish(tenant, key string, tok Token, state State, set fun
 	case old.token != tok:
 		return Record{}, ErrLeaseLost
 	case old.state == state:
-		return old.Record(tenant, now, false)
+		return old.Record(tenant, now, false, 0)
 	case old.state != StateInProgress:
 		return Record{}, ErrLeaseLost
 	}
@@ -167,7 +178,7 @@ func (m *MemoryStore) finish(tenant, key string, tok Token, state State, set fun
 	s.state, s.updated, s.expires = state, now, now+s.retention*1000
 	m.put(k, &s, now)
 	m.watches.Ended(k)
-	return s.Record(tenant, now, false)
+	return s.Record(tenant, now, false, 0)
 }
 
 // Extend implements Store; see internal/lua/extend.lua.
@@ -206,7 +217,7 @@ func (m *MemoryStore) Status(_ context.Context, tenant, key string, withResponse
 	if s == nil {
 		return Record{}, ErrNotFound
 	}
-	return s.Record(tenant, now, withResponse)
+	return s.Record(tenant, now, withResponse, m.limits.MaxResponseBytes)
 }
 
 // Delete implements Store.

@@ -95,6 +95,10 @@ type Record struct {
 	Retryable      bool     // failed: the next Begin acquires
 	Error          string   // failed: the caller's message
 	Response       Response // finished; filled by Status only when asked for
+	// StoredBytes is what the response takes in the store: the body as
+	// stored (compressed or not), header names and values. Set by Complete
+	// and Fail, for the tenant's stored_bytes.
+	StoredBytes int64
 }
 
 // BeginRequest starts an attempt. Zero durations take the defaults of Limits.
