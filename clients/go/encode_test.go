@@ -92,6 +92,69 @@ func BenchmarkBeginBody(b *testing.B) {
 	})
 }
 
+// TestBatchBodiesAreEncodingJSONs: the batch calls' bodies are byte for
+// byte what json.Marshal made of them, item by item, then the envelope.
+func TestBatchBodiesAreEncodingJSONs(t *testing.T) {
+	var begins []*BeginRequest
+	var finishes []any
+	for _, r := range requests() {
+		switch r := r.(type) {
+		case *BeginRequest:
+			begins = append(begins, r)
+		case *CompleteRequest:
+			if r.Key != "" {
+				finishes = append(finishes, r)
+			}
+		case *FailRequest:
+			if r.Key != "" {
+				finishes = append(finishes, r)
+			}
+		}
+	}
+	marshal := func(v any) []byte {
+		b, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+	var beginItems []BeginBatchItem
+	for _, r := range begins {
+		beginItems = append(beginItems, marshal(r))
+	}
+	got := appendBatch(nil, len(begins), func(b []byte, i int) []byte { return appendBeginRequest(b, begins[i]) })
+	if want := marshal(BeginBatchRequest{Items: beginItems}); string(got) != string(want) {
+		t.Errorf("begin batch:\n got %s\nwant %s", got, want)
+	}
+	var finishItems []FinishBatchItem
+	for _, r := range finishes {
+		switch r := r.(type) {
+		case *CompleteRequest:
+			finishItems = append(finishItems, marshal(struct {
+				Kind string `json:"kind"`
+				CompleteRequest
+			}{"complete", *r}))
+		case *FailRequest:
+			finishItems = append(finishItems, marshal(struct {
+				Kind string `json:"kind"`
+				FailRequest
+			}{"fail", *r}))
+		}
+	}
+	got = appendBatch(nil, len(finishes), func(b []byte, i int) []byte {
+		if r, ok := finishes[i].(*CompleteRequest); ok {
+			return appendCompleteItem(b, r)
+		}
+		return appendFailItem(b, finishes[i].(*FailRequest))
+	})
+	if want := marshal(FinishBatchRequest{Items: finishItems}); string(got) != string(want) {
+		t.Errorf("finish batch:\n got %s\nwant %s", got, want)
+	}
+	if got := appendBatch(nil, 0, nil); string(got) != `{"items":[]}` {
+		t.Errorf("an empty batch: %s", got)
+	}
+}
+
 // TestRequestBodiesCarryEveryField: each hot call's body holds every field
 // of its generated request type, set by reflection, so that a field added
 // to api/openapi.yaml cannot be left out of encode.go while the examples

@@ -18,7 +18,7 @@ import (
 type fastPath struct {
 	wire *wire
 	head []byte // Host, User-Agent, Authorization and Content-Type lines
-	uris struct{ begin, complete, fail, extend string }
+	uris struct{ begin, complete, fail, extend, beginBatch, finishBatch string }
 }
 
 // newFastPath prepares the calls to server, the generated client's base URL
@@ -32,6 +32,7 @@ func newFastPath(w *wire, server, auth string) *fastPath {
 	}
 	f.uris.begin, f.uris.complete = uri("/v1/begin"), uri("/v1/complete")
 	f.uris.fail, f.uris.extend = uri("/v1/fail"), uri("/v1/extend")
+	f.uris.beginBatch, f.uris.finishBatch = uri("/v1/begin/batch"), uri("/v1/finish/batch")
 	head := "Host: " + base.Host + "\r\nUser-Agent: " + userAgent + "\r\nContent-Type: application/json\r\n"
 	if auth != "" {
 		head += "Authorization: " + auth + "\r\n"
@@ -44,13 +45,15 @@ func newFastPath(w *wire, server, auth string) *fastPath {
 func (f *fastPath) post(ctx context.Context, uri string, encode func([]byte) []byte) (*http.Response, error) {
 	buf := bodies.Get().(*[]byte)
 	body := encode((*buf)[:0])
-	id, _ := ctx.Value(requestIDKey{}).(string)
-	resp, err := f.wire.send(ctx, &request{method: http.MethodPost, uri: uri, head: f.head, requestID: id, body: body, resend: true})
-	if cap(body) <= maxPooledBody {
-		*buf = body
-		bodies.Put(buf)
-	}
+	resp, err := f.send(ctx, uri, body)
+	putBody(buf, body)
 	return resp, err
+}
+
+// send sends body, ready, to uri.
+func (f *fastPath) send(ctx context.Context, uri string, body []byte) (*http.Response, error) {
+	id, _ := ctx.Value(requestIDKey{}).(string)
+	return f.wire.send(ctx, &request{method: http.MethodPost, uri: uri, head: f.head, requestID: id, body: body, resend: true})
 }
 
 // bodies are the buffers of request bodies, kept for the next calls unless

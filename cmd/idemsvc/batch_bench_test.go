@@ -6,11 +6,14 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
@@ -25,16 +28,21 @@ var (
 // complete per item, as single calls or as batches of 1, 10 and 100,
 // through the Go SDK, to an idemsvc binary of its own on one Redis node,
 // by one caller at a time on loopback. It reports the wall time per item
-// (ns/item), idemsvc's CPU per item (cpu-ns/item, from the process's
-// utime and stime: without the caller's) and, for batches, the caller's
-// wait per begin batch (us/begin-batch).
+// (ns/item), idemsvc's CPU per item (cpu-ns/item: its threads' time, as
+// the scheduler counts it) and, for batches, the caller's wait per begin
+// batch (us/begin-batch), with the wait's parts: Redis's time per item
+// (redis-us/item, from INFO commandstats: the time Redis spent running
+// commands, one after another) and the caller's CPU per item
+// (caller-cpu-ns/item: the SDK's, this process's threads' time).
 //
 //	go test -run '^$' -bench BenchmarkBatch -benchtime 3000x -count 3 ./cmd/idemsvc
 func BenchmarkBatch(b *testing.B) {
 	benchBinaryOnce.Do(func() { benchBinary = idemsvcBinary(b) })
+	redis := redistest.SharedServer(b)
 	p := startBinary(b, benchBinary, []string{
-		"IDEMSVC_REDIS_URL=redis://" + redistest.SharedServer(b).Addr(), "IDEMSVC_INSECURE_NO_AUTH=true",
+		"IDEMSVC_REDIS_URL=redis://" + redis.Addr(), "IDEMSVC_INSECURE_NO_AUTH=true",
 	})
+	rdb := redis.Client(b)
 	c, err := idem.New("http://" + p.addr)
 	if err != nil {
 		b.Fatal(err)
@@ -51,7 +59,7 @@ func BenchmarkBatch(b *testing.B) {
 		b.Run(name, func(b *testing.B) {
 			var batchWait time.Duration
 			batches := 0
-			cpu0 := cpuTime(b, p.cmd.Process.Pid)
+			cpu0, self0, redis0 := cpuTime(b, p.cmd.Process.Pid), cpuTime(b, os.Getpid()), redisUsec(b, rdb)
 			b.ResetTimer()
 			if size == 0 {
 				for range b.N {
@@ -97,26 +105,62 @@ func BenchmarkBatch(b *testing.B) {
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(items), "ns/item")
 			b.ReportMetric(float64(cpuTime(b, p.cmd.Process.Pid)-cpu0)/float64(items), "cpu-ns/item")
+			b.ReportMetric(float64(cpuTime(b, os.Getpid())-self0)/float64(items), "caller-cpu-ns/item")
+			b.ReportMetric(float64(redisUsec(b, rdb)-redis0)/float64(items), "redis-us/item")
 			b.ReportMetric(0, "ns/op")
 		})
 	}
 }
 
-// cpuTime is the user and system CPU time pid has used, in nanoseconds
-// (proc(5): utime and stime, in clock ticks of 10 ms on Linux).
-func cpuTime(tb testing.TB, pid int) int64 {
+// redisUsec is the time Redis spent running commands so far, in
+// microseconds: the sum of INFO commandstats' usec.
+func redisUsec(tb testing.TB, rdb *redis.Client) int64 {
 	tb.Helper()
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
 	if err != nil {
 		tb.Fatal(err)
 	}
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
-	// After the command: state is field 3, utime 14 and stime 15.
-	utime, err1 := strconv.ParseInt(fields[11], 10, 64)
-	stime, err2 := strconv.ParseInt(fields[12], 10, 64)
-	if err1 != nil || err2 != nil {
-		tb.Fatalf("%s: %v %v", stat, err1, err2)
+	var sum int64
+	for line := range strings.Lines(info) {
+		// cmdstat_evalsha:calls=3,usec=30,usec_per_call=10.00,...
+		_, stats, ok := strings.Cut(line, ":calls=")
+		if !ok {
+			continue
+		}
+		_, usec, _ := strings.Cut(stats, ",usec=")
+		usec, _, _ = strings.Cut(usec, ",")
+		n, err := strconv.ParseInt(usec, 10, 64)
+		if err != nil {
+			tb.Fatalf("%q: %v", line, err)
+		}
+		sum += n
 	}
-	const tick = int64(10 * time.Millisecond)
-	return (utime + stime) * tick
+	return sum
+}
+
+// cpuTime is the CPU time pid's threads have used, in nanoseconds: the
+// sum of their /proc/<pid>/task/<tid>/schedstat's first field, which the
+// scheduler keeps to the nanosecond (utime and stime in /proc/<pid>/stat
+// count 10 ms ticks, too coarse for a batch's share). A Go process's
+// threads last as long as it does.
+func cpuTime(tb testing.TB, pid int) int64 {
+	tb.Helper()
+	tasks, err := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/schedstat", pid))
+	if err != nil || len(tasks) == 0 {
+		tb.Fatalf("threads of %d: %v", pid, err)
+	}
+	var sum int64
+	for _, task := range tasks {
+		stat, err := os.ReadFile(task)
+		if err != nil {
+			continue // a thread that ended meanwhile
+		}
+		ns, _, _ := strings.Cut(string(stat), " ")
+		n, err := strconv.ParseInt(ns, 10, 64)
+		if err != nil {
+			tb.Fatalf("%s: %q: %v", task, stat, err)
+		}
+		sum += n
+	}
+	return sum
 }

@@ -55,7 +55,9 @@ type config struct {
 	maxBodyBytesInFlight int64
 	maxWait              time.Duration
 	maxBatch             int
-	maxConnections       int
+	// readsInFlight bounds each tenant's large answers in flight.
+	readsInFlight  int
+	maxConnections int
 	// blobURL (s3://bucket/prefix) keeps large stored bodies in an
 	// S3-compatible store; blobThreshold and maxStoredBytes bound them.
 	blobURL        string
@@ -121,6 +123,7 @@ func parseConfig(args, env []string) (config, error) {
 	defaultRetention := fs.Int64("default-retention-s", int64(d.DefaultRetention/time.Second), "retention of a record when no call gave retention_s")
 	maxWait := fs.Int64("max-wait-ms", handlers.DefaultMaxWait.Milliseconds(), "longest wait_ms")
 	maxBatch := fs.Int("max-batch", handlers.DefaultMaxBatch, "most items of a batch call")
+	readsInFlight := fs.Int("reads-in-flight", handlers.DefaultReadsInFlight(), "large stored responses (64 KiB or more) each tenant may have in flight at once on this instance, replays and statuses together (default: half of GOMAXPROCS, at least 1)")
 	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "concurrent connections served; past it the one idle longest is closed, or else a new one gets 503")
 	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", handlers.DefaultMaxBodyBytesInFlight, "bytes of request bodies held at once; past it a body waits briefly, then 503")
 	blobURL := fs.String("blob-url", "", "s3://bucket[/prefix]: keep stored bodies over blob-threshold-bytes in this S3-compatible store (endpoint, region and credentials from the standard AWS variables)")
@@ -188,6 +191,7 @@ func parseConfig(args, env []string) (config, error) {
 		maxBodyBytesInFlight: *bodiesInFlight,
 		maxWait:              time.Duration(*maxWait) * time.Millisecond,
 		maxBatch:             *maxBatch,
+		readsInFlight:        *readsInFlight,
 		maxConnections:       *maxConns,
 		unknownVars:          unknown,
 		console:              *consoleOn != "off",
@@ -311,6 +315,8 @@ func (c *config) check() []error {
 		problems = append(problems, errors.New("max-wait-ms must be positive"))
 	case c.maxBatch <= 0:
 		problems = append(problems, errors.New("max-batch must be positive"))
+	case c.readsInFlight <= 0:
+		problems = append(problems, errors.New("reads-in-flight must be positive"))
 	case c.maxConnections < 1:
 		problems = append(problems, errors.New("max-connections must be positive"))
 	case c.maxBodyBytesInFlight < 6*c.maxRequestBytes:

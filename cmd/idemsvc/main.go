@@ -137,7 +137,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		_ = stopTracing(flushCtx)
 	}()
 	hc := handlers.Config{Store: store, Keyring: keyring, Logger: log, Registry: registry,
-		MaxBodyBytes: cfg.maxRequestBytes, MaxBodyBytesInFlight: cfg.maxBodyBytesInFlight, MaxWait: cfg.maxWait, MaxBatch: cfg.maxBatch, Limiter: limiter,
+		MaxBodyBytes: cfg.maxRequestBytes, MaxBodyBytesInFlight: cfg.maxBodyBytesInFlight, MaxWait: cfg.maxWait, MaxBatch: cfg.maxBatch, ReadsInFlight: cfg.readsInFlight, Limiter: limiter,
 		TrustedProxies: cfg.trustedProxies, StoreTimeout: cfg.storeTimeout()}
 	if cfg.blobURL != "" {
 		if hc.Blob, err = openBlob(ctx, &cfg, registry, log); err != nil {
@@ -210,7 +210,7 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 		if keyring == nil {
 			log.Warn("NO AUTHENTICATION: no tenants file, so every call is accepted as tenant " + handlers.DefaultTenant + ".")
 		}
-		return statemachine.NewMemoryStore(limits), quota.NewMemory(quota.Options{Logger: log}), func() {}, nil
+		return statemachine.NewMemoryStore(limits), quota.NewMemory(quota.Options{Logger: log, NewToken: statemachine.NewToken}), func() {}, nil
 	}
 	if keyring == nil {
 		if !cfg.insecureNoAuth {
@@ -254,7 +254,7 @@ func openStore(ctx context.Context, cfg *config, keyring *auth.Keyring, log *slo
 	}
 	go checker.watch(ctx, allRead)
 	go watchRoom(ctx, store, roomCheckInterval, log)
-	limiter := quota.NewRedis(client, quota.Options{Logger: log, Timeout: cfg.redisTimeout})
+	limiter := quota.NewRedis(client, quota.Options{Logger: log, Timeout: cfg.redisTimeout, NewToken: statemachine.NewToken})
 	return store, limiter, func() { _ = client.Close() }, nil
 }
 

@@ -24,19 +24,64 @@ import (
 // loop) alone, then while another tenant replays its 1 MiB record over 8
 // connections as fast as idemsvc lets it (waiting out Retry-After when
 // refused, as the SDKs do): the begins' p99 must stay within 2× of its
-// value alone (and 2 ms, for the noise of small values). The read budget
-// is what holds it: without one, the replays take the CPU.
+// value alone (and 2 ms, for the noise of small values). What holds it:
+// the scripts never read a large record whole (Redis would serve no one
+// else meanwhile), each tenant's large answers in flight are bounded,
+// and the read budget bounds their bytes.
 //
-// It measures latency, which on a shared machine is too noisy for a
-// test, so it is a benchmark that runs once whatever b.N (make
+// It measures latency, which on a shared machine is too noisy for the
+// contract's 2×, so it is a benchmark that runs once whatever b.N (make
 // load-reads); IDEMSVC_TEST_BINARY measures another build.
+// TestReaderLeavesOthersTheirShare asserts a looser bound in make test.
 func BenchmarkReaderLeavesOthersTheirShare(b *testing.B) {
-	t := b
+	m := measureReaderBeside(b, idemsvcBinary(b), 8*time.Second)
+	b.Log(m)
+	if m.loaded > max(2*m.alone, m.alone+2*time.Millisecond) {
+		b.Errorf("begin p99 beside the reader = %v, want within 2× of %v alone", m.loaded, m.alone)
+	}
+}
+
+// TestReaderLeavesOthersTheirShare is the benchmark's measurement with a
+// margin that a loaded 2-core machine keeps: beside the reader, the
+// begins' p99 within 4× of its value alone plus 20 ms, in one of three
+// tries. Before the scripts read large records by their head, it was 6×
+// to 70× (hundreds of ms beside tens alone) on such a machine.
+func TestReaderLeavesOthersTheirShare(t *testing.T) {
 	bin := idemsvcBinary(t)
+	var m readerMeasure
+	for try := 1; try <= 3; try++ {
+		m = measureReaderBeside(t, bin, 5*time.Second)
+		t.Log(m)
+		if m.loaded <= 4*m.alone+20*time.Millisecond {
+			return
+		}
+	}
+	t.Errorf("begin p99 beside the reader = %v, want within 4× of %v alone and 20 ms", m.loaded, m.alone)
+}
+
+// readerMeasure is one measurement of another tenant's begins beside a
+// reader.
+type readerMeasure struct {
+	alone, loaded   time.Duration // the begins' p99
+	phase           time.Duration
+	served, refused int64 // the reader's replays while loaded
+	cpu             time.Duration
+}
+
+func (m readerMeasure) String() string {
+	return fmt.Sprintf("begin p99 alone %v, beside the reader %v (%.1f×); the reader got %d replays of 1 MiB served in %v (%d refused); idemsvc's CPU meanwhile %v (%.0f%% of a core)",
+		m.alone.Round(10*time.Microsecond), m.loaded.Round(10*time.Microsecond), float64(m.loaded)/float64(m.alone), m.served, m.phase, m.refused,
+		m.cpu.Round(time.Millisecond), 100*m.cpu.Seconds()/m.phase.Seconds())
+}
+
+// measureReaderBeside starts bin on a Redis of its own and measures a
+// tenant's begins for phase alone and beside a reader of 1 MiB records.
+func measureReaderBeside(t testing.TB, bin string, phase time.Duration) readerMeasure {
 	tenants := idemtest.TenantsFile(t, idemtest.Tenant{Name: "reader", Key: "reader-key"}, idemtest.Tenant{Name: "beginner", Key: "beginner-key"})
 	p := startBinary(t, bin, []string{"IDEMSVC_TENANTS_FILE=" + tenants, "IDEMSVC_REDIS_URL=redis://" + redistest.NewServer(t).Addr()})
 	base := "http://" + p.addr
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	defer client.CloseIdleConnections()
 	call := func(apiKey, body string) (int, http.Header, error) {
 		req, _ := http.NewRequest(http.MethodPost, base+"/v1/begin", strings.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
@@ -60,7 +105,7 @@ func BenchmarkReaderLeavesOthersTheirShare(b *testing.B) {
 		t.Fatalf("complete: %d %v", code, out)
 	}
 
-	const rate, phase = 50, 8 * time.Second
+	const rate = 50
 	n := 0
 	begins := func() time.Duration {
 		var mu sync.Mutex
@@ -89,7 +134,7 @@ func BenchmarkReaderLeavesOthersTheirShare(b *testing.B) {
 	}
 
 	begins() // warm-up
-	alone := begins()
+	m := readerMeasure{phase: phase, alone: begins()}
 	var replays, refused atomic.Int64
 	stop := make(chan struct{})
 	var readers sync.WaitGroup
@@ -124,18 +169,14 @@ func BenchmarkReaderLeavesOthersTheirShare(b *testing.B) {
 	}
 	time.Sleep(time.Second)
 	replays.Store(0)
+	refused.Store(0)
 	cpu := p.cpuTime(t)
-	loaded := begins()
-	served := replays.Load()
-	cpu = p.cpuTime(t) - cpu
+	m.loaded = begins()
+	m.served, m.refused = replays.Load(), refused.Load()
+	m.cpu = p.cpuTime(t) - cpu
 	close(stop)
 	readers.Wait()
-	t.Logf("begin p99 alone %v, beside the reader %v (%.1f×); the reader got %d replays of 1 MiB served in %v (%d refused); idemsvc's CPU meanwhile %v (%.0f%% of a core)",
-		alone.Round(10*time.Microsecond), loaded.Round(10*time.Microsecond), float64(loaded)/float64(alone), served, phase, refused.Load(),
-		cpu.Round(time.Millisecond), 100*cpu.Seconds()/phase.Seconds())
-	if loaded > max(2*alone, alone+2*time.Millisecond) {
-		t.Errorf("begin p99 beside the reader = %v, want within 2× of %v alone", loaded, alone)
-	}
+	return m
 }
 
 // cpuTime is the CPU time the process used so far (user and system).

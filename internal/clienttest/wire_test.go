@@ -62,7 +62,8 @@ func (r *recorded) exchanges() []exchange {
 // from one idemsvc to another.
 var leaseTokens = regexp.MustCompile(`"lease_token":"[^"]*"`)
 
-// TestDefaultTransportSendsWhatNetHTTPSends makes every call of the SDK
+// TestDefaultTransportSendsWhatNetHTTPSends makes every call of the SDK,
+// batch calls too,
 // through the default client (the SDK's own transport) and through an
 // http.Client, each against an idemsvc of its own, and compares what the
 // two idemsvcs received: the same methods, URIs, headers (but the
@@ -106,6 +107,19 @@ func TestDefaultTransportSendsWhatNetHTTPSends(t *testing.T) {
 		}
 		if _, err := c.Status(ctx, "absent", false); !errors.Is(err, idem.ErrNotFound) {
 			t.Fatalf("status of an absent key: %v, want ErrNotFound", err)
+		}
+		batch, err := c.BeginBatch(ctx, []idem.BeginParams{{Key: "b1", Owner: "o4", Fingerprint: "f", Lease: 5 * time.Second},
+			{Key: "k1", Owner: "o5", Fingerprint: "f"}, {Key: "b1", Owner: "o6", Fingerprint: "f"}, {Key: "b2", Owner: "o7"}})
+		if err != nil || batch[0].Lease == nil || batch[1].Replay == nil || *batch[1].Replay.Response.StatusCode != 201 ||
+			!errors.Is(batch[2].Err, idem.ErrInProgress) || batch[3].Lease == nil {
+			t.Fatalf("begin batch: %+v, %v", batch, err)
+		}
+		fin, err := c.FinishBatch(ctx, []idem.FinishParams{{Key: "b1", Token: batch[0].Lease.LeaseToken, Response: resp, Retention: time.Hour},
+			{Key: "b2", Token: batch[3].Lease.LeaseToken, Fail: &idem.FailParams{Terminal: true, Error: "no"}},
+			{Key: "b2", Token: batch[0].Lease.LeaseToken}})
+		if err != nil || fin[0].Status != idem.FinishedStateCompleted || fin[1].Status != idem.FinishedStateFailed ||
+			!errors.Is(fin[2].Err, idem.ErrLeaseLost) {
+			t.Fatalf("finish batch: %+v, %v", fin, err)
 		}
 	}
 	own, std := startRecorded(t), startRecorded(t)

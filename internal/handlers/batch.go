@@ -10,6 +10,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/api"
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
@@ -47,13 +48,15 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 	}
 	answers := make([]itemAnswer, len(items))
 	type admitted struct {
-		i   int
-		t   string
-		lim auth.Limits
-		a   admission
+		i    int
+		t    string
+		lim  auth.Limits
+		a    admission
+		breq statemachine.BeginRequest
 	}
-	calls := make([]statemachine.BatchBegin, 0, len(items))
 	adm := make([]admitted, 0, len(items))
+	var holds []quota.Hold // the items' leases to count for in_progress, asked together
+	var holding []int      // of adm
 	for i, raw := range items {
 		var b api.BeginRequest
 		if err := api.DecodeItem(raw, &b); err != nil {
@@ -71,23 +74,44 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 		answers[i].tenant = t
 		s.metrics.countBegin(t) // each item, as the limiter charges it
 		lim := s.keyring.Limits(t)
-		a, err := s.admitBegin(ctx, t, lim, &breq, 0)
+		a, hold, err := s.admitRate(ctx, t, lim, &breq, 0)
 		if err != nil {
 			answers[i].err = err
 			continue
 		}
-		s.readBudget(t, lim, &breq)
-		calls = append(calls, statemachine.BatchBegin{Tenant: t, BeginRequest: breq})
-		adm = append(adm, admitted{i, t, lim, a})
+		if hold != nil {
+			holds, holding = append(holds, *hold), append(holding, len(adm))
+		}
+		adm = append(adm, admitted{i, t, lim, a, breq})
 	}
-	if len(calls) > 0 {
+	if len(holds) > 0 {
+		tokens, ok := s.limiter.HoldAll(ctx, holds)
+		for j := range holds {
+			d := &adm[holding[j]]
+			d.a.held(&d.breq, tokens[j], ok[j])
+		}
+	}
+	if len(adm) > 0 {
+		calls := make([]statemachine.BatchBegin, len(adm))
+		for j := range adm {
+			d := &adm[j]
+			s.readBudget(d.t, d.lim, &d.breq)
+			calls[j] = statemachine.BatchBegin{Tenant: d.t, BeginRequest: d.breq}
+		}
 		for j, o := range s.store.BeginBatch(ctx, calls) {
-			d := adm[j]
+			d := &adm[j]
 			if o.Err != nil {
 				answers[d.i].err = s.beginFailed(d.t, d.lim, d.a, o.Err)
 				continue
 			}
-			answers[d.i].visit = s.beginDone(ctx, d.t, d.lim, d.a, o.Result).VisitBeginResponse
+			// An item waits for no read slot: the batch's other items
+			// would wait with it, or for a slot the batch holds itself.
+			out, err := s.beginDone(ctx, d.t, d.lim, d.a, o.Result, false)
+			if err != nil {
+				answers[d.i].err = err
+				continue
+			}
+			answers[d.i].visit = out.VisitBeginResponse
 			answers[d.i].outcome = beginOutcome(&o.Result)
 		}
 	}

@@ -51,26 +51,36 @@ func setWriteDeadline(w http.ResponseWriter, d time.Duration) {
 	_ = http.NewResponseController(w).SetWriteDeadline(time.Now().Add(d))
 }
 
-// replayAnswer is a replay written under its own deadline, if it has one.
+// replayAnswer is a replay written under its own deadline, if it has one,
+// and giving back its tenant's read slot once written, if it holds one.
 type replayAnswer struct {
 	api.BeginReplayResponse
 	deadline time.Duration
+	release  func()
 }
 
 func (a replayAnswer) VisitBeginResponse(w http.ResponseWriter) error {
+	if a.release != nil {
+		defer a.release()
+	}
 	if a.deadline > 0 {
 		setWriteDeadline(w, a.deadline)
 	}
 	return a.BeginReplayResponse.VisitBeginResponse(w)
 }
 
-// statusAnswer is a status written under its own deadline, if it has one.
+// statusAnswer is a status written under its own deadline, if it has one,
+// and giving back its tenant's read slot once written, if it holds one.
 type statusAnswer struct {
 	api.StatusResponse
 	deadline time.Duration
+	release  func()
 }
 
 func (a statusAnswer) VisitGetStatusResponse(w http.ResponseWriter) error {
+	if a.release != nil {
+		defer a.release()
+	}
 	if a.deadline > 0 {
 		setWriteDeadline(w, a.deadline)
 	}

@@ -7,14 +7,17 @@ import (
 	"encoding/json"
 	"errors"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
 	"github.com/idemsvc/idemsvc/internal/handlers"
+	"github.com/idemsvc/idemsvc/internal/lua"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
@@ -229,6 +232,87 @@ func TestE2EBatchTenantRate(t *testing.T) {
 		if got := e.labelled(t, "idemsvc_begins_total", `outcome="`+outcome+`",tenant="`+names["rate"]+`"`); got != want {
 			t.Errorf("begins metric (%s) = %v, want %v", outcome, got, want)
 		}
+	}
+}
+
+// Every item counts against the tenant's in_progress limit, in order, and
+// the items' leases are counted in Redis together: one round trip of
+// slot.lua's for the batch, not one per item.
+func TestE2EBatchTenantInProgress(t *testing.T) {
+	t.Parallel()
+	keyring, _, keys := limitedTenants(t, map[string]string{"held": "{in_progress: 4}"})
+	rdb := redistest.SharedServer(t).Client(t)
+	slots := &slotCalls{}
+	rdb.AddHook(slots)
+	l := quota.NewRedis(rdb, quota.Options{FlushInterval: time.Hour})
+	t.Cleanup(l.Close)
+	e := start(t, handlers.Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Keyring: keyring, Limiter: l})
+	sdk := e.sdk(t, keys["held"])
+	// The first lease held, slot.lua loaded (Redis may not have had it).
+	if res, err := sdk.BeginBatch(bg, []idem.BeginParams{{Key: idemtest.Unique("k")}}); err != nil || res[0].Lease == nil {
+		t.Fatalf("first batch: %+v, %v", res, err)
+	}
+	slots.mu.Lock()
+	slots.roundTrips = 0
+	slots.mu.Unlock()
+	params := make([]idem.BeginParams, 5)
+	for i := range params {
+		params[i].Key = idemtest.Unique("k")
+	}
+	res, err := sdk.BeginBatch(bg, params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, r := range res {
+		if i < 3 && r.Lease == nil {
+			t.Errorf("item %d within in_progress: %v", i, r.Err)
+		}
+		if i >= 3 && !errors.Is(r.Err, idem.ErrRateLimited) {
+			t.Errorf("item %d over in_progress: %+v, want rate-limited", i, r)
+		}
+	}
+	slots.mu.Lock()
+	defer slots.mu.Unlock()
+	if slots.roundTrips != 1 {
+		t.Errorf("the items' leases were counted in %d round trips, want 1", slots.roundTrips)
+	}
+}
+
+// slotCalls counts the round trips (single commands and pipelines) that
+// run slot.lua.
+type slotCalls struct {
+	mu         sync.Mutex
+	roundTrips int
+}
+
+func isSlot(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	if len(args) < 2 {
+		return false
+	}
+	script, _ := args[1].(string)
+	return args[0] == "evalsha" && script == lua.Slot.Hash() || args[0] == "eval" && strings.HasPrefix(script, "-- slot.lua")
+}
+
+func (*slotCalls) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (c *slotCalls) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isSlot(cmd) {
+			c.mu.Lock()
+			c.roundTrips++
+			c.mu.Unlock()
+		}
+		return next(ctx, cmd)
+	}
+}
+func (c *slotCalls) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if slices.ContainsFunc(cmds, isSlot) {
+			c.mu.Lock()
+			c.roundTrips++
+			c.mu.Unlock()
+		}
+		return next(ctx, cmds)
 	}
 }
 

@@ -249,3 +249,43 @@ func TestE2ETenantSeriesBounded(t *testing.T) {
 		})
 	}
 }
+
+// The case: a tenant within its rate takes leases by the dozen and
+// then completes each with 1 MiB. With in_progress the bytes it stores
+// exceed stored_bytes by at most in_progress × the largest response; the
+// same flood without in_progress stores several times its budget.
+func TestE2EInProgressBoundsStoredBytes(t *testing.T) {
+	t.Parallel()
+	const budget, leases, rounds = 4 << 20, 3, 4
+	body := strings.Repeat("x", 1<<20-64)
+	keyring, _, keys := limitedTenants(t, map[string]string{
+		"bounded":   fmt.Sprintf("{stored_bytes: %d, in_progress: %d}", budget, leases),
+		"unbounded": fmt.Sprintf("{stored_bytes: %d}", budget),
+	})
+	store, limiter := limitedBackends()[0].open(t) // memory: the bound is the handlers' and the limiter's
+	e := start(t, handlers.Config{Store: store, Keyring: keyring, Limiter: limiter})
+	flood := func(tenant string) int64 {
+		c := e.as(t, keys[tenant])
+		var stored int64
+		for range rounds {
+			var held []*idem.BeginAcquired
+			for range 20 {
+				if r := c.begin(idem.BeginRequest{Key: idemtest.Unique("k")}); r.StatusCode() == http.StatusCreated {
+					held = append(held, r.JSON201)
+				}
+			}
+			for _, l := range held {
+				c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &body}})
+				stored += int64(len(body))
+			}
+			time.Sleep(2 * testFlush) // the completes' ends reach the count
+		}
+		return stored
+	}
+	if got, bound := flood("bounded"), int64(budget+leases*len(body)); got > bound {
+		t.Errorf("with in_progress %d: %d bytes stored over a budget of %d, want at most %d", leases, got, budget, bound)
+	}
+	if got := flood("unbounded"); got < 2*budget {
+		t.Errorf("without in_progress the flood stored %d bytes, want well over the budget of %d (the premise)", got, budget)
+	}
+}

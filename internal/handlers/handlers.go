@@ -63,6 +63,10 @@ type Config struct {
 	// size at MinClientRate bytes per second (defaults 5 s, 1 MiB/s).
 	WriteDeadlineBase time.Duration
 	MinClientRate     int64
+	// ReadsInFlight bounds the large answers (replays and statuses with
+	// a stored response of 64 KiB or more) each tenant has in flight on
+	// this instance (default DefaultReadsInFlight).
+	ReadsInFlight int
 	// Tracer gives each request and each store call a span. Nil traces
 	// nothing, at no cost.
 	Tracer trace.TracerProvider
@@ -111,6 +115,7 @@ type Service struct {
 	// answer.
 	writeDeadlineBase time.Duration
 	minClientRate     int64
+	reads             *readSlots
 	trustedProxies    []netip.Prefix
 	blobs             *blobs // nil without a blob store
 	handler           http.Handler
@@ -147,6 +152,9 @@ func New(cfg Config) *Service {
 	if cfg.MinClientRate <= 0 {
 		cfg.MinClientRate = DefaultMinClientRate
 	}
+	if cfg.ReadsInFlight <= 0 {
+		cfg.ReadsInFlight = DefaultReadsInFlight()
+	}
 	if cfg.WaitPollInterval <= 0 {
 		cfg.WaitPollInterval = DefaultWaitPollInterval
 	}
@@ -165,6 +173,7 @@ func New(cfg Config) *Service {
 		limits:            cfg.Store.Limits(),
 		writeDeadlineBase: cfg.WriteDeadlineBase,
 		minClientRate:     cfg.MinClientRate,
+		reads:             newReadSlots(cfg.ReadsInFlight),
 		limiter:           cfg.Limiter,
 		storeTimeout:      cfg.StoreTimeout,
 		trustedProxies:    cfg.TrustedProxies,

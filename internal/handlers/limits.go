@@ -28,28 +28,46 @@ type admission struct {
 // NoAcquire); under in_progress the lease it would acquire is counted
 // first, under req's Token.
 func (s *Service) admitBegin(ctx context.Context, tenant string, lim auth.Limits, req *statemachine.BeginRequest, wait time.Duration) (admission, error) {
-	var a admission
-	if s.limiter == nil || lim.IsZero() {
-		return a, nil
-	}
-	var err error
-	if a.overBudget, err = s.limiter.Begin(ctx, tenant, lim); err != nil {
+	a, hold, err := s.admitRate(ctx, tenant, lim, req, wait)
+	if err != nil || hold == nil {
 		return a, err
 	}
+	token, ok := s.limiter.Hold(ctx, tenant, lim, hold.D)
+	a.held(req, token, ok)
+	return a, nil
+}
+
+// admitRate is admitBegin but for in_progress: hold, if not nil, is the
+// lease to count (Limiter.Hold), whose answer a.held takes. req's
+// NoAcquire is set as far as is known without it.
+func (s *Service) admitRate(ctx context.Context, tenant string, lim auth.Limits, req *statemachine.BeginRequest, wait time.Duration) (a admission, hold *quota.Hold, err error) {
+	if s.limiter == nil || lim.IsZero() {
+		return a, nil, nil
+	}
+	if a.overBudget, err = s.limiter.Begin(ctx, tenant, lim); err != nil {
+		return a, nil, err
+	}
+	req.NoAcquire = a.overBudget
 	if lim.InProgress > 0 && !a.overBudget {
-		token := statemachine.NewToken()
 		lease := req.Lease
 		if lease == 0 {
 			lease = s.limits.DefaultLease
 		}
-		if s.limiter.Hold(ctx, tenant, lim, token, lease+wait) {
-			a.hold, req.Token = token, token
-		} else {
-			a.full = true
-		}
+		hold = &quota.Hold{Tenant: tenant, Limits: lim, D: lease + wait}
+	}
+	return a, hold, nil
+}
+
+// held takes the answer to a hold: counted under token, the begin
+// acquires with token ("" when nothing was counted: the store picks it);
+// refused, it may only replay.
+func (a *admission) held(req *statemachine.BeginRequest, token string, ok bool) {
+	if !ok {
+		a.full = true
+	} else if token != "" {
+		a.hold, req.Token = token, token
 	}
 	req.NoAcquire = a.overBudget || a.full
-	return a, nil
 }
 
 // settleHold settles the lease counted for a begin once it answered: the

@@ -160,7 +160,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 				return nil, err
 			}
 		}
-		return s.beginDone(ctx, t, lim, a, res), nil
+		return s.beginDone(ctx, t, lim, a, res, true)
 	}
 }
 
@@ -212,13 +212,31 @@ func (s *Service) beginFailed(t string, lim auth.Limits, a admission, err error)
 }
 
 // beginDone settles the limits of a begin the store answered, and returns
-// its answer.
-func (s *Service) beginDone(ctx context.Context, t string, lim auth.Limits, a admission, res statemachine.BeginResult) api.BeginResponseObject {
+// its answer: a large replay once it holds one of its tenant's read slots
+// (waiting for one, if wait says so).
+func (s *Service) beginDone(ctx context.Context, t string, lim auth.Limits, a admission, res statemachine.BeginResult, wait bool) (api.BeginResponseObject, error) {
 	s.settleHold(t, lim, a.hold, &res)
-	if !res.Acquired && s.limiter != nil {
-		s.limiter.Read(t, lim, responseSize(&res.Record.Response))
+	if res.Acquired {
+		return s.beginResult(ctx, t, res), nil
 	}
-	return s.beginResult(ctx, t, res)
+	size := responseSize(&res.Record.Response)
+	if s.limiter != nil {
+		s.limiter.Read(t, lim, size)
+	}
+	if size < largeAnswer {
+		return s.beginResult(ctx, t, res), nil
+	}
+	release, err := s.reads.acquire(ctx, t, wait)
+	if err != nil {
+		return nil, err
+	}
+	out := s.beginResult(ctx, t, res)
+	if r, ok := out.(replayAnswer); ok {
+		r.release = release
+		return r, nil
+	}
+	release()
+	return out, nil
 }
 
 // beginOutcome names a begin's answer for the log and metrics.
@@ -262,7 +280,7 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 		out.Error = optional(rec.Error)
 	}
 	if d := s.writeDeadline(&out.Response); d > 0 {
-		return replayAnswer{out, d}
+		return replayAnswer{out, d, nil}
 	}
 	return out
 }
@@ -420,8 +438,17 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 			return nil, err
 		}
 	}
-	if withResponse && s.limiter != nil && rec.State != statemachine.StateInProgress {
-		s.limiter.Read(t, lim, responseSize(&rec.Response))
+	var release func()
+	if withResponse && rec.State != statemachine.StateInProgress {
+		size := responseSize(&rec.Response)
+		if s.limiter != nil {
+			s.limiter.Read(t, lim, size)
+		}
+		if size >= largeAnswer {
+			if release, err = s.reads.acquire(ctx, t, true); err != nil {
+				return nil, err
+			}
+		}
 	}
 	setOutcome(ctx, t, "found")
 	out := api.StatusResponse(statusRecord(t, rec))
@@ -432,8 +459,11 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		}
 		out.Response = &resp
 		if d := s.writeDeadline(&resp); d > 0 {
-			return statusAnswer{out, d}, nil
+			return statusAnswer{out, d, release}, nil
 		}
+	}
+	if release != nil {
+		release()
 	}
 	return out, nil
 }

@@ -20,7 +20,9 @@
 -- still writes the record's expiry again (reaffirm, in record.lua), so that
 -- WAIT on its connection confirms the first run's write.
 --
--- Reply {code, now_ms, record}:
+-- Reply {code, now_ms, record[, size]}: size, the record's whole length,
+-- comes with DONE when the record is longer than INLINE: the record sent
+-- is then its head only, and idemsvc reads the response itself.
 --   OK          acquired (or re-begun by the same owner, or this call ran before)
 --   BUSY        someone else holds a live lease
 --   DONE        completed, or failed terminally: replay the record
@@ -29,7 +31,7 @@
 --   UNREAD      ARGV[8] is '1' and the begin would replay (no record)
 local REFUSED, UNREAD = 6, 7
 local now = now_ms()
-local raw = redis.call('GET', KEYS[1])
+local raw, size = read_record()
 local state, attempt, created, lease, expires, token, owner, fingerprint, retryable, _
 if raw then
   state, _, retryable, attempt, created, _, lease, expires, _, token, _, owner,
@@ -51,6 +53,7 @@ if raw then
     end
   elseif retryable == 0 then
     if ARGV[8] == '1' then return {UNREAD, now} end
+    if #raw < size then return {DONE, now, raw, size} end
     return {DONE, now, raw}
   end
 end

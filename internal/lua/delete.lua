@@ -8,7 +8,7 @@
 --   OK          deleted; the head of the record it was
 --   NOT_FOUND   no record (a second run finds none: nothing changes)
 local now = now_ms()
-local raw = redis.call('GET', KEYS[1])
+local raw = read_record()
 if not raw then return {NOT_FOUND, now} end
 local state, _, _, attempt, _, _, _, _, _, _, _, _, _, _, _, response_at = decode(raw)
 redis.call('DEL', KEYS[1])

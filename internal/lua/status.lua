@@ -2,10 +2,13 @@
 --
 -- KEYS[1]  the record
 --
--- Reply {code, now_ms, record}:
---   OK          the record, response included
+-- Reply {code, now_ms, record[, size]}:
+--   OK          the record, response included, if it is no longer than
+--               INLINE; otherwise its head only, and size, its whole
+--               length (idemsvc reads the response itself)
 --   NOT_FOUND   no record
 local now = now_ms()
-local raw = redis.call('GET', KEYS[1])
+local raw, size = read_record()
 if not raw then return {NOT_FOUND, now} end
+if #raw < size then return {OK, now, raw, size} end
 return {OK, now, raw}

@@ -104,16 +104,24 @@ func (m *memoryBackend) set(tenant, name string, now time.Time) map[string]time.
 	return members
 }
 
-func (m *memoryBackend) addSlot(_ context.Context, tenant, set, id string, limit int64, ttl time.Duration) (bool, error) {
+func (m *memoryBackend) addSlots(_ context.Context, tenant, set string, ids []string, limit int64, ttl time.Duration) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	now := time.Now()
 	members := m.set(tenant, set, now)
-	if int64(len(members)) >= limit {
-		return false, nil
+	room := limit - int64(len(members))
+	n := 0
+	for _, id := range ids {
+		if _, counted := members[id]; !counted {
+			if room <= 0 {
+				break
+			}
+			room--
+		}
+		members[id] = now.Add(ttl)
+		n++
 	}
-	members[id] = now.Add(ttl)
-	return true, nil
+	return n, nil
 }
 
 func (m *memoryBackend) removeSlot(_ context.Context, tenant, set, id string) error {
@@ -144,6 +152,14 @@ func (m *memoryBackend) settleLeases(_ context.Context, tenant string, ends map[
 		}
 	}
 	return nil
+}
+
+// newToken is a random lease token in the store's form: 16 bytes in
+// lower-case hex.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read does not fail
+	return hex.EncodeToString(b[:])
 }
 
 // newID is a random waiter id.

@@ -43,6 +43,10 @@ const (
 	LimitWaiters     = "waiters"
 	LimitInProgress  = "in_progress"
 	LimitReadBytes   = "read_bytes_per_s"
+	// LimitReadsInFlight: large stored responses a tenant has in flight
+	// on one instance (IDEMSVC_READS_IN_FLIGHT), which the handlers
+	// bound.
+	LimitReadsInFlight = "reads_in_flight"
 )
 
 // Error is a begin refused for a limit.
@@ -79,12 +83,18 @@ type Limiter interface {
 	// progress, or refuses it with an *Error over the waiters limit. Call
 	// done when the wait is over.
 	Wait(ctx context.Context, tenant string, l auth.Limits, d time.Duration) (done func(), err error)
-	// Hold counts the lease that a begin of tenant is about to acquire
-	// with token, for up to d, if the tenant holds fewer than its
-	// in_progress limit. false: it holds that many already, and the begin
-	// must acquire nothing (HoldRefused makes the error when it would
-	// have). Call Held once the begin answered.
-	Hold(ctx context.Context, tenant string, l auth.Limits, token string, d time.Duration) bool
+	// Hold counts the lease that a begin of tenant is about to acquire,
+	// for up to d, if the tenant holds fewer than its in_progress limit,
+	// and gives the token the begin must acquire with ("" when nothing
+	// was counted: no limit, or the backend could not be reached; the
+	// store then picks the token). false: the tenant holds that many
+	// already, and the begin must acquire nothing (HoldRefused makes the
+	// error when it would have). Call Held once the begin answered, with
+	// a token given.
+	Hold(ctx context.Context, tenant string, l auth.Limits, d time.Duration) (token string, ok bool)
+	// HoldAll is Hold for each of holds, in order: tokens[i] and ok[i] are
+	// holds[i]'s answer.
+	HoldAll(ctx context.Context, holds []Hold) (tokens []string, ok []bool)
 	// Held settles the lease of token: acquired or extended, it is counted
 	// until ends; completed, failed or not acquired (ends zero), it is over.
 	// The store hears of it with the next flush.
@@ -129,15 +139,25 @@ type backend interface {
 	// addBytes adds deltas to tenant's stored bytes and returns the total
 	// still retained and when the earliest of it expires.
 	addBytes(ctx context.Context, tenant string, deltas map[int64]int64) (total int64, firstExpiry time.Time, err error)
-	// addSlot counts member id in tenant's set (setWaiters, setLeases)
-	// for up to ttl if it has fewer than limit; removeSlot uncounts it.
-	addSlot(ctx context.Context, tenant, set, id string, limit int64, ttl time.Duration) (bool, error)
+	// addSlots counts the members ids in tenant's set (setWaiters,
+	// setLeases) for up to ttl, as many as the set has room for under
+	// limit: got, the first got of ids. A member counted already stays
+	// counted without taking room. removeSlot uncounts one.
+	addSlots(ctx context.Context, tenant, set string, ids []string, limit int64, ttl time.Duration) (got int, err error)
 	removeSlot(ctx context.Context, tenant, set, id string) error
 	// countSlots counts the members of tenant's set not over yet.
 	countSlots(ctx context.Context, tenant, set string) (int64, error)
 	// settleLeases moves each lease of tenant still counted to end at the
 	// given Unix ms, or uncounts it for 0.
 	settleLeases(ctx context.Context, tenant string, ends map[string]int64) error
+}
+
+// Hold is one lease a begin is about to acquire, for HoldAll: Hold's
+// arguments.
+type Hold struct {
+	Tenant string
+	Limits auth.Limits
+	D      time.Duration
 }
 
 // The bounded sets of a tenant.
@@ -161,6 +181,10 @@ type Options struct {
 	RateBatch int
 	// Timeout bounds each call to the backend (default 1 s).
 	Timeout time.Duration
+	// NewToken makes a lease token in the store's form, for the leases
+	// an instance reserves ahead of its begins (default: 16 random bytes
+	// in lower-case hex, statemachine.NewToken's form).
+	NewToken func() string
 }
 
 // Defaults of Options.
@@ -175,8 +199,16 @@ const (
 	// 10 s window, against its 10% margin).
 	rateBatchTime = 20
 	// localTokenTTL is how long an instance may hold a batch before it
-	// spends it: tokens are not saved up across idle time.
+	// spends it: tokens are not saved up across idle time. The same holds
+	// for the leases it reserves: those unused after it are given back at
+	// the next flush.
 	localTokenTTL = time.Second
+	// leaseBatchShare: an instance reserves at most 1/leaseBatchShare of a
+	// tenant's in_progress at once (and at most RateBatch, and no more
+	// than a twentieth of a second of its begin rate), so that the leases
+	// reserved and not yet used on the other instances refuse few begins
+	// the limit would admit.
+	leaseBatchShare = 16
 	// waiterMargin keeps a waiter counted a little past its wait, to be
 	// safe, and drops it once that is over if its instance died.
 	waiterMargin = 5 * time.Second
@@ -209,6 +241,11 @@ type limiter struct {
 	timeout  time.Duration
 	interval time.Duration
 	metrics  *metrics
+	newToken func() string
+	// reserveTTL is how long a reserved lease counts in the backend before
+	// the flush moves it: past the time an instance may hand it out
+	// (localTokenTTL) and the flush that follows, with room for a slow one.
+	reserveTTL time.Duration
 
 	tenants sync.Map // tenant name -> *tenantState; read on every begin
 
@@ -237,6 +274,16 @@ type tenantState struct {
 
 	// leases: token -> Unix ms its lease ends (0: over), not sent yet.
 	leases map[string]int64
+	// leases reserved in the backend and not yet handed to a begin,
+	// reserved at poolAt; one reservation at a time (leaseLock). leaseGen
+	// counts the reservations, leaseFull says the last found the tenant
+	// at its limit, leaseScarce that it got less than it asked.
+	leaseLock   chan struct{}
+	pool        []string
+	poolAt      time.Time
+	leaseGen    uint64
+	leaseFull   bool
+	leaseScarce bool
 
 	// reads: the read budget left (bytes; below zero, owed), as of readAt.
 	readLeft float64
@@ -309,15 +356,20 @@ func newLimiter(b backend, opts Options) *limiter {
 	if opts.Timeout <= 0 {
 		opts.Timeout = DefaultTimeout
 	}
+	if opts.NewToken == nil {
+		opts.NewToken = newToken
+	}
 	l := &limiter{
-		backend:  b,
-		log:      opts.Logger,
-		batch:    opts.RateBatch,
-		timeout:  opts.Timeout,
-		interval: opts.FlushInterval,
-		metrics:  newMetrics(),
-		stop:     make(chan struct{}),
-		stopped:  make(chan struct{}),
+		reserveTTL: localTokenTTL + 2*opts.FlushInterval + 2*opts.Timeout + leaseMargin,
+		backend:    b,
+		log:        opts.Logger,
+		batch:      opts.RateBatch,
+		timeout:    opts.Timeout,
+		interval:   opts.FlushInterval,
+		metrics:    newMetrics(),
+		newToken:   opts.NewToken,
+		stop:       make(chan struct{}),
+		stopped:    make(chan struct{}),
 	}
 	go l.flushLoop()
 	return l
@@ -327,7 +379,7 @@ func (l *limiter) tenant(name string) *tenantState {
 	if ts, ok := l.tenants.Load(name); ok {
 		return ts.(*tenantState)
 	}
-	ts, _ := l.tenants.LoadOrStore(name, &tenantState{rateLock: make(chan struct{}, 1), labels: l.metrics.forTenant(name)})
+	ts, _ := l.tenants.LoadOrStore(name, &tenantState{rateLock: make(chan struct{}, 1), leaseLock: make(chan struct{}, 1), labels: l.metrics.forTenant(name)})
 	return ts.(*tenantState)
 }
 
@@ -524,8 +576,9 @@ func (l *limiter) Wait(ctx context.Context, tenant string, lim auth.Limits, d ti
 	}
 	id := newID()
 	cctx, cancel := context.WithTimeout(ctx, l.timeout)
-	ok, err := l.backend.addSlot(cctx, tenant, setWaiters, id, lim.Waiters, d+waiterMargin)
+	got, err := l.backend.addSlots(cctx, tenant, setWaiters, []string{id}, lim.Waiters, d+waiterMargin)
 	cancel()
+	ok := got == 1
 	if err != nil {
 		// As for the rate: the store decides whether the begin can go on.
 		l.log.Warn("quota: waiters not checked", "tenant", tenant, "error", err.Error())
@@ -547,20 +600,186 @@ func (l *limiter) Wait(ctx context.Context, tenant string, lim auth.Limits, d ti
 	}, nil
 }
 
-// Hold implements Limiter.
-func (l *limiter) Hold(ctx context.Context, tenant string, lim auth.Limits, token string, d time.Duration) bool {
+// Hold implements Limiter. The instance reserves leases in the backend in
+// batches, as tokens counted in the tenant's set, and hands one to each
+// begin here, so that a begin costs the backend a call only once per
+// batch; the flush then moves each token to its lease's end, or removes
+// it (see Held), and gives back the tokens not handed out within
+// localTokenTTL. A reservation never takes the set past the limit, so the
+// leases a tenant holds, with the tokens reserved and not yet used, stay
+// within in_progress across every instance; the cost is the other way: a
+// begin may be refused while another instance holds unused tokens of the
+// same tenant (at most leaseBatchFor each, for at most localTokenTTL and
+// one flush).
+func (l *limiter) Hold(ctx context.Context, tenant string, lim auth.Limits, d time.Duration) (string, bool) {
+	token, ok, _ := l.hold(ctx, tenant, lim, d, 1)
+	return token, ok
+}
+
+// hold is Hold for a begin with want-1 more of its tenant's begins right
+// behind it (a batch): a reservation it makes takes at least want leases,
+// and short tells that one it made got fewer than it asked for.
+func (l *limiter) hold(ctx context.Context, tenant string, lim auth.Limits, d time.Duration, want int) (token string, ok, short bool) {
 	if lim.InProgress == 0 {
-		return true
+		return "", true, false
+	}
+	ts := l.tenant(tenant)
+	for {
+		ts.mu.Lock()
+		if token, ok := ts.takeLease(d, time.Now()); ok {
+			ts.mu.Unlock()
+			return token, true, false
+		}
+		gen := ts.leaseGen
+		ts.mu.Unlock()
+
+		// One reservation at a time per tenant; the others wait for its
+		// batch.
+		select {
+		case ts.leaseLock <- struct{}{}:
+		case <-ctx.Done():
+			return "", true, false // the store call fails on the same context
+		}
+		token, ok, short, again := l.reserveLeases(ctx, tenant, ts, lim, d, gen, want)
+		<-ts.leaseLock
+		if !again {
+			return token, ok, short
+		}
+	}
+}
+
+// reserveLeases reserves a batch of tenant's leases and takes one for a
+// begin, with ts.leaseLock held. gen is the reservations the begin saw
+// before it waited for the lock: when one made meanwhile found the tenant
+// full, it is refused without a call of its own. again: another begin's
+// batch came meanwhile: take from the pool.
+func (l *limiter) reserveLeases(ctx context.Context, tenant string, ts *tenantState, lim auth.Limits, d time.Duration, gen uint64, want int) (token string, ok, short, again bool) {
+	ts.mu.Lock()
+	if len(ts.pool) > 0 && time.Since(ts.poolAt) < localTokenTTL {
+		ts.mu.Unlock()
+		return "", false, false, true
+	}
+	if ts.leaseGen != gen && ts.leaseFull {
+		ts.mu.Unlock()
+		return "", false, false, false
+	}
+	n := 1
+	if !ts.leaseScarce {
+		n = l.leaseBatchFor(lim)
+	}
+	n = max(n, min(want, int(lim.InProgress)))
+	ts.mu.Unlock()
+	tokens := make([]string, n)
+	for i := range tokens {
+		tokens[i] = l.newToken()
 	}
 	cctx, cancel := context.WithTimeout(ctx, l.timeout)
-	ok, err := l.backend.addSlot(cctx, tenant, setLeases, token, lim.InProgress, d+leaseMargin)
+	got, err := l.backend.addSlots(cctx, tenant, setLeases, tokens, lim.InProgress, l.reserveTTL)
 	cancel()
+	now := time.Now()
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	ts.leaseGen++
 	if err != nil {
 		// As for the rate: the store decides whether the begin can go on.
+		// (A reservation that ran although its reply was lost lapses by
+		// itself.)
+		ts.leaseFull = false
 		l.log.Warn("quota: attempts in progress not checked", "tenant", tenant, "error", err.Error())
-		return true
+		return "", true, false, false
 	}
-	return ok
+	ts.leaseFull, ts.leaseScarce = got == 0, got < n
+	if got == 0 {
+		return "", false, true, false
+	}
+	ts.releasePool() // expired ones, if any
+	ts.pool, ts.poolAt = tokens[:got], now
+	token, _ = ts.takeLease(d, now)
+	return token, true, got < n, false
+}
+
+// takeLease hands a reserved lease to a begin that may hold it for up to
+// d, if one is left and was reserved less than localTokenTTL ago; an
+// expired pool is given back. Until the begin settles it, the lease counts
+// for d (sent with the next flush). The caller holds ts.mu.
+func (ts *tenantState) takeLease(d time.Duration, now time.Time) (string, bool) {
+	if len(ts.pool) == 0 {
+		return "", false
+	}
+	if now.Sub(ts.poolAt) >= localTokenTTL {
+		ts.releasePool()
+		return "", false
+	}
+	token := ts.pool[len(ts.pool)-1]
+	ts.pool = ts.pool[:len(ts.pool)-1]
+	ts.settle(token, now.Add(d+leaseMargin).UnixMilli())
+	return token, true
+}
+
+// releasePool gives the reserved leases not handed out back at the next
+// flush. The caller holds ts.mu.
+func (ts *tenantState) releasePool() {
+	for _, token := range ts.pool {
+		ts.settle(token, 0)
+	}
+	ts.pool = nil
+}
+
+// settle records that token's lease ends at Unix ms ends (0: over), for
+// the next flush. The caller holds ts.mu.
+func (ts *tenantState) settle(token string, ends int64) {
+	if ts.leases == nil {
+		ts.leases = make(map[string]int64)
+	}
+	ts.leases[token] = ends
+}
+
+// leaseBatchFor is how many leases to reserve at once: a share of the
+// in_progress limit, at most the configured batch and, with a begin rate,
+// its batch; at least one.
+func (l *limiter) leaseBatchFor(lim auth.Limits) int {
+	n := max(1, min(int64(l.batch), lim.InProgress/leaseBatchShare))
+	if lim.BeginsPerS > 0 {
+		n = min(n, int64(l.batchFor(lim)))
+	}
+	return int(n)
+}
+
+// HoldAll implements Limiter: each hold is Hold's, in order, and a
+// tenant's first reservation in the batch is sized to its holds in it, so
+// that a batch of begins costs the backend one call per tenant, not one
+// per begin; once that call came up short, the tenant's later holds in
+// the batch that its pool cannot serve are refused without another.
+func (l *limiter) HoldAll(ctx context.Context, holds []Hold) (tokens []string, ok []bool) {
+	tokens, ok = make([]string, len(holds)), make([]bool, len(holds))
+	left := make(map[string]int, 1)
+	for _, h := range holds {
+		left[h.Tenant]++
+	}
+	short := make(map[string]bool, 1)
+	for i, h := range holds {
+		if short[h.Tenant] {
+			tokens[i], ok[i] = l.pooled(h.Tenant, h.Limits, h.D)
+		} else {
+			var s bool
+			tokens[i], ok[i], s = l.hold(ctx, h.Tenant, h.Limits, h.D, left[h.Tenant])
+			short[h.Tenant] = s
+		}
+		left[h.Tenant]--
+	}
+	return tokens, ok
+}
+
+// pooled hands a begin a lease already reserved, without asking the
+// backend: false when none is left.
+func (l *limiter) pooled(tenant string, lim auth.Limits, d time.Duration) (string, bool) {
+	if lim.InProgress == 0 {
+		return "", true
+	}
+	ts := l.tenant(tenant)
+	ts.mu.Lock()
+	defer ts.mu.Unlock()
+	return ts.takeLease(d, time.Now())
 }
 
 // Held implements Limiter.
@@ -575,10 +794,7 @@ func (l *limiter) Held(tenant string, lim auth.Limits, token string, ends time.T
 	ts := l.tenant(tenant)
 	ts.mu.Lock()
 	defer ts.mu.Unlock()
-	if ts.leases == nil {
-		ts.leases = make(map[string]int64)
-	}
-	ts.leases[token] = ms
+	ts.settle(token, ms)
 }
 
 // HoldRefused implements Limiter.
@@ -599,15 +815,18 @@ func (l *limiter) flushLoop() {
 	for {
 		select {
 		case <-t.C:
-			l.flush()
+			l.flush(false)
 		case <-l.stop:
-			l.flush()
+			l.flush(true)
 			return
 		}
 	}
 }
 
-func (l *limiter) flush() {
+// flush sends what each tenant's counts changed by; last gives back every
+// reserved lease not handed out (Close), otherwise those reserved too long
+// ago.
+func (l *limiter) flush(last bool) {
 	var names []string
 	var states []*tenantState
 	l.tenants.Range(func(name, ts any) bool {
@@ -615,8 +834,12 @@ func (l *limiter) flush() {
 		states = append(states, ts.(*tenantState))
 		return true
 	})
+	now := time.Now()
 	for i, ts := range states {
 		ts.mu.Lock()
+		if len(ts.pool) > 0 && (last || now.Sub(ts.poolAt) >= localTokenTTL) {
+			ts.releasePool()
+		}
 		deltas, sum, active, leases := ts.pending, ts.pendingSum, ts.active, ts.leases
 		ts.pending, ts.pendingSum, ts.active, ts.leases = nil, 0, false, nil
 		ts.mu.Unlock()

@@ -7,6 +7,8 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"regexp"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,30 +76,36 @@ func TestStoredBytesByExpiry(t *testing.T) {
 	}
 }
 
+// addSlot counts one member, as a waiter is counted.
+func addSlot(b backend, tenant, set, id string, limit int64, ttl time.Duration) (bool, error) {
+	got, err := b.addSlots(ctx, tenant, set, []string{id}, limit, ttl)
+	return got == 1, err
+}
+
 // A waiter is counted until it is removed, or until its time is over when
 // nobody removes it (its instance died).
 func TestWaitersLapse(t *testing.T) {
 	for name, open := range backends() {
 		t.Run(name, func(t *testing.T) {
 			b, tenant := open(t), tenantName()
-			ok, err := b.addSlot(ctx, tenant, setWaiters, "a", 2, 200*time.Millisecond)
+			ok, err := addSlot(b, tenant, setWaiters, "a", 2, 200*time.Millisecond)
 			if err != nil || !ok {
 				t.Fatalf("first: %v, %v", ok, err)
 			}
-			if ok, _ := b.addSlot(ctx, tenant, setWaiters, "b", 2, time.Minute); !ok {
+			if ok, _ := addSlot(b, tenant, setWaiters, "b", 2, time.Minute); !ok {
 				t.Fatal("second refused under a limit of 2")
 			}
-			if ok, _ := b.addSlot(ctx, tenant, setWaiters, "c", 2, time.Minute); ok {
+			if ok, _ := addSlot(b, tenant, setWaiters, "c", 2, time.Minute); ok {
 				t.Fatal("third counted over a limit of 2")
 			}
 			if err := b.removeSlot(ctx, tenant, setWaiters, "b"); err != nil {
 				t.Fatal(err)
 			}
-			if ok, _ := b.addSlot(ctx, tenant, setWaiters, "c", 2, time.Minute); !ok {
+			if ok, _ := addSlot(b, tenant, setWaiters, "c", 2, time.Minute); !ok {
 				t.Fatal("refused after a removal")
 			}
 			time.Sleep(300 * time.Millisecond)
-			if ok, _ := b.addSlot(ctx, tenant, setWaiters, "d", 2, time.Minute); !ok {
+			if ok, _ := addSlot(b, tenant, setWaiters, "d", 2, time.Minute); !ok {
 				t.Fatal("a lapsed waiter still counted")
 			}
 		})
@@ -114,7 +122,7 @@ func TestLeasesSettle(t *testing.T) {
 			b, tenant := open(t), tenantName()
 			hold := func(token string) bool {
 				t.Helper()
-				ok, err := b.addSlot(ctx, tenant, setLeases, token, 2, time.Minute)
+				ok, err := addSlot(b, tenant, setLeases, token, 2, time.Minute)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -278,4 +286,155 @@ func TestRedisDownAdmits(t *testing.T) {
 		t.Fatalf("wait: %v", err)
 	}
 	done()
+}
+
+// countingBackend counts the reservations made of a backend.
+type countingBackend struct {
+	backend
+	reservations atomic.Int64
+}
+
+func (c *countingBackend) addSlots(ctx context.Context, tenant, set string, ids []string, limit int64, ttl time.Duration) (int, error) {
+	if set == setLeases {
+		c.reservations.Add(1)
+	}
+	return c.backend.addSlots(ctx, tenant, set, ids, limit, ttl)
+}
+
+// A reservation counts as many members as the set has room for, in
+// order, and a member counted already (the same call run again) takes no
+// room.
+func TestSlotsReserveInOrder(t *testing.T) {
+	for name, open := range backends() {
+		t.Run(name, func(t *testing.T) {
+			b, tenant := open(t), tenantName()
+			got, err := b.addSlots(ctx, tenant, setLeases, []string{"a", "b", "c"}, 5, time.Minute)
+			if err != nil || got != 3 {
+				t.Fatalf("first batch: %d, %v; want 3", got, err)
+			}
+			got, _ = b.addSlots(ctx, tenant, setLeases, []string{"a", "b", "c"}, 5, time.Minute)
+			if got != 3 {
+				t.Errorf("the same batch again counted %d, want all 3 without room taken", got)
+			}
+			got, _ = b.addSlots(ctx, tenant, setLeases, []string{"d", "e", "f", "g"}, 5, time.Minute)
+			if got != 2 {
+				t.Errorf("a batch of 4 with room for 2 counted %d", got)
+			}
+			if n, _ := b.countSlots(ctx, tenant, setLeases); n != 5 {
+				t.Errorf("%d counted, want the limit of 5", n)
+			}
+			if got, _ := b.addSlots(ctx, tenant, setLeases, []string{"h"}, 5, time.Minute); got != 0 {
+				t.Error("counted over the limit")
+			}
+		})
+	}
+}
+
+// Each instance reserves a tenant's leases in batches and hands them to
+// begins without a call each; the leases held and reserved by all
+// instances together never pass in_progress, and begins refused at it
+// leave the others at most a batch each; leases that ended, and
+// reservations not used, are given back at the flush.
+func TestLeaseBatches(t *testing.T) {
+	for name, open := range backends() {
+		t.Run(name, func(t *testing.T) {
+			shared, tenant := open(t), tenantName()
+			count := &countingBackend{backend: shared}
+			opts := Options{FlushInterval: 50 * time.Millisecond}
+			a, b := newLimiter(count, opts), newLimiter(shared, opts)
+			defer a.Close()
+			defer b.Close()
+			lim := auth.Limits{InProgress: 160}
+			batch := a.leaseBatchFor(lim)
+			if batch != 10 {
+				t.Fatalf("batch %d, want in_progress/16", batch)
+			}
+
+			// One instance alone: a call per batch, tokens in the store's form.
+			var held []string
+			for range 4 * batch {
+				token, ok := a.Hold(ctx, tenant, lim, time.Minute)
+				if !ok || !regexp.MustCompile(`^[0-9a-f]{32}$`).MatchString(token) {
+					t.Fatalf("hold under the limit: %q, %v", token, ok)
+				}
+				held = append(held, token)
+			}
+			if n := count.reservations.Load(); n != 4 {
+				t.Errorf("%d begins made %d reservations, want 4 (batches of %d)", len(held), n, batch)
+			}
+
+			// Two instances, in turn, up to the limit.
+			refused := 0
+			for i := 0; refused < 2; i++ {
+				l := a
+				if i%2 == 1 {
+					l = b
+				}
+				if token, ok := l.Hold(ctx, tenant, lim, time.Minute); ok {
+					held = append(held, token)
+				} else {
+					refused++
+				}
+			}
+			if n, _ := shared.countSlots(ctx, tenant, setLeases); n != lim.InProgress {
+				t.Errorf("%d counted, want the limit of %d", n, lim.InProgress)
+			}
+			if got := int64(len(held)); got > lim.InProgress || got < lim.InProgress-int64(batch) {
+				t.Errorf("%d leases handed out, want within a batch (%d) under the limit of %d", got, batch, lim.InProgress)
+			}
+
+			// Leases that ended are given back at the next flush, and the
+			// reservations not used after a second.
+			for _, token := range held[:20] {
+				a.Held(tenant, lim, token, time.Time{})
+				b.Held(tenant, lim, token, time.Time{})
+			}
+			want := int64(len(held) - 20)
+			eventually(t, "ended leases and unused reservations given back", func() bool {
+				n, _ := shared.countSlots(ctx, tenant, setLeases)
+				return n == want
+			})
+			// A lease acquired is counted until its end, then lapses.
+			for _, token := range held[20:] {
+				a.Held(tenant, lim, token, time.Now().Add(-leaseMargin+300*time.Millisecond))
+			}
+			eventually(t, "expired leases lapse", func() bool {
+				n, _ := shared.countSlots(ctx, tenant, setLeases)
+				return n == 0
+			})
+		})
+	}
+}
+
+// Closing an instance gives back the leases it reserved and did not use.
+func TestCloseReleasesReservations(t *testing.T) {
+	for name, open := range backends() {
+		t.Run(name, func(t *testing.T) {
+			shared, tenant := open(t), tenantName()
+			l := newLimiter(shared, Options{})
+			lim := auth.Limits{InProgress: 1000}
+			token, ok := l.Hold(ctx, tenant, lim, time.Minute)
+			if !ok {
+				t.Fatal("refused")
+			}
+			l.Held(tenant, lim, token, time.Now().Add(time.Minute))
+			if n, _ := shared.countSlots(ctx, tenant, setLeases); n != int64(l.leaseBatchFor(lim)) {
+				t.Fatalf("%d counted, want a batch of %d", n, l.leaseBatchFor(lim))
+			}
+			l.Close()
+			if n, _ := shared.countSlots(ctx, tenant, setLeases); n != 1 {
+				t.Errorf("%d counted after close, want the one lease held", n)
+			}
+		})
+	}
+}
+
+// eventually waits up to 5 s for cond (idemtest imports this package).
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within 5 s: %s", what)
+		}
+	}
 }

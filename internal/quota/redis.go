@@ -33,11 +33,14 @@ import (
 //     calls (count, uncount) are cheap beside it, and no begin that does
 //     not wait makes them;
 //   - the leases held (in_progress) are a sorted set per tenant of lease
-//     token -> the end of the lease plus a margin, which a begin adds to
-//     (slot.lua, if under the limit) before it runs: on a Cluster the
-//     record and the tenant's set may be on two masters, so the count
-//     cannot be taken in the begin's own script, and taking it after the
-//     begin acquired would need a second transition to undo. The end of a
+//     token -> the end of the lease plus a margin. Each instance reserves
+//     tokens in it in batches (slot.lua, as many as the limit leaves room
+//     for) and hands them to its begins, which acquire with them (see
+//     Hold): on a Cluster the record and the tenant's set may be on two
+//     masters, so the count cannot be taken in the begin's own script,
+//     taking it after the begin acquired would need a second transition
+//     to undo, and a call per begin would cost the begin path a round
+//     trip. The end of a
 //     lease (complete, fail, a begin that did not acquire) and its moves
 //     (acquired, extended) reach the set with the flush, in one call per
 //     tenant (internal/lua/leases.lua), so complete, fail and extend keep
@@ -98,13 +101,17 @@ func (r *redisBackend) addBytes(ctx context.Context, tenant string, deltas map[i
 	return v[0], first, nil
 }
 
-func (r *redisBackend) addSlot(ctx context.Context, tenant, set, id string, limit int64, ttl time.Duration) (bool, error) {
-	n, err := lua.Slot.Run(ctx, r.client, []string{limitKey(tenant, set)},
-		id, limit, strconv.FormatInt(ttl.Milliseconds(), 10)).Int64()
-	if err != nil {
-		return false, fmt.Errorf("%s: %w", set, err)
+func (r *redisBackend) addSlots(ctx context.Context, tenant, set string, ids []string, limit int64, ttl time.Duration) (int, error) {
+	args := make([]any, 0, 2+len(ids))
+	args = append(args, limit, strconv.FormatInt(ttl.Milliseconds(), 10))
+	for _, id := range ids {
+		args = append(args, id)
 	}
-	return n == 1, nil
+	n, err := lua.Slot.Run(ctx, r.client, []string{limitKey(tenant, set)}, args...).Int64()
+	if err != nil {
+		return 0, fmt.Errorf("%s: %w", set, err)
+	}
+	return int(min(n, int64(len(ids)))), nil
 }
 
 func (r *redisBackend) removeSlot(ctx context.Context, tenant, set, id string) error {

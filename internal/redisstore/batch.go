@@ -34,6 +34,10 @@ func (s *Store) BeginBatch(ctx context.Context, items []statemachine.BatchBegin)
 			out[i].Err = errs[i]
 			continue
 		}
+		if err := s.readResponse(ctx, calls[i].key, &replies[i]); err != nil {
+			out[i].Err = err // a record changed while read: the item may be sent again
+			continue
+		}
 		out[i].Result, out[i].Err = calls[i].beginResult(items[i].Tenant, &replies[i])
 	}
 	return out

@@ -173,6 +173,11 @@ type reply struct {
 	code int64
 	now  int64
 	rec  statemachine.Stored // when the script sent one
+	// raw is the record as sent, and size its whole length when the
+	// script said it: longer than raw, raw is its head only (see
+	// readResponse).
+	raw  string
+	size int64
 }
 
 // Limits implements Store.
@@ -186,11 +191,19 @@ func (s *Store) Begin(ctx context.Context, tenant string, req statemachine.Begin
 	if err != nil {
 		return statemachine.BeginResult{}, err
 	}
-	r, err := s.run(ctx, "begin", !req.Waited, c.script, c.key, c.args...)
-	if err != nil {
-		return statemachine.BeginResult{}, err
+	for read := 1; ; read++ {
+		r, err := s.run(ctx, "begin", !req.Waited, c.script, c.key, c.args...)
+		if err != nil {
+			return statemachine.BeginResult{}, err
+		}
+		if err := s.readResponse(ctx, c.key, &r); err != nil {
+			if errors.Is(err, errRecordChanged) && read < maxReads {
+				continue // begin again: the record is another now
+			}
+			return statemachine.BeginResult{}, err
+		}
+		return c.beginResult(tenant, &r)
 	}
-	return c.beginResult(tenant, &r)
 }
 
 // scriptCall is one script run on one key, and how to read its reply.
@@ -330,14 +343,25 @@ func (s *Store) Status(ctx context.Context, tenant, key string, withResponse boo
 	if err := s.limits.CheckKey(tenant, key); err != nil {
 		return statemachine.Record{}, err
 	}
-	r, err := s.run(ctx, "status", true, s.scripts.Status, Key(tenant, key))
-	if err != nil {
-		return statemachine.Record{}, err
+	rk := Key(tenant, key)
+	for read := 1; ; read++ {
+		r, err := s.run(ctx, "status", true, s.scripts.Status, rk)
+		if err != nil {
+			return statemachine.Record{}, err
+		}
+		if r.code != codeOK {
+			return statemachine.Record{}, r.err("status")
+		}
+		if withResponse {
+			if err := s.readResponse(ctx, rk, &r); err != nil {
+				if errors.Is(err, errRecordChanged) && read < maxReads {
+					continue
+				}
+				return statemachine.Record{}, err
+			}
+		}
+		return r.rec.Record(tenant, r.now, withResponse, s.limits.MaxResponseBytes)
 	}
-	if r.code != codeOK {
-		return statemachine.Record{}, r.err("status")
-	}
-	return r.rec.Record(tenant, r.now, withResponse, s.limits.MaxResponseBytes)
 }
 
 // Delete implements Store; see internal/lua/delete.lua.
@@ -453,7 +477,7 @@ func (s *Store) sendWithWait(ctx context.Context, node redis.Cmdable, send func(
 func decodeReply(v any) (reply, error) {
 	var r reply
 	parts, ok := v.([]any)
-	if !ok || len(parts) < 2 || len(parts) > 3 {
+	if !ok || len(parts) < 2 || len(parts) > 4 {
 		return r, fmt.Errorf("unexpected script reply %T of %d parts", v, len(parts))
 	}
 	if r.code, ok = parts[0].(int64); !ok {
@@ -464,7 +488,7 @@ func decodeReply(v any) (reply, error) {
 	}
 	switch r.code {
 	case codeOK, codeBusy, codeDone:
-		if len(parts) != 3 {
+		if len(parts) < 3 {
 			return r, fmt.Errorf("reply code %d without a record", r.code)
 		}
 		raw, ok := parts[2].(string)
@@ -474,6 +498,12 @@ func decodeReply(v any) (reply, error) {
 		var err error
 		if r.rec, err = statemachine.DecodeStored(raw); err != nil {
 			return r, err
+		}
+		r.raw = raw
+		if len(parts) == 4 {
+			if r.size, ok = parts[3].(int64); !ok {
+				return r, fmt.Errorf("unexpected reply size %T", parts[3])
+			}
 		}
 	case codeMismatch, codeLeaseLost, codeNotFound, codeRefused, codeUnread:
 	default:

@@ -78,6 +78,11 @@ func DecodeStored(raw string) (Stored, error) {
 	return s, nil
 }
 
+// SetResponse gives a record decoded from its head alone the response
+// read apart (redisstore reads a large record's response after its
+// script), without copying the two into one string.
+func (s *Stored) SetResponse(response string) { s.response = response }
+
 // bigEndian reads an unsigned big-endian integer of up to 8 bytes from s,
 // without copying it to a []byte.
 func bigEndian(s string) uint64 {
