@@ -26,3 +26,17 @@ ensure_tools() {
     apt_install "${missing[@]}"
   fi
 }
+
+# ensure_versitygw builds versitygw (an S3-compatible server, Apache-2.0)
+# at VERSITYGW_VERSION into a cache directory of that version, unless it is
+# there already, and sets VERSITYGW_BIN to it.
+VERSITYGW_VERSION=v1.8.0
+ensure_versitygw() {
+  local dir="${XDG_CACHE_HOME:-$HOME/.cache}/idemsvc-tools/versitygw-$VERSITYGW_VERSION"
+  VERSITYGW_BIN="$dir/versitygw"
+  if [ ! -x "$VERSITYGW_BIN" ]; then
+    echo "versitygw $VERSITYGW_VERSION not found: building it with go install (a few minutes, once)" >&2
+    mkdir -p "$dir"
+    GOBIN="$dir" go install "github.com/versity/versitygw/cmd/versitygw@$VERSITYGW_VERSION"
+  fi
+}

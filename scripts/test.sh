@@ -29,6 +29,13 @@ if ! command -v nats-server >/dev/null; then
   apt_install nats-server
 fi
 
+# versitygw: the S3-compatible store the large-response tests
+# (internal/blob, IDEMSVC_BLOB_URL) run against, built once with go install
+# into a cache directory of its version (about 140 s of CPU); the tests
+# find it through IDEMSVC_TEST_VERSITYGW.
+ensure_versitygw
+export IDEMSVC_TEST_VERSITYGW="$VERSITYGW_BIN"
+
 # Chromium: the console's tests (internal/console) drive Debian's headless
 # Chromium from Go (chromedp).
 [ -x /usr/bin/chromium ] || apt_install chromium

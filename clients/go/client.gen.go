@@ -334,6 +334,23 @@ type BeginRequest struct {
 // carries a binary body in standard base64 (RFC 4648). Default `text`.
 type BodyEncoding string
 
+// BodyRef In a replay only (never sent): a stored body too large for a JSON
+// answer (over 1 MiB, stored by `POST /v1/complete/stream` with a blob
+// store), in place of `body`. Fetch its bytes from `url`
+// (`GET /v1/keys/body`).
+type BodyRef struct {
+	// Sha256 The body's SHA-256, in lowercase hex.
+	Sha256 string `json:"sha256"`
+
+	// SizeBytes The body's length in bytes.
+	SizeBytes int64 `json:"size_bytes"`
+
+	// Url Where to fetch the body, relative to the API's base URL.
+	//
+	// Example: /v1/keys/body?key=order-7f3a%2Fcharge
+	Url string `json:"url"`
+}
+
 // CompleteRequest defines model for CompleteRequest.
 type CompleteRequest struct {
 	// Key The client's idempotency key: 1 to 255 bytes of visible ASCII
@@ -661,6 +678,7 @@ type Problem struct {
 	// | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress or its read budget (with `Retry-After`) |
 	// | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
 	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
+	// | `blob-unavailable` | 503 | a large response's body store (`IDEMSVC_BLOB_URL`) cannot be reached, or a stored body is missing from it or does not match its SHA-256; the record is unchanged (with `Retry-After`) |
 	// | `internal` | 500 | an unexpected error |
 	//
 	// Each problem response of an operation narrows `type` to the kinds
@@ -818,6 +836,12 @@ type StoredResponse struct {
 	// carries a binary body in standard base64 (RFC 4648). Default `text`.
 	BodyEncoding *BodyEncoding `json:"body_encoding,omitempty"`
 
+	// BodyRef In a replay only (never sent): a stored body too large for a JSON
+	// answer (over 1 MiB, stored by `POST /v1/complete/stream` with a blob
+	// store), in place of `body`. Fetch its bytes from `url`
+	// (`GET /v1/keys/body`).
+	BodyRef *BodyRef `json:"body_ref,omitempty"`
+
 	// Headers Header names and their values. A name must be an HTTP field name
 	// (RFC 9110 token characters, not empty) and a value a string
 	// without CR, LF or NUL; anything else gets 400 naming
@@ -916,6 +940,9 @@ type KeyQuery = Key
 // Example: payments
 type TenantQuery = Tenant
 
+// BlobUnavailable A problem detail of kind `blob-unavailable` or `store-unavailable`.
+type BlobUnavailable = Problem
+
 // FingerprintMismatch A problem detail of kind `fingerprint-mismatch`.
 type FingerprintMismatch = Problem
 
@@ -952,6 +979,28 @@ type Unauthorized = Problem
 // UnsupportedMediaType A problem detail of kind `unsupported-media-type`.
 type UnsupportedMediaType = Problem
 
+// CompleteStreamParams defines parameters for CompleteStream.
+type CompleteStreamParams struct {
+	// IdemKey The idempotency key (`key`).
+	IdemKey Key `json:"Idem-Key"`
+
+	// IdemLeaseToken The attempt's `lease_token`.
+	IdemLeaseToken LeaseToken `json:"Idem-Lease-Token"`
+
+	// IdemTenant The tenant to act for (an admin key only), as `tenant`.
+	IdemTenant *Tenant `json:"Idem-Tenant,omitempty"`
+
+	// IdemRetentionS The record's retention from now, as `retention_s`.
+	IdemRetentionS *RetentionS `json:"Idem-Retention-S,omitempty"`
+
+	// IdemResponseStatus The stored response's `status_code`.
+	IdemResponseStatus *int `json:"Idem-Response-Status,omitempty"`
+
+	// IdemResponseHeaders The stored response's `headers`, as a JSON object of header name
+	// to string value (non-ASCII characters escaped as `\uXXXX`).
+	IdemResponseHeaders *string `json:"Idem-Response-Headers,omitempty"`
+}
+
 // DeleteKeyParams defines parameters for DeleteKey.
 type DeleteKeyParams struct {
 	// Key The idempotency key.
@@ -975,6 +1024,16 @@ type ListKeysParams struct {
 
 	// Cursor The `next_cursor` of the page before; absent for the first page.
 	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Tenant The tenant to act for; only an admin key may name a tenant other
+	// than its own (403 otherwise). Defaults to the tenant of the API key.
+	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
+}
+
+// GetBodyParams defines parameters for GetBody.
+type GetBodyParams struct {
+	// Key The idempotency key.
+	Key KeyQuery `form:"key" json:"key"`
 
 	// Tenant The tenant to act for; only an admin key may name a tenant other
 	// than its own (403 otherwise). Defaults to the tenant of the API key.
@@ -1254,6 +1313,29 @@ type ClientInterface interface {
 	// Corresponds with POST /v1/complete (the `Complete` operationId).
 	Complete(ctx context.Context, body CompleteJSONRequestBody, reqEditors ...RequestEditorFn) (*http.Response, error)
 
+	// CompleteStreamWithBody Complete the current attempt with a large response, its body streamed
+	//
+	// The complete of `POST /v1/complete` for a response of any size up to
+	// `IDEMSVC_MAX_STORED_BYTES` (64 MiB by default, with a blob store;
+	// otherwise the 1 MiB stored-response limit): the request's body is
+	// the response body itself, as raw bytes, sent as a stream, and the
+	// rest of the call travels in `Idem-*` request headers. idemsvc never
+	// holds the whole body in memory: it writes it to its blob store
+	// (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
+	// `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+	// otherwise. Fencing, retries and answers are those of
+	// `POST /v1/complete`: the same token completing again (a retried
+	// call, after a lost reply) gets the same result and changes nothing.
+	// A blob store that cannot be reached gets 503 `blob-unavailable` with
+	// `Retry-After`, and the key stays in progress, so the caller retries
+	// within its lease. A complete refused for its lease (409) leaves
+	// nothing in the blob store.
+	//
+	// Takes any type of body and a specified content type.
+	//
+	// Corresponds with POST /v1/complete/stream (the `CompleteStream` operationId).
+	CompleteStreamWithBody(ctx context.Context, params *CompleteStreamParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error)
+
 	// ExtendWithBody Extend the live lease (heartbeat)
 	//
 	// Pushes the expiry of the lease fenced by `lease_token` to now +
@@ -1356,6 +1438,22 @@ type ClientInterface interface {
 	//
 	// Corresponds with GET /v1/keys (the `ListKeys` operationId).
 	ListKeys(ctx context.Context, params *ListKeysParams, reqEditors ...RequestEditorFn) (*http.Response, error)
+
+	// GetBody Stream a finished record's stored body
+	//
+	// The stored body of a completed or failed record, as raw bytes with
+	// its `Content-Length` and `Repr-Digest` (its SHA-256). A replay whose
+	// `response` carries `body_ref` instead of `body` (a body over the
+	// stored-response limit of the JSON answers, 1 MiB) fetches its body
+	// here; any other stored body is served too. The body is streamed
+	// from the blob store and checked against its SHA-256 as it goes: a
+	// body that fails the check is cut off before its end (the connection
+	// is closed short of `Content-Length`), never delivered whole, and the
+	// next call answers 503 `blob-unavailable` until the object is sound.
+	// A missing object: 503 `blob-unavailable`; the record stays as it is.
+	//
+	// Corresponds with GET /v1/keys/body (the `GetBody` operationId).
+	GetBody(ctx context.Context, params *GetBodyParams, reqEditors ...RequestEditorFn) (*http.Response, error)
 
 	// GetStatus Read a key's record
 	//
@@ -1643,6 +1741,39 @@ func (c *APIClient) Complete(ctx context.Context, body CompleteJSONRequestBody, 
 	return c.Client.Do(req)
 }
 
+// CompleteStreamWithBody Complete the current attempt with a large response, its body streamed
+//
+// The complete of `POST /v1/complete` for a response of any size up to
+// `IDEMSVC_MAX_STORED_BYTES` (64 MiB by default, with a blob store;
+// otherwise the 1 MiB stored-response limit): the request's body is
+// the response body itself, as raw bytes, sent as a stream, and the
+// rest of the call travels in `Idem-*` request headers. idemsvc never
+// holds the whole body in memory: it writes it to its blob store
+// (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
+// `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+// otherwise. Fencing, retries and answers are those of
+// `POST /v1/complete`: the same token completing again (a retried
+// call, after a lost reply) gets the same result and changes nothing.
+// A blob store that cannot be reached gets 503 `blob-unavailable` with
+// `Retry-After`, and the key stays in progress, so the caller retries
+// within its lease. A complete refused for its lease (409) leaves
+// nothing in the blob store.
+//
+// Takes any type of body and a specified content type.
+//
+// Corresponds with POST /v1/complete/stream (the `CompleteStream` operationId).
+func (c *APIClient) CompleteStreamWithBody(ctx context.Context, params *CompleteStreamParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewCompleteStreamRequestWithBody(c.Server, params, contentType, body)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
 // ExtendWithBody Extend the live lease (heartbeat)
 //
 // Pushes the expiry of the lease fenced by `lease_token` to now +
@@ -1816,6 +1947,32 @@ func (c *APIClient) DeleteKey(ctx context.Context, params *DeleteKeyParams, reqE
 // Corresponds with GET /v1/keys (the `ListKeys` operationId).
 func (c *APIClient) ListKeys(ctx context.Context, params *ListKeysParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
 	req, err := NewListKeysRequest(c.Server, params)
+	if err != nil {
+		return nil, err
+	}
+	req = req.WithContext(ctx)
+	if err := c.applyEditors(ctx, req, reqEditors); err != nil {
+		return nil, err
+	}
+	return c.Client.Do(req)
+}
+
+// GetBody Stream a finished record's stored body
+//
+// The stored body of a completed or failed record, as raw bytes with
+// its `Content-Length` and `Repr-Digest` (its SHA-256). A replay whose
+// `response` carries `body_ref` instead of `body` (a body over the
+// stored-response limit of the JSON answers, 1 MiB) fetches its body
+// here; any other stored body is served too. The body is streamed
+// from the blob store and checked against its SHA-256 as it goes: a
+// body that fails the check is cut off before its end (the connection
+// is closed short of `Content-Length`), never delivered whole, and the
+// next call answers 503 `blob-unavailable` until the object is sound.
+// A missing object: 503 `blob-unavailable`; the record stays as it is.
+//
+// Corresponds with GET /v1/keys/body (the `GetBody` operationId).
+func (c *APIClient) GetBody(ctx context.Context, params *GetBodyParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
+	req, err := NewGetBodyRequest(c.Server, params)
 	if err != nil {
 		return nil, err
 	}
@@ -2081,6 +2238,101 @@ func NewCompleteRequestWithBody(server string, contentType string, body io.Reade
 	return req, nil
 }
 
+// NewCompleteStreamRequestWithBody constructs an http.Request for the CompleteStream method, with any body, and a specified content type
+func NewCompleteStreamRequestWithBody(server string, params *CompleteStreamParams, contentType string, body io.Reader) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/complete/stream")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	req, err := http.NewRequest(http.MethodPost, queryURL.String(), body)
+	if err != nil {
+		return nil, err
+	}
+
+	req.Header.Add("Content-Type", contentType)
+
+	if params != nil {
+
+		var headerParam0 string
+
+		headerParam0, err = runtime.StyleParamWithOptions("simple", false, "Idem-Key", params.IdemKey, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idem-Key", headerParam0)
+
+		var headerParam1 string
+
+		headerParam1, err = runtime.StyleParamWithOptions("simple", false, "Idem-Lease-Token", params.IdemLeaseToken, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+		if err != nil {
+			return nil, err
+		}
+
+		req.Header.Set("Idem-Lease-Token", headerParam1)
+
+		if params.IdemTenant != nil {
+			var headerParam2 string
+
+			headerParam2, err = runtime.StyleParamWithOptions("simple", false, "Idem-Tenant", *params.IdemTenant, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idem-Tenant", headerParam2)
+		}
+
+		if params.IdemRetentionS != nil {
+			var headerParam3 string
+
+			headerParam3, err = runtime.StyleParamWithOptions("simple", false, "Idem-Retention-S", *params.IdemRetentionS, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int32"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idem-Retention-S", headerParam3)
+		}
+
+		if params.IdemResponseStatus != nil {
+			var headerParam4 string
+
+			headerParam4, err = runtime.StyleParamWithOptions("simple", false, "Idem-Response-Status", *params.IdemResponseStatus, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "integer", Format: "int32"})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idem-Response-Status", headerParam4)
+		}
+
+		if params.IdemResponseHeaders != nil {
+			var headerParam5 string
+
+			headerParam5, err = runtime.StyleParamWithOptions("simple", false, "Idem-Response-Headers", *params.IdemResponseHeaders, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationHeader, Type: "string", Format: ""})
+			if err != nil {
+				return nil, err
+			}
+
+			req.Header.Set("Idem-Response-Headers", headerParam5)
+		}
+
+	}
+
+	return req, nil
+}
+
 // NewExtendRequest calls the generic Extend builder with application/json body
 func NewExtendRequest(server string, body ExtendJSONRequestBody) (*http.Request, error) {
 	var bodyReader io.Reader
@@ -2333,6 +2585,68 @@ func NewListKeysRequest(server string, params *ListKeysParams) (*http.Request, e
 				}
 			}
 
+		}
+
+		if params.Tenant != nil {
+
+			if queryFrag, err := runtime.StyleParamWithOptions("form", true, "tenant", *params.Tenant, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			} else {
+				for _, qp := range strings.Split(queryFrag, "&") {
+					rawQueryFragments = append(rawQueryFragments, qp)
+				}
+			}
+
+		}
+
+		if encoded := queryValues.Encode(); encoded != "" {
+			rawQueryFragments = append(rawQueryFragments, encoded)
+		}
+		queryURL.RawQuery = strings.Join(rawQueryFragments, "&")
+	}
+
+	req, err := http.NewRequest(http.MethodGet, queryURL.String(), nil)
+	if err != nil {
+		return nil, err
+	}
+
+	return req, nil
+}
+
+// NewGetBodyRequest constructs an http.Request for the GetBody method
+func NewGetBodyRequest(server string, params *GetBodyParams) (*http.Request, error) {
+	var err error
+
+	serverURL, err := url.Parse(server)
+	if err != nil {
+		return nil, err
+	}
+
+	operationPath := fmt.Sprintf("/v1/keys/body")
+	if operationPath[0] == '/' {
+		operationPath = "." + operationPath
+	}
+
+	queryURL, err := serverURL.Parse(operationPath)
+	if err != nil {
+		return nil, err
+	}
+
+	if params != nil {
+		// queryValues collects non-styled parameters (passthrough, JSON)
+		// that are safe to round-trip through url.Values.Encode().
+		queryValues := queryURL.Query()
+		// rawQueryFragments collects pre-encoded query fragments from
+		// styled parameters, preserving literal commas as delimiters
+		// per the OpenAPI spec (e.g. "color=blue,black,brown").
+		var rawQueryFragments []string
+
+		if queryFrag, err := runtime.StyleParamWithOptions("form", true, "key", params.Key, runtime.StyleParamOptions{ParamLocation: runtime.ParamLocationQuery, Type: "string", Format: ""}); err != nil {
+			return nil, err
+		} else {
+			for _, qp := range strings.Split(queryFrag, "&") {
+				rawQueryFragments = append(rawQueryFragments, qp)
+			}
 		}
 
 		if params.Tenant != nil {
@@ -2700,6 +3014,29 @@ type ClientWithResponsesInterface interface {
 	// Corresponds with POST /v1/complete (the `Complete` operationId).
 	CompleteWithResponse(ctx context.Context, body CompleteJSONRequestBody, reqEditors ...RequestEditorFn) (*CompleteResponse, error)
 
+	// CompleteStreamWithBodyWithResponse Complete the current attempt with a large response, its body streamed
+	//
+	// The complete of `POST /v1/complete` for a response of any size up to
+	// `IDEMSVC_MAX_STORED_BYTES` (64 MiB by default, with a blob store;
+	// otherwise the 1 MiB stored-response limit): the request's body is
+	// the response body itself, as raw bytes, sent as a stream, and the
+	// rest of the call travels in `Idem-*` request headers. idemsvc never
+	// holds the whole body in memory: it writes it to its blob store
+	// (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
+	// `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+	// otherwise. Fencing, retries and answers are those of
+	// `POST /v1/complete`: the same token completing again (a retried
+	// call, after a lost reply) gets the same result and changes nothing.
+	// A blob store that cannot be reached gets 503 `blob-unavailable` with
+	// `Retry-After`, and the key stays in progress, so the caller retries
+	// within its lease. A complete refused for its lease (409) leaves
+	// nothing in the blob store.
+	//
+	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with POST /v1/complete/stream (the `CompleteStream` operationId).
+	CompleteStreamWithBodyWithResponse(ctx context.Context, params *CompleteStreamParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CompleteStreamResponse, error)
+
 	// ExtendWithBodyWithResponse Extend the live lease (heartbeat)
 	//
 	// Pushes the expiry of the lease fenced by `lease_token` to now +
@@ -2806,6 +3143,24 @@ type ClientWithResponsesInterface interface {
 	//
 	// Corresponds with GET /v1/keys (the `ListKeys` operationId).
 	ListKeysWithResponse(ctx context.Context, params *ListKeysParams, reqEditors ...RequestEditorFn) (*ListKeysResponse, error)
+
+	// GetBodyWithResponse Stream a finished record's stored body
+	//
+	// The stored body of a completed or failed record, as raw bytes with
+	// its `Content-Length` and `Repr-Digest` (its SHA-256). A replay whose
+	// `response` carries `body_ref` instead of `body` (a body over the
+	// stored-response limit of the JSON answers, 1 MiB) fetches its body
+	// here; any other stored body is served too. The body is streamed
+	// from the blob store and checked against its SHA-256 as it goes: a
+	// body that fails the check is cut off before its end (the connection
+	// is closed short of `Content-Length`), never delivered whole, and the
+	// next call answers 503 `blob-unavailable` until the object is sound.
+	// A missing object: 503 `blob-unavailable`; the record stays as it is.
+	//
+	// Returns a wrapper object for the known response body format(s).
+	//
+	// Corresponds with GET /v1/keys/body (the `GetBody` operationId).
+	GetBodyWithResponse(ctx context.Context, params *GetBodyParams, reqEditors ...RequestEditorFn) (*GetBodyResponse, error)
 
 	// GetStatusWithResponse Read a key's record
 	//
@@ -3358,6 +3713,124 @@ func (r CompleteResponse) ContentType() string {
 	return ""
 }
 
+// CompleteStreamResponse401Headers the declared response headers of an HTTP 401 response for CompleteStream
+type CompleteStreamResponse401Headers struct {
+	WWWAuthenticate string
+}
+
+// CompleteStreamResponse503Headers the declared response headers of an HTTP 503 response for CompleteStream
+type CompleteStreamResponse503Headers struct {
+	RetryAfter int
+}
+
+type CompleteStreamResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// JSON200 the response for an HTTP 200 `application/json` response
+	JSON200 *FinishResult
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON409 the response for an HTTP 409 `application/problem+json` response
+	ApplicationproblemJSON409 *LeaseLost
+	// ApplicationproblemJSON413 the response for an HTTP 413 `application/problem+json` response
+	ApplicationproblemJSON413 *TooLarge
+	// ApplicationproblemJSON415 the response for an HTTP 415 `application/problem+json` response
+	ApplicationproblemJSON415 *UnsupportedMediaType
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *Internal
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *BlobUnavailable
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *CompleteStreamResponse401Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *CompleteStreamResponse503Headers
+}
+
+// GetJSON200 returns the response for an HTTP 200 `application/json` response
+func (r CompleteStreamResponse) GetJSON200() *FinishResult {
+	return r.JSON200
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r CompleteStreamResponse) GetApplicationproblemJSON400() *InvalidRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r CompleteStreamResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r CompleteStreamResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r CompleteStreamResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON409 returns the response for an HTTP 409 `application/problem+json` response
+func (r CompleteStreamResponse) GetApplicationproblemJSON409() *LeaseLost {
+	return r.ApplicationproblemJSON409
+}
+
+// GetApplicationproblemJSON413 returns the response for an HTTP 413 `application/problem+json` response
+func (r CompleteStreamResponse) GetApplicationproblemJSON413() *TooLarge {
+	return r.ApplicationproblemJSON413
+}
+
+// GetApplicationproblemJSON415 returns the response for an HTTP 415 `application/problem+json` response
+func (r CompleteStreamResponse) GetApplicationproblemJSON415() *UnsupportedMediaType {
+	return r.ApplicationproblemJSON415
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r CompleteStreamResponse) GetApplicationproblemJSON500() *Internal {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r CompleteStreamResponse) GetApplicationproblemJSON503() *BlobUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r CompleteStreamResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r CompleteStreamResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r CompleteStreamResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r CompleteStreamResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // ExtendResponse401Headers the declared response headers of an HTTP 401 response for Extend
 type ExtendResponse401Headers struct {
 	WWWAuthenticate string
@@ -3871,6 +4344,117 @@ func (r ListKeysResponse) ContentType() string {
 	return ""
 }
 
+// GetBodyResponse200Headers the declared response headers of an HTTP 200 response for GetBody
+type GetBodyResponse200Headers struct {
+	ReprDigest string
+}
+
+// GetBodyResponse401Headers the declared response headers of an HTTP 401 response for GetBody
+type GetBodyResponse401Headers struct {
+	WWWAuthenticate string
+}
+
+// GetBodyResponse429Headers the declared response headers of an HTTP 429 response for GetBody
+type GetBodyResponse429Headers struct {
+	RetryAfter int
+}
+
+// GetBodyResponse503Headers the declared response headers of an HTTP 503 response for GetBody
+type GetBodyResponse503Headers struct {
+	RetryAfter int
+}
+
+type GetBodyResponse struct {
+	Body         []byte
+	HTTPResponse *http.Response
+	// ApplicationproblemJSON400 the response for an HTTP 400 `application/problem+json` response
+	ApplicationproblemJSON400 *InvalidRequest
+	// ApplicationproblemJSON401 the response for an HTTP 401 `application/problem+json` response
+	ApplicationproblemJSON401 *Unauthorized
+	// ApplicationproblemJSON403 the response for an HTTP 403 `application/problem+json` response
+	ApplicationproblemJSON403 *Forbidden
+	// ApplicationproblemJSON404 the response for an HTTP 404 `application/problem+json` response
+	ApplicationproblemJSON404 *NotFound
+	// ApplicationproblemJSON429 the response for an HTTP 429 `application/problem+json` response
+	ApplicationproblemJSON429 *TooManyRequests
+	// ApplicationproblemJSON500 the response for an HTTP 500 `application/problem+json` response
+	ApplicationproblemJSON500 *Internal
+	// ApplicationproblemJSON503 the response for an HTTP 503 `application/problem+json` response
+	ApplicationproblemJSON503 *BlobUnavailable
+	// Headers200 the parsed response headers for an HTTP 200 response
+	Headers200 *GetBodyResponse200Headers
+	// Headers401 the parsed response headers for an HTTP 401 response
+	Headers401 *GetBodyResponse401Headers
+	// Headers429 the parsed response headers for an HTTP 429 response
+	Headers429 *GetBodyResponse429Headers
+	// Headers503 the parsed response headers for an HTTP 503 response
+	Headers503 *GetBodyResponse503Headers
+}
+
+// GetApplicationproblemJSON400 returns the response for an HTTP 400 `application/problem+json` response
+func (r GetBodyResponse) GetApplicationproblemJSON400() *InvalidRequest {
+	return r.ApplicationproblemJSON400
+}
+
+// GetApplicationproblemJSON401 returns the response for an HTTP 401 `application/problem+json` response
+func (r GetBodyResponse) GetApplicationproblemJSON401() *Unauthorized {
+	return r.ApplicationproblemJSON401
+}
+
+// GetApplicationproblemJSON403 returns the response for an HTTP 403 `application/problem+json` response
+func (r GetBodyResponse) GetApplicationproblemJSON403() *Forbidden {
+	return r.ApplicationproblemJSON403
+}
+
+// GetApplicationproblemJSON404 returns the response for an HTTP 404 `application/problem+json` response
+func (r GetBodyResponse) GetApplicationproblemJSON404() *NotFound {
+	return r.ApplicationproblemJSON404
+}
+
+// GetApplicationproblemJSON429 returns the response for an HTTP 429 `application/problem+json` response
+func (r GetBodyResponse) GetApplicationproblemJSON429() *TooManyRequests {
+	return r.ApplicationproblemJSON429
+}
+
+// GetApplicationproblemJSON500 returns the response for an HTTP 500 `application/problem+json` response
+func (r GetBodyResponse) GetApplicationproblemJSON500() *Internal {
+	return r.ApplicationproblemJSON500
+}
+
+// GetApplicationproblemJSON503 returns the response for an HTTP 503 `application/problem+json` response
+func (r GetBodyResponse) GetApplicationproblemJSON503() *BlobUnavailable {
+	return r.ApplicationproblemJSON503
+}
+
+// GetBody returns the raw response body bytes
+func (r GetBodyResponse) GetBody() []byte {
+	return r.Body
+}
+
+// Status returns HTTPResponse.Status
+func (r GetBodyResponse) Status() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Status
+	}
+	return http.StatusText(0)
+}
+
+// StatusCode returns HTTPResponse.StatusCode
+func (r GetBodyResponse) StatusCode() int {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.StatusCode
+	}
+	return 0
+}
+
+// ContentType is a convenience method to retrieve the Content-Type value from the HTTP response headers
+func (r GetBodyResponse) ContentType() string {
+	if r.HTTPResponse != nil {
+		return r.HTTPResponse.Header.Get("Content-Type")
+	}
+	return ""
+}
+
 // GetStatusResponse401Headers the declared response headers of an HTTP 401 response for GetStatus
 type GetStatusResponse401Headers struct {
 	WWWAuthenticate string
@@ -4300,6 +4884,35 @@ func (c *ClientWithResponses) CompleteWithResponse(ctx context.Context, body Com
 	return ParseCompleteResponse(rsp)
 }
 
+// CompleteStreamWithBodyWithResponse Complete the current attempt with a large response, its body streamed
+//
+// The complete of `POST /v1/complete` for a response of any size up to
+// `IDEMSVC_MAX_STORED_BYTES` (64 MiB by default, with a blob store;
+// otherwise the 1 MiB stored-response limit): the request's body is
+// the response body itself, as raw bytes, sent as a stream, and the
+// rest of the call travels in `Idem-*` request headers. idemsvc never
+// holds the whole body in memory: it writes it to its blob store
+// (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
+// `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+// otherwise. Fencing, retries and answers are those of
+// `POST /v1/complete`: the same token completing again (a retried
+// call, after a lost reply) gets the same result and changes nothing.
+// A blob store that cannot be reached gets 503 `blob-unavailable` with
+// `Retry-After`, and the key stays in progress, so the caller retries
+// within its lease. A complete refused for its lease (409) leaves
+// nothing in the blob store.
+//
+// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
+//
+// Corresponds with POST /v1/complete/stream (the `CompleteStream` operationId).
+func (c *ClientWithResponses) CompleteStreamWithBodyWithResponse(ctx context.Context, params *CompleteStreamParams, contentType string, body io.Reader, reqEditors ...RequestEditorFn) (*CompleteStreamResponse, error) {
+	rsp, err := c.CompleteStreamWithBody(ctx, params, contentType, body, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseCompleteStreamResponse(rsp)
+}
+
 // ExtendWithBodyWithResponse Extend the live lease (heartbeat)
 //
 // Pushes the expiry of the lease fenced by `lease_token` to now +
@@ -4453,6 +5066,30 @@ func (c *ClientWithResponses) ListKeysWithResponse(ctx context.Context, params *
 		return nil, err
 	}
 	return ParseListKeysResponse(rsp)
+}
+
+// GetBodyWithResponse Stream a finished record's stored body
+//
+// The stored body of a completed or failed record, as raw bytes with
+// its `Content-Length` and `Repr-Digest` (its SHA-256). A replay whose
+// `response` carries `body_ref` instead of `body` (a body over the
+// stored-response limit of the JSON answers, 1 MiB) fetches its body
+// here; any other stored body is served too. The body is streamed
+// from the blob store and checked against its SHA-256 as it goes: a
+// body that fails the check is cut off before its end (the connection
+// is closed short of `Content-Length`), never delivered whole, and the
+// next call answers 503 `blob-unavailable` until the object is sound.
+// A missing object: 503 `blob-unavailable`; the record stays as it is.
+//
+// Returns a wrapper object for the known response body format(s).
+//
+// Corresponds with GET /v1/keys/body (the `GetBody` operationId).
+func (c *ClientWithResponses) GetBodyWithResponse(ctx context.Context, params *GetBodyParams, reqEditors ...RequestEditorFn) (*GetBodyResponse, error) {
+	rsp, err := c.GetBody(ctx, params, reqEditors...)
+	if err != nil {
+		return nil, err
+	}
+	return ParseGetBodyResponse(rsp)
 }
 
 // GetStatusWithResponse Read a key's record
@@ -4960,6 +5597,118 @@ func ParseCompleteResponse(rsp *http.Response) (*CompleteResponse, error) {
 	return response, nil
 }
 
+// ParseCompleteStreamResponse parses an HTTP response from a CompleteStreamWithResponse call
+func ParseCompleteStreamResponse(rsp *http.Response) (*CompleteStreamResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &CompleteStreamResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 200:
+		var dest FinishResult
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.JSON200 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest InvalidRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 409:
+		var dest LeaseLost
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON409 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 413:
+		var dest TooLarge
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON413 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 415:
+		var dest UnsupportedMediaType
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON415 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Internal
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest BlobUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 401:
+		var headers CompleteStreamResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 503:
+		var headers CompleteStreamResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
 // ParseExtendResponse parses an HTTP response from a ExtendWithResponse call
 func ParseExtendResponse(rsp *http.Response) (*ExtendResponse, error) {
 	bodyBytes, err := io.ReadAll(rsp.Body)
@@ -5433,6 +6182,117 @@ func ParseListKeysResponse(rsp *http.Response) (*ListKeysResponse, error) {
 		response.Headers401 = &headers
 	case rsp.StatusCode == 503:
 		var headers ListKeysResponse503Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers503 = &headers
+	}
+
+	return response, nil
+}
+
+// ParseGetBodyResponse parses an HTTP response from a GetBodyWithResponse call
+func ParseGetBodyResponse(rsp *http.Response) (*GetBodyResponse, error) {
+	bodyBytes, err := io.ReadAll(rsp.Body)
+	defer func() { _ = rsp.Body.Close() }()
+	if err != nil {
+		return nil, err
+	}
+
+	response := &GetBodyResponse{
+		Body:         bodyBytes,
+		HTTPResponse: rsp,
+	}
+
+	switch {
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 400:
+		var dest InvalidRequest
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON400 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 401:
+		var dest Unauthorized
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON401 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 403:
+		var dest Forbidden
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON403 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 404:
+		var dest NotFound
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON404 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 429:
+		var dest TooManyRequests
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON429 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 500:
+		var dest Internal
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON500 = &dest
+
+	case strings.Contains(rsp.Header.Get("Content-Type"), "json") && rsp.StatusCode == 503:
+		var dest BlobUnavailable
+		if err := json.Unmarshal(bodyBytes, &dest); err != nil {
+			return nil, err
+		}
+		response.ApplicationproblemJSON503 = &dest
+
+	}
+
+	switch {
+	case rsp.StatusCode == 200:
+		var headers GetBodyResponse200Headers
+		if values := rsp.Header.Values("Repr-Digest"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "Repr-Digest", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.ReprDigest = value
+		}
+		response.Headers200 = &headers
+	case rsp.StatusCode == 401:
+		var headers GetBodyResponse401Headers
+		if values := rsp.Header.Values("WWW-Authenticate"); len(values) > 0 {
+			var value string
+			if err := runtime.BindStyledParameterWithOptions("simple", "WWW-Authenticate", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""}); err != nil {
+				return nil, err
+			}
+			headers.WWWAuthenticate = value
+		}
+		response.Headers401 = &headers
+	case rsp.StatusCode == 429:
+		var headers GetBodyResponse429Headers
+		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
+			var value int
+			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {
+				return nil, err
+			}
+			headers.RetryAfter = value
+		}
+		response.Headers429 = &headers
+	case rsp.StatusCode == 503:
+		var headers GetBodyResponse503Headers
 		if values := rsp.Header.Values("Retry-After"); len(values) > 0 {
 			var value int
 			if err := runtime.BindStyledParameterWithOptions("simple", "Retry-After", values[0], &value, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "integer", Format: "int32"}); err != nil {

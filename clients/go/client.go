@@ -255,6 +255,7 @@ var kinds = map[string]struct {
 	"in-progress":            {ErrInProgress, "In progress"},
 	"lease-lost":             {ErrLeaseLost, "Lease lost"},
 	"fingerprint-mismatch":   {ErrFingerprintMismatch, "Fingerprint mismatch"},
+	"blob-unavailable":       {ErrUnavailable, "Blob unavailable"},
 	"store-unavailable":      {ErrUnavailable, "Store unavailable"},
 	"rate-limited":           {ErrRateLimited, "Rate limited"},
 	"quota-exceeded":         {ErrQuotaExceeded, "Quota exceeded"},

@@ -22,6 +22,9 @@ type DoOptions struct {
 	// (Middleware: a caller whose first answer was lost still learns it
 	// succeeded).
 	omitBody bool
+	// streamed, when fn sets it, says that fn stored its answer itself
+	// (Middleware, by CompleteStream): no complete follows.
+	streamed *bool
 }
 
 // BodyOmittedHeader marks a replay whose body was too large to store.
@@ -132,6 +135,9 @@ func (c *Client) run(ctx context.Context, key string, lease *BeginAcquired, opts
 	stop()
 
 	out := Result{Response: resp, Attempt: lease.Attempt}
+	if err == nil && opts.streamed != nil && *opts.streamed {
+		return out, nil
+	}
 	if err == nil {
 		cerr := c.completeInto(finishCtx, key, token, resp, opts.Retention, nil)
 		if errors.Is(cerr, ErrTooLarge) && opts.omitBody {

@@ -115,6 +115,16 @@ func (o *jsonObject) response(r *StoredResponse) {
 	if r.BodyEncoding != nil {
 		in.string("body_encoding", string(*r.BodyEncoding))
 	}
+	if ref := r.BodyRef; ref != nil { // replays carry it; a request never sets it
+		in.name("body_ref")
+		ro := jsonObject{b: in.b}
+		ro.start()
+		ro.string("sha256", ref.Sha256)
+		size := ref.SizeBytes
+		ro.optInt("size_bytes", &size)
+		ro.string("url", ref.Url)
+		in.b = ro.end()
+	}
 	if len(r.Headers) > 0 {
 		in.name("headers")
 		names := make([]string, 0, len(r.Headers))

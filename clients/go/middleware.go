@@ -48,6 +48,15 @@ type MiddlewareOptions struct {
 	// it: its replays carry the status and headers, an empty body and
 	// "Idempotent-Body-Omitted: true". Memory per request stays bounded.
 	MaxStoredBodyBytes int
+	// MaxStreamedBodyBytes, when idemsvc keeps large bodies in a blob
+	// store (IDEMSVC_BLOB_URL), stores answers whose body is over
+	// MaxStoredBodyBytes whole: from the write that crosses it, the body
+	// goes to the caller and to idemsvc (POST /v1/complete/stream) as the
+	// handler writes it, never held, up to this many bytes (at most
+	// idemsvc's IDEMSVC_MAX_STORED_BYTES, 64 MiB by default); its replays
+	// stream it back. A body past it is stored without its body, as
+	// above. 0 (the default) streams nothing.
+	MaxStreamedBodyBytes int64
 	// Budget bounds the begin, retries included, before the middleware
 	// gives up and answers 503 (default 2 s plus Wait): on a request path,
 	// fail closed fast rather than hold the caller while idemsvc or Redis
@@ -229,17 +238,39 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 				return
 			}
 			if res.Replay != nil {
-				writeReplay(w, res.Replay)
+				writeReplay(r.Context(), w, c, key, res.Replay)
 				return
 			}
 			rec := &recorder{header: make(http.Header), w: w, limit: opts.MaxStoredBodyBytes}
-			_, _ = c.run(r.Context(), key, res.Lease, DoOptions{Lease: opts.Lease, Retention: opts.Retention, omitBody: true},
+			var streamed bool
+			_, _ = c.run(r.Context(), key, res.Lease, DoOptions{Lease: opts.Lease, Retention: opts.Retention, omitBody: true, streamed: &streamed},
 				func(ctx context.Context) (Response, error) {
+					if opts.MaxStreamedBodyBytes > 0 {
+						rec.stream = func(status int, headers map[string]string) *bodyStream {
+							return startStream(context.WithoutCancel(ctx), c, key, res.Lease.LeaseToken, status, headers, opts.Retention, opts.MaxStreamedBodyBytes)
+						}
+						rec.allowed = allowed
+					}
 					next.ServeHTTP(rec, r.WithContext(ctx))
 					if rec.status == 0 && r.Context().Err() != nil {
 						// The caller went away and the handler gave up
 						// without an answer: nothing to replay.
+						rec.abortStream(r.Context().Err())
 						return Response{}, fmt.Errorf("the request was cancelled: %w", r.Context().Err())
+					}
+					if rec.streamed != nil {
+						// Stored by the stream, unless it failed: past
+						// its bound, stored without the body; else the
+						// attempt fails, retryably.
+						err := rec.streamed.finish()
+						switch {
+						case err == nil:
+							streamed = true
+							return rec.stored(allowed), nil
+						case !errors.Is(err, errStreamTooLarge):
+							return Response{}, fmt.Errorf("the streamed answer could not be stored: %w", err)
+						}
+						rec.streaming = true // stored without its body
 					}
 					resp := rec.stored(allowed)
 					if retryAgain(resp.StatusCode) {
@@ -358,9 +389,9 @@ func legacyAnswer(ctx context.Context, w http.ResponseWriter, c *Client, key, le
 	}
 	switch {
 	case rec.State == StateCompleted:
-		writeReplay(w, &BeginReplay{Attempt: rec.Attempt, Key: rec.Key, Status: FinishedStateCompleted, Response: stored})
+		writeReplay(ctx, w, c, key, &BeginReplay{Attempt: rec.Attempt, Key: rec.Key, Status: FinishedStateCompleted, Response: stored})
 	case rec.State == StateFailed && rec.Retryable != nil && !*rec.Retryable:
-		writeReplay(w, &BeginReplay{Attempt: rec.Attempt, Key: rec.Key, Status: FinishedStateFailed, Response: stored, Error: rec.Error})
+		writeReplay(ctx, w, c, key, &BeginReplay{Attempt: rec.Attempt, Key: rec.Key, Status: FinishedStateFailed, Response: stored, Error: rec.Error})
 	case rec.State == StateInProgress:
 		retry := 1
 		if rec.LeaseExpiresAt != nil {
@@ -372,8 +403,13 @@ func legacyAnswer(ctx context.Context, w http.ResponseWriter, c *Client, key, le
 	}
 }
 
-// writeReplay answers with a stored response.
-func writeReplay(w http.ResponseWriter, replay *BeginReplay) {
+// writeReplay answers with a stored response; a body kept by reference
+// (BodyRef) is streamed from idemsvc, checked against its SHA-256.
+func writeReplay(ctx context.Context, w http.ResponseWriter, c *Client, key string, replay *BeginReplay) {
+	if replay.Response.BodyRef != nil {
+		writeStreamedReplay(ctx, w, c, key, replay)
+		return
+	}
 	resp, err := replay.Response.Decode()
 	if err != nil {
 		writeProblem(w, http.StatusInternalServerError, "internal", "the stored response cannot be decoded", 0)
@@ -435,6 +471,11 @@ type recorder struct {
 	limit     int
 	streaming bool // the answer is going to w as it is written
 	sent      bool // writeTo ran
+	// stream, when set, starts storing a body over limit as it is
+	// written (MaxStreamedBodyBytes); streamed is that stream.
+	stream   func(status int, headers map[string]string) *bodyStream
+	streamed *bodyStream
+	allowed  []string
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -452,13 +493,30 @@ func (r *recorder) Write(b []byte) (int, error) {
 	}
 	if !r.streaming && r.body.Len()+len(b) > r.limit {
 		r.streaming = true
+		if r.stream != nil && !retryAgain(r.status) {
+			resp := r.stored(r.allowed)
+			delete(resp.Headers, BodyOmittedHeader)
+			r.streamed = r.stream(resp.StatusCode, resp.Headers)
+			r.streamed.write(r.body.Bytes())
+		}
 		r.writeTo(r.w)
 		r.body = bytes.Buffer{}
 	}
 	if r.streaming {
+		if r.streamed != nil {
+			r.streamed.write(b)
+		}
 		return r.w.Write(b)
 	}
 	return r.body.Write(b)
+}
+
+// abortStream ends a stream under way with err: nothing is stored by it.
+func (r *recorder) abortStream(err error) {
+	if r.streamed != nil {
+		r.streamed.pw.CloseWithError(err)
+		<-r.streamed.done
+	}
 }
 
 // stored is the response to store: the status, the allowed headers, the body.

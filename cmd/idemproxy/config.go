@@ -55,6 +55,7 @@ var vars = map[string]string{
 	"wait-ms":                  "IDEMPROXY_WAIT_MS",
 	"store-headers":            "IDEMPROXY_STORE_HEADERS",
 	"max-body-bytes":           "IDEMPROXY_MAX_BODY_BYTES",
+	"max-streamed-body-bytes":  "IDEMPROXY_MAX_STREAMED_BODY_BYTES",
 	"upstream-timeout-ms":      "IDEMPROXY_UPSTREAM_TIMEOUT_MS",
 	"max-connections":          "IDEMPROXY_MAX_CONNECTIONS",
 	"max-body-bytes-in-flight": "IDEMPROXY_MAX_BODY_BYTES_IN_FLIGHT",
@@ -85,6 +86,7 @@ func parseConfig(args, env []string) (config, error) {
 	waitMS := fs.Int("wait-ms", 0, "how long a duplicate waits for the request in flight before 409")
 	storeHeaders := fs.String("store-headers", "Content-Type,Content-Language,Location,ETag,Last-Modified", "comma-separated response headers stored and replayed")
 	maxBody := fs.Int64("max-body-bytes", 1<<20, "largest request body of a request with a key; larger ones get 413")
+	maxStreamed := fs.Int64("max-streamed-body-bytes", 0, "with an idemsvc that keeps large bodies in a blob store (IDEMSVC_BLOB_URL): store upstream answers over 1 MiB up to this size, streamed to idemsvc as they pass (0: store them without their body)")
 	upstreamTimeout := fs.Int("upstream-timeout-ms", 60000, "how long a request with a key may wait for the upstream's answer; then 504, and the key is released")
 	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "connections served at once; past it the one idle longest is closed, or else a new one gets 503")
 	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", defaultMaxBodyBytesInFlight, "bytes of keyed request bodies held at once (each counted twice: read, and copied by the middleware); past it a body waits briefly, then 503")
@@ -133,6 +135,9 @@ func parseConfig(args, env []string) (config, error) {
 		return config{}, fmt.Errorf("IDEMPROXY_UPSTREAM %q: want an http:// or https:// URL with a host", *upstream)
 	}
 	cfg.upstream = u
+	if *maxStreamed < 0 {
+		return config{}, fmt.Errorf("IDEMPROXY_MAX_STREAMED_BODY_BYTES must be 0 or more")
+	}
 	if *waitMS < 0 || *maxBody <= 0 || *upstreamTimeout <= 0 {
 		return config{}, fmt.Errorf("IDEMPROXY_WAIT_MS must be 0 or more, and IDEMPROXY_MAX_BODY_BYTES and IDEMPROXY_UPSTREAM_TIMEOUT_MS more than 0")
 	}
@@ -151,6 +156,9 @@ func parseConfig(args, env []string) (config, error) {
 		Headers:      cli.List(*storeHeaders),
 		Wait:         time.Duration(*waitMS) * time.Millisecond,
 		MaxBodyBytes: *maxBody,
+		// An answer over the stored limit streams to idemsvc as it
+		// passes, held nowhere (0: stored without its body).
+		MaxStreamedBodyBytes: *maxStreamed,
 
 		CredentialCookies:    cli.List(*credentialCookies),
 		Unscoped:             *unscoped,

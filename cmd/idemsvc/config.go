@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/idemsvc/idemsvc/internal/blob"
 	"github.com/idemsvc/idemsvc/internal/cli"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
@@ -58,6 +59,13 @@ type config struct {
 	// readsInFlight bounds each tenant's large answers in flight.
 	readsInFlight  int
 	maxConnections int
+	// blobURL (s3://bucket/prefix) keeps large stored bodies in an
+	// S3-compatible store; blobThreshold and maxStoredBytes bound them.
+	blobURL        string
+	blobThreshold  int64
+	maxStoredBytes int64
+	blobTLSCAFile  string
+	blobSpoolDir   string
 	// console serves the operators' console under /console/.
 	console bool
 	// unknownVars are IDEMSVC_* variables that name no setting: typos,
@@ -120,6 +128,11 @@ func parseConfig(args, env []string) (config, error) {
 	readsInFlight := fs.Int("reads-in-flight", handlers.DefaultReadsInFlight(), "large stored responses (64 KiB or more) each tenant may have in flight at once on this instance, replays and statuses together (default: half of GOMAXPROCS, at least 1)")
 	maxConns := fs.Int("max-connections", httpserve.DefaultMaxConnections, "concurrent connections served; past it the one idle longest is closed, or else a new one gets 503")
 	bodiesInFlight := fs.Int64("max-body-bytes-in-flight", handlers.DefaultMaxBodyBytesInFlight, "bytes of request bodies held at once; past it a body waits briefly, then 503")
+	blobURL := fs.String("blob-url", "", "s3://bucket[/prefix]: keep stored bodies over blob-threshold-bytes in this S3-compatible store (endpoint, region and credentials from the standard AWS variables)")
+	blobThreshold := fs.Int64("blob-threshold-bytes", handlers.DefaultBlobThreshold, "with blob-url: stored bodies over this size go to the blob store")
+	maxStored := fs.Int64("max-stored-bytes", handlers.DefaultMaxStoredBytes, "with blob-url: largest body of a streamed complete (POST /v1/complete/stream)")
+	blobCA := fs.String("blob-tls-ca-file", "", "PEM file of the CA that signs the blob store's certificates (default: the system's)")
+	blobSpool := fs.String("blob-spool-dir", "", "with blob-url: where a streamed body is written while it arrives, before its upload (default: the system's temporary directory)")
 	consoleOn := fs.String("console", "on", "on or off: serve the operators' console at /console/")
 	fs.VisitAll(func(f *flag.Flag) { f.Usage += " (" + envName(f.Name) + ")" })
 
@@ -184,6 +197,11 @@ func parseConfig(args, env []string) (config, error) {
 		maxConnections:       *maxConns,
 		unknownVars:          unknown,
 		console:              *consoleOn != "off",
+		blobURL:              *blobURL,
+		blobThreshold:        *blobThreshold,
+		maxStoredBytes:       *maxStored,
+		blobTLSCAFile:        *blobCA,
+		blobSpoolDir:         *blobSpool,
 	}
 	if *consoleOn != "on" && *consoleOn != "off" {
 		problems = append(problems, fmt.Errorf("console: %q is neither on nor off", *consoleOn))
@@ -264,6 +282,19 @@ func (c *config) check() []error {
 	}
 	if c.redisWaitReplicas < 0 {
 		problems = append(problems, errors.New("redis-wait-replicas must be 0 or more"))
+	}
+	if c.blobURL != "" {
+		if _, _, err := blob.ParseURL(c.blobURL); err != nil {
+			problems = append(problems, errors.New("blob-url must be s3://bucket[/prefix]"))
+		}
+		if c.blobThreshold < 0 || c.blobThreshold > int64(c.limits.MaxResponseBytes) {
+			problems = append(problems, fmt.Errorf("blob-threshold-bytes must be 0 to max-response-bytes (%d)", c.limits.MaxResponseBytes))
+		}
+		if c.maxStoredBytes < int64(c.limits.MaxResponseBytes) {
+			problems = append(problems, fmt.Errorf("max-stored-bytes must be at least max-response-bytes (%d)", c.limits.MaxResponseBytes))
+		}
+	} else if c.blobTLSCAFile != "" || c.blobSpoolDir != "" {
+		problems = append(problems, errors.New("blob-tls-ca-file and blob-spool-dir need blob-url"))
 	}
 	if c.redisWaitTimeout <= 0 || c.redisTimeout <= 0 {
 		problems = append(problems, errors.New("redis-wait-timeout-ms and redis-timeout-ms must be positive"))

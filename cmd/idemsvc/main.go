@@ -25,6 +25,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/blob"
 	"github.com/idemsvc/idemsvc/internal/buildinfo"
 	"github.com/idemsvc/idemsvc/internal/console"
 	"github.com/idemsvc/idemsvc/internal/handlers"
@@ -140,6 +141,11 @@ func run(ctx context.Context, args, env []string, logOut io.Writer, listening fu
 	hc := handlers.Config{Store: store, Keyring: keyring, Logger: log, AccessLog: cfg.accessLog, Registry: registry,
 		MaxBodyBytes: cfg.maxRequestBytes, MaxBodyBytesInFlight: cfg.maxBodyBytesInFlight, MaxWait: cfg.maxWait, MaxBatch: cfg.maxBatch, ReadsInFlight: cfg.readsInFlight, Limiter: limiter,
 		TrustedProxies: cfg.trustedProxies, StoreTimeout: cfg.storeTimeout()}
+	if cfg.blobURL != "" {
+		if hc.Blob, err = openBlob(ctx, &cfg, registry, log); err != nil {
+			return err
+		}
+	}
 	if provider != nil {
 		hc.Tracer = provider
 		log.Info("tracing: spans exported over OTLP")
@@ -337,4 +343,47 @@ func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
 		level = slog.LevelInfo
 	}
 	l.log.Log(ctx, level, "redis client: "+text)
+}
+
+// sweepInterval is how often the blob store's expired objects are swept.
+const sweepInterval = time.Hour
+
+// openBlob opens the blob store of large responses, says whether it
+// answers (it serves either way: a store down fails the completes of
+// large bodies, 503, not idemsvc), and sweeps its expired objects every
+// sweepInterval until ctx ends.
+func openBlob(ctx context.Context, cfg *config, reg prometheus.Registerer, log *slog.Logger) (*handlers.BlobConfig, error) {
+	bc := blob.Config{URL: cfg.blobURL}
+	if cfg.blobTLSCAFile != "" {
+		pool, err := certPool(cfg.blobTLSCAFile)
+		if err != nil {
+			return nil, fmt.Errorf("blob-tls-ca-file: %w", err)
+		}
+		bc.TLS = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: pool}
+	}
+	st, err := blob.Open(ctx, bc)
+	if err != nil {
+		return nil, err
+	}
+	if err := st.Ping(ctx); err != nil {
+		log.Warn("blob store: the bucket does not answer; large completes get 503 until it does", "bucket", st.Bucket(), "err", err)
+	} else {
+		log.Info("blob store: stored bodies over the threshold go to the bucket", "bucket", st.Bucket(), "threshold_bytes", cfg.blobThreshold, "max_stored_bytes", cfg.maxStoredBytes)
+	}
+	swept := prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "idemsvc_blob_swept_total",
+		Help: "Objects of the blob store removed by the sweeper, past their records' expiry.",
+	})
+	reg.MustRegister(swept)
+	go st.Sweeper(ctx, sweepInterval, func(n int, err error) {
+		swept.Add(float64(n))
+		if err != nil && ctx.Err() == nil {
+			log.Warn("blob store: sweep", "removed", n, "err", err)
+		}
+	})
+	threshold := cfg.blobThreshold
+	if threshold == 0 {
+		threshold = -1 // every non-empty body
+	}
+	return &handlers.BlobConfig{Store: st, Threshold: threshold, MaxStoredBytes: cfg.maxStoredBytes, SpoolDir: cfg.blobSpoolDir}, nil
 }

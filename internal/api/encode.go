@@ -115,6 +115,9 @@ func (r FinishResponse) VisitCompleteResponse(w http.ResponseWriter) error { ret
 // VisitFailResponse writes what Fail200JSONResponse writes.
 func (r FinishResponse) VisitFailResponse(w http.ResponseWriter) error { return r.write(w) }
 
+// VisitCompleteStreamResponse writes a streamed complete's answer, as a complete's.
+func (r FinishResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error { return r.write(w) }
+
 func (r FinishResponse) write(w http.ResponseWriter) error {
 	b := make([]byte, 0, 192+len(r.Key))
 	b = append(b, `{"attempt":`...)
@@ -293,6 +296,16 @@ func (r *StoredResponse) streamJSON(s *jsonStream) {
 	if r.BodyEncoding != nil {
 		member("body_encoding")
 		s.string(string(*r.BodyEncoding))
+	}
+	if r.BodyRef != nil {
+		member("body_ref")
+		s.b = append(s.b, `{"sha256":`...)
+		s.string(r.BodyRef.Sha256)
+		s.b = append(s.b, `,"size_bytes":`...)
+		s.b = strconv.AppendInt(s.b, r.BodyRef.SizeBytes, 10)
+		s.b = append(s.b, `,"url":`...)
+		s.string(r.BodyRef.Url)
+		s.b = append(s.b, '}')
 	}
 	if len(r.Headers) > 0 {
 		member("headers")

@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net/http"
 
 	"github.com/go-chi/chi/v5"
@@ -333,6 +334,23 @@ type BeginRequest struct {
 // BodyEncoding How `body` is encoded: `text` carries the body as is, `base64`
 // carries a binary body in standard base64 (RFC 4648). Default `text`.
 type BodyEncoding string
+
+// BodyRef In a replay only (never sent): a stored body too large for a JSON
+// answer (over 1 MiB, stored by `POST /v1/complete/stream` with a blob
+// store), in place of `body`. Fetch its bytes from `url`
+// (`GET /v1/keys/body`).
+type BodyRef struct {
+	// Sha256 The body's SHA-256, in lowercase hex.
+	Sha256 string `json:"sha256"`
+
+	// SizeBytes The body's length in bytes.
+	SizeBytes int64 `json:"size_bytes"`
+
+	// Url Where to fetch the body, relative to the API's base URL.
+	//
+	// Example: /v1/keys/body?key=order-7f3a%2Fcharge
+	Url string `json:"url"`
+}
 
 // CompleteRequest defines model for CompleteRequest.
 type CompleteRequest struct {
@@ -661,6 +679,7 @@ type Problem struct {
 	// | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress or its read budget (with `Retry-After`) |
 	// | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
 	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
+	// | `blob-unavailable` | 503 | a large response's body store (`IDEMSVC_BLOB_URL`) cannot be reached, or a stored body is missing from it or does not match its SHA-256; the record is unchanged (with `Retry-After`) |
 	// | `internal` | 500 | an unexpected error |
 	//
 	// Each problem response of an operation narrows `type` to the kinds
@@ -818,6 +837,12 @@ type StoredResponse struct {
 	// carries a binary body in standard base64 (RFC 4648). Default `text`.
 	BodyEncoding *BodyEncoding `json:"body_encoding,omitempty"`
 
+	// BodyRef In a replay only (never sent): a stored body too large for a JSON
+	// answer (over 1 MiB, stored by `POST /v1/complete/stream` with a blob
+	// store), in place of `body`. Fetch its bytes from `url`
+	// (`GET /v1/keys/body`).
+	BodyRef *BodyRef `json:"body_ref,omitempty"`
+
 	// Headers Header names and their values. A name must be an HTTP field name
 	// (RFC 9110 token characters, not empty) and a value a string
 	// without CR, LF or NUL; anything else gets 400 naming
@@ -916,6 +941,9 @@ type KeyQuery = Key
 // Example: payments
 type TenantQuery = Tenant
 
+// BlobUnavailable A problem detail of kind `blob-unavailable` or `store-unavailable`.
+type BlobUnavailable = Problem
+
 // FingerprintMismatch A problem detail of kind `fingerprint-mismatch`.
 type FingerprintMismatch = Problem
 
@@ -952,6 +980,28 @@ type Unauthorized = Problem
 // UnsupportedMediaType A problem detail of kind `unsupported-media-type`.
 type UnsupportedMediaType = Problem
 
+// CompleteStreamParams defines parameters for CompleteStream.
+type CompleteStreamParams struct {
+	// IdemKey The idempotency key (`key`).
+	IdemKey Key `json:"Idem-Key"`
+
+	// IdemLeaseToken The attempt's `lease_token`.
+	IdemLeaseToken LeaseToken `json:"Idem-Lease-Token"`
+
+	// IdemTenant The tenant to act for (an admin key only), as `tenant`.
+	IdemTenant *Tenant `json:"Idem-Tenant,omitempty"`
+
+	// IdemRetentionS The record's retention from now, as `retention_s`.
+	IdemRetentionS *RetentionS `json:"Idem-Retention-S,omitempty"`
+
+	// IdemResponseStatus The stored response's `status_code`.
+	IdemResponseStatus *int `json:"Idem-Response-Status,omitempty"`
+
+	// IdemResponseHeaders The stored response's `headers`, as a JSON object of header name
+	// to string value (non-ASCII characters escaped as `\uXXXX`).
+	IdemResponseHeaders *string `json:"Idem-Response-Headers,omitempty"`
+}
+
 // DeleteKeyParams defines parameters for DeleteKey.
 type DeleteKeyParams struct {
 	// Key The idempotency key.
@@ -975,6 +1025,16 @@ type ListKeysParams struct {
 
 	// Cursor The `next_cursor` of the page before; absent for the first page.
 	Cursor *string `form:"cursor,omitempty" json:"cursor,omitempty"`
+
+	// Tenant The tenant to act for; only an admin key may name a tenant other
+	// than its own (403 otherwise). Defaults to the tenant of the API key.
+	Tenant *TenantQuery `form:"tenant,omitempty" json:"tenant,omitempty"`
+}
+
+// GetBodyParams defines parameters for GetBody.
+type GetBodyParams struct {
+	// Key The idempotency key.
+	Key KeyQuery `form:"key" json:"key"`
 
 	// Tenant The tenant to act for; only an admin key may name a tenant other
 	// than its own (403 otherwise). Defaults to the tenant of the API key.
@@ -1039,6 +1099,9 @@ type ServerInterface interface {
 	// Complete Complete the current attempt with its response
 	// (POST /v1/complete)
 	Complete(w http.ResponseWriter, r *http.Request)
+	// CompleteStream Complete the current attempt with a large response, its body streamed
+	// (POST /v1/complete/stream)
+	CompleteStream(w http.ResponseWriter, r *http.Request, params CompleteStreamParams)
 	// Extend Extend the live lease (heartbeat)
 	// (POST /v1/extend)
 	Extend(w http.ResponseWriter, r *http.Request)
@@ -1054,6 +1117,9 @@ type ServerInterface interface {
 	// ListKeys List the tenant's records in one state
 	// (GET /v1/keys)
 	ListKeys(w http.ResponseWriter, r *http.Request, params ListKeysParams)
+	// GetBody Stream a finished record's stored body
+	// (GET /v1/keys/body)
+	GetBody(w http.ResponseWriter, r *http.Request, params GetBodyParams)
 	// GetStatus Read a key's record
 	// (GET /v1/status)
 	GetStatus(w http.ResponseWriter, r *http.Request, params GetStatusParams)
@@ -1102,6 +1168,12 @@ func (_ Unimplemented) Complete(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
+// CompleteStream Complete the current attempt with a large response, its body streamed
+// (POST /v1/complete/stream)
+func (_ Unimplemented) CompleteStream(w http.ResponseWriter, r *http.Request, params CompleteStreamParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
 // Extend Extend the live lease (heartbeat)
 // (POST /v1/extend)
 func (_ Unimplemented) Extend(w http.ResponseWriter, r *http.Request) {
@@ -1129,6 +1201,12 @@ func (_ Unimplemented) DeleteKey(w http.ResponseWriter, r *http.Request, params 
 // ListKeys List the tenant's records in one state
 // (GET /v1/keys)
 func (_ Unimplemented) ListKeys(w http.ResponseWriter, r *http.Request, params ListKeysParams) {
+	w.WriteHeader(http.StatusNotImplemented)
+}
+
+// GetBody Stream a finished record's stored body
+// (GET /v1/keys/body)
+func (_ Unimplemented) GetBody(w http.ResponseWriter, r *http.Request, params GetBodyParams) {
 	w.WriteHeader(http.StatusNotImplemented)
 }
 
@@ -1228,6 +1306,150 @@ func (siw *ServerInterfaceWrapper) Complete(w http.ResponseWriter, r *http.Reque
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.Complete(w, r)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// CompleteStream operation middleware
+func (siw *ServerInterfaceWrapper) CompleteStream(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params CompleteStreamParams
+
+	headers := r.Header
+
+	// ------------- Required header parameter "Idem-Key" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idem-Key")]; found {
+		var IdemKey Key
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idem-Key", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idem-Key", valueList[0], &IdemKey, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idem-Key", Err: err})
+			return
+		}
+
+		params.IdemKey = IdemKey
+
+	} else {
+		err := fmt.Errorf("Header parameter Idem-Key is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Idem-Key", Err: err})
+		return
+	}
+
+	// ------------- Required header parameter "Idem-Lease-Token" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idem-Lease-Token")]; found {
+		var IdemLeaseToken LeaseToken
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idem-Lease-Token", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idem-Lease-Token", valueList[0], &IdemLeaseToken, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: true, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idem-Lease-Token", Err: err})
+			return
+		}
+
+		params.IdemLeaseToken = IdemLeaseToken
+
+	} else {
+		err := fmt.Errorf("Header parameter Idem-Lease-Token is required, but not found")
+		siw.ErrorHandlerFunc(w, r, &RequiredHeaderError{ParamName: "Idem-Lease-Token", Err: err})
+		return
+	}
+
+	// ------------- Optional header parameter "Idem-Tenant" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idem-Tenant")]; found {
+		var IdemTenant Tenant
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idem-Tenant", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idem-Tenant", valueList[0], &IdemTenant, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idem-Tenant", Err: err})
+			return
+		}
+
+		params.IdemTenant = &IdemTenant
+
+	}
+
+	// ------------- Optional header parameter "Idem-Retention-S" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idem-Retention-S")]; found {
+		var IdemRetentionS RetentionS
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idem-Retention-S", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idem-Retention-S", valueList[0], &IdemRetentionS, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: "int32"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idem-Retention-S", Err: err})
+			return
+		}
+
+		params.IdemRetentionS = &IdemRetentionS
+
+	}
+
+	// ------------- Optional header parameter "Idem-Response-Status" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idem-Response-Status")]; found {
+		var IdemResponseStatus int
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idem-Response-Status", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idem-Response-Status", valueList[0], &IdemResponseStatus, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "integer", Format: "int32"})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idem-Response-Status", Err: err})
+			return
+		}
+
+		params.IdemResponseStatus = &IdemResponseStatus
+
+	}
+
+	// ------------- Optional header parameter "Idem-Response-Headers" -------------
+	if valueList, found := headers[http.CanonicalHeaderKey("Idem-Response-Headers")]; found {
+		var IdemResponseHeaders string
+		n := len(valueList)
+		if n != 1 {
+			siw.ErrorHandlerFunc(w, r, &TooManyValuesForParamError{ParamName: "Idem-Response-Headers", Count: n})
+			return
+		}
+
+		err = runtime.BindStyledParameterWithOptions("simple", "Idem-Response-Headers", valueList[0], &IdemResponseHeaders, runtime.BindStyledParameterOptions{ParamLocation: runtime.ParamLocationHeader, Explode: false, Required: false, Type: "string", Format: ""})
+		if err != nil {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "Idem-Response-Headers", Err: err})
+			return
+		}
+
+		params.IdemResponseHeaders = &IdemResponseHeaders
+
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.CompleteStream(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1401,6 +1623,52 @@ func (siw *ServerInterfaceWrapper) ListKeys(w http.ResponseWriter, r *http.Reque
 
 	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		siw.Handler.ListKeys(w, r, params)
+	}))
+
+	for _, middleware := range siw.HandlerMiddlewares {
+		handler = middleware(handler)
+	}
+
+	handler.ServeHTTP(w, r)
+}
+
+// GetBody operation middleware
+func (siw *ServerInterfaceWrapper) GetBody(w http.ResponseWriter, r *http.Request) {
+
+	var err error
+	_ = err
+
+	// Parameter object where we will unmarshal all parameters from the context
+	var params GetBodyParams
+
+	// ------------- Required query parameter "key" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, true, "key", r.URL.Query(), &params.Key, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "key"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "key", Err: err})
+		}
+		return
+	}
+
+	// ------------- Optional query parameter "tenant" -------------
+
+	err = runtime.BindQueryParameterWithOptions("form", true, false, "tenant", r.URL.Query(), &params.Tenant, runtime.BindQueryParameterOptions{Type: "string", Format: ""})
+	if err != nil {
+		var requiredError *runtime.RequiredParameterError
+		if errors.As(err, &requiredError) {
+			siw.ErrorHandlerFunc(w, r, &RequiredParamError{ParamName: "tenant"})
+		} else {
+			siw.ErrorHandlerFunc(w, r, &InvalidParamFormatError{ParamName: "tenant", Err: err})
+		}
+		return
+	}
+
+	handler := http.Handler(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		siw.Handler.GetBody(w, r, params)
 	}))
 
 	for _, middleware := range siw.HandlerMiddlewares {
@@ -1622,6 +1890,12 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 		r.Post(options.BaseURL+"/v1/complete", wrapper.Complete)
 	})
 	r.Group(func(r chi.Router) {
+		r.Post(options.BaseURL+"/v1/complete/stream", wrapper.CompleteStream)
+	})
+	r.Group(func(r chi.Router) {
+		r.Get(options.BaseURL+"/v1/keys/body", wrapper.GetBody)
+	})
+	r.Group(func(r chi.Router) {
 		r.Post(options.BaseURL+"/v1/fail", wrapper.Fail)
 	})
 	r.Group(func(r chi.Router) {
@@ -1656,6 +1930,15 @@ func HandlerWithOptions(si ServerInterface, options ChiServerOptions) http.Handl
 	})
 
 	return r
+}
+
+type BlobUnavailableResponseHeaders struct {
+	RetryAfter int
+}
+type BlobUnavailableApplicationProblemPlusJSONResponse struct {
+	Body Problem
+
+	Headers BlobUnavailableResponseHeaders
 }
 
 type FingerprintMismatchApplicationProblemPlusJSONResponse Problem
@@ -2324,6 +2607,175 @@ type Complete503ApplicationProblemPlusJSONResponse struct {
 }
 
 func (response Complete503ApplicationProblemPlusJSONResponse) VisitCompleteResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStreamRequestObject struct {
+	Params CompleteStreamParams
+	Body   io.Reader
+}
+
+type CompleteStreamResponseObject interface {
+	VisitCompleteStreamResponse(w http.ResponseWriter) error
+}
+
+type CompleteStream200JSONResponse FinishResult
+
+func (response CompleteStream200JSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(200)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStream400ApplicationProblemPlusJSONResponse struct {
+	InvalidRequestApplicationProblemPlusJSONResponse
+}
+
+func (response CompleteStream400ApplicationProblemPlusJSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStream401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response CompleteStream401ApplicationProblemPlusJSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("WWW-Authenticate", fmt.Sprint(response.Headers.WWWAuthenticate))
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStream403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response CompleteStream403ApplicationProblemPlusJSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStream404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response CompleteStream404ApplicationProblemPlusJSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStream409ApplicationProblemPlusJSONResponse struct {
+	LeaseLostApplicationProblemPlusJSONResponse
+}
+
+func (response CompleteStream409ApplicationProblemPlusJSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(409)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStream413ApplicationProblemPlusJSONResponse struct {
+	TooLargeApplicationProblemPlusJSONResponse
+}
+
+func (response CompleteStream413ApplicationProblemPlusJSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(413)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStream415ApplicationProblemPlusJSONResponse struct {
+	UnsupportedMediaTypeApplicationProblemPlusJSONResponse
+}
+
+func (response CompleteStream415ApplicationProblemPlusJSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(415)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStream500ApplicationProblemPlusJSONResponse struct {
+	InternalApplicationProblemPlusJSONResponse
+}
+
+func (response CompleteStream500ApplicationProblemPlusJSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type CompleteStream503ApplicationProblemPlusJSONResponse struct {
+	BlobUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response CompleteStream503ApplicationProblemPlusJSONResponse) VisitCompleteStreamResponse(w http.ResponseWriter) error {
 
 	var buf bytes.Buffer
 	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
@@ -3010,6 +3462,155 @@ func (response ListKeys503ApplicationProblemPlusJSONResponse) VisitListKeysRespo
 	return err
 }
 
+type GetBodyRequestObject struct {
+	Params GetBodyParams
+}
+
+type GetBodyResponseObject interface {
+	VisitGetBodyResponse(w http.ResponseWriter) error
+}
+
+type GetBody200ResponseHeaders struct {
+	ReprDigest string
+}
+
+type GetBody200ApplicationoctetStreamResponse struct {
+	Body          io.Reader
+	Headers       GetBody200ResponseHeaders
+	ContentLength int64
+}
+
+func (response GetBody200ApplicationoctetStreamResponse) VisitGetBodyResponse(w http.ResponseWriter) error {
+
+	w.Header().Set("Content-Type", "application/octet-stream")
+	if response.ContentLength != 0 {
+		w.Header().Set("Content-Length", fmt.Sprint(response.ContentLength))
+	}
+	w.Header().Set("Repr-Digest", fmt.Sprint(response.Headers.ReprDigest))
+	w.WriteHeader(200)
+
+	if closer, ok := response.Body.(io.ReadCloser); ok {
+		defer closer.Close()
+	}
+	_, err := io.Copy(w, response.Body)
+	return err
+}
+
+type GetBody400ApplicationProblemPlusJSONResponse struct {
+	InvalidRequestApplicationProblemPlusJSONResponse
+}
+
+func (response GetBody400ApplicationProblemPlusJSONResponse) VisitGetBodyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(400)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBody401ApplicationProblemPlusJSONResponse struct {
+	UnauthorizedApplicationProblemPlusJSONResponse
+}
+
+func (response GetBody401ApplicationProblemPlusJSONResponse) VisitGetBodyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("WWW-Authenticate", fmt.Sprint(response.Headers.WWWAuthenticate))
+	w.WriteHeader(401)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBody403ApplicationProblemPlusJSONResponse struct {
+	ForbiddenApplicationProblemPlusJSONResponse
+}
+
+func (response GetBody403ApplicationProblemPlusJSONResponse) VisitGetBodyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(403)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBody404ApplicationProblemPlusJSONResponse struct {
+	NotFoundApplicationProblemPlusJSONResponse
+}
+
+func (response GetBody404ApplicationProblemPlusJSONResponse) VisitGetBodyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(404)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBody429ApplicationProblemPlusJSONResponse struct {
+	TooManyRequestsApplicationProblemPlusJSONResponse
+}
+
+func (response GetBody429ApplicationProblemPlusJSONResponse) VisitGetBodyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(429)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBody500ApplicationProblemPlusJSONResponse struct {
+	InternalApplicationProblemPlusJSONResponse
+}
+
+func (response GetBody500ApplicationProblemPlusJSONResponse) VisitGetBodyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.WriteHeader(500)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
+type GetBody503ApplicationProblemPlusJSONResponse struct {
+	BlobUnavailableApplicationProblemPlusJSONResponse
+}
+
+func (response GetBody503ApplicationProblemPlusJSONResponse) VisitGetBodyResponse(w http.ResponseWriter) error {
+
+	var buf bytes.Buffer
+	if err := json.NewEncoder(&buf).Encode(response.Body); err != nil {
+		return err
+	}
+	w.Header().Set("Content-Type", "application/problem+json")
+	w.Header().Set("Retry-After", fmt.Sprint(response.Headers.RetryAfter))
+	w.WriteHeader(503)
+	_, err := buf.WriteTo(w)
+	return err
+}
+
 type GetStatusRequestObject struct {
 	Params GetStatusParams
 }
@@ -3287,6 +3888,9 @@ type StrictServerInterface interface {
 	// Complete Complete the current attempt with its response
 	// (POST /v1/complete)
 	Complete(ctx context.Context, request CompleteRequestObject) (CompleteResponseObject, error)
+	// CompleteStream Complete the current attempt with a large response, its body streamed
+	// (POST /v1/complete/stream)
+	CompleteStream(ctx context.Context, request CompleteStreamRequestObject) (CompleteStreamResponseObject, error)
 	// Extend Extend the live lease (heartbeat)
 	// (POST /v1/extend)
 	Extend(ctx context.Context, request ExtendRequestObject) (ExtendResponseObject, error)
@@ -3302,6 +3906,9 @@ type StrictServerInterface interface {
 	// ListKeys List the tenant's records in one state
 	// (GET /v1/keys)
 	ListKeys(ctx context.Context, request ListKeysRequestObject) (ListKeysResponseObject, error)
+	// GetBody Stream a finished record's stored body
+	// (GET /v1/keys/body)
+	GetBody(ctx context.Context, request GetBodyRequestObject) (GetBodyResponseObject, error)
 	// GetStatus Read a key's record
 	// (GET /v1/status)
 	GetStatus(ctx context.Context, request GetStatusRequestObject) (GetStatusResponseObject, error)
@@ -3514,6 +4121,34 @@ func (sh *strictHandler) Complete(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
+// CompleteStream operation middleware
+func (sh *strictHandler) CompleteStream(w http.ResponseWriter, r *http.Request, params CompleteStreamParams) {
+	var request CompleteStreamRequestObject
+
+	request.Params = params
+
+	request.Body = r.Body
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.CompleteStream(ctx, request.(CompleteStreamRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "CompleteStream")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(CompleteStreamResponseObject); ok {
+		if err := validResponse.VisitCompleteStreamResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
 // Extend operation middleware
 func (sh *strictHandler) Extend(w http.ResponseWriter, r *http.Request) {
 	var request ExtendRequestObject
@@ -3652,6 +4287,32 @@ func (sh *strictHandler) ListKeys(w http.ResponseWriter, r *http.Request, params
 		sh.options.ResponseErrorHandlerFunc(w, r, err)
 	} else if validResponse, ok := response.(ListKeysResponseObject); ok {
 		if err := validResponse.VisitListKeysResponse(w); err != nil {
+			sh.options.ResponseErrorHandlerFunc(w, r, err)
+		}
+	} else if response != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, fmt.Errorf("unexpected response type: %T", response))
+	}
+}
+
+// GetBody operation middleware
+func (sh *strictHandler) GetBody(w http.ResponseWriter, r *http.Request, params GetBodyParams) {
+	var request GetBodyRequestObject
+
+	request.Params = params
+
+	handler := func(ctx context.Context, w http.ResponseWriter, r *http.Request, request interface{}) (interface{}, error) {
+		return sh.ssi.GetBody(ctx, request.(GetBodyRequestObject))
+	}
+	for _, middleware := range sh.middlewares {
+		handler = middleware(handler, "GetBody")
+	}
+
+	response, err := handler(r.Context(), w, r, request)
+
+	if err != nil {
+		sh.options.ResponseErrorHandlerFunc(w, r, err)
+	} else if validResponse, ok := response.(GetBodyResponseObject); ok {
+		if err := validResponse.VisitGetBodyResponse(w); err != nil {
 			sh.options.ResponseErrorHandlerFunc(w, r, err)
 		}
 	} else if response != nil {

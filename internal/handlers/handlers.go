@@ -79,6 +79,10 @@ type Config struct {
 	// X-Forwarded-For names (the last address not itself trusted), and
 	// with the proxy as its peer. Without them X-Forwarded-For is ignored.
 	TrustedProxies []netip.Prefix
+	// Blob, when its Store is set, keeps large stored bodies in a blob
+	// store, and POST /v1/complete/stream takes bodies up to its
+	// MaxStoredBytes.
+	Blob *BlobConfig
 }
 
 // AccessLog says which requests get a line in the log
@@ -145,6 +149,7 @@ type Service struct {
 	minClientRate     int64
 	reads             *readSlots
 	trustedProxies    []netip.Prefix
+	blobs             *blobs // nil without a blob store
 	handler           http.Handler
 	// pasted holds the tenants file's entries already reported as an API
 	// key where its digest belongs (tenant and index), each once.
@@ -207,6 +212,7 @@ func New(cfg Config) *Service {
 		trustedProxies:    cfg.TrustedProxies,
 	}
 	s.bounds.MaxWait = cfg.MaxWait
+	s.blobs = newBlobs(cfg.Blob, cfg.Registry)
 	s.metrics.windowed = func(tenant string) bool {
 		if cfg.Keyring == nil {
 			return tenant == DefaultTenant

@@ -376,6 +376,10 @@ func (s *Service) readBody(next http.Handler) http.Handler {
 			next.ServeHTTP(w, r)
 			return
 		}
+		if r.URL.Path == completeStreamPath {
+			s.streamBody(next, w, r)
+			return
+		}
 		if !isJSON(headerValue(r.Header, "Content-Type")) {
 			writeProblem(w, r, errMediaType)
 			return
@@ -413,7 +417,7 @@ func (s *Service) readBody(next http.Handler) http.Handler {
 // budget kept for them, so that an outcome never loses its place to other
 // bodies (httpserve.Budget).
 func finishes(path string) bool {
-	return path == "/v1/complete" || path == "/v1/fail" || path == "/v1/extend"
+	return path == "/v1/complete" || path == completeStreamPath || path == "/v1/fail" || path == "/v1/extend"
 }
 
 // isJSON reports whether a Content-Type names application/json.

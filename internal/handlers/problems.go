@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/api"
+	"github.com/idemsvc/idemsvc/internal/blob"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
@@ -45,6 +46,7 @@ var (
 	kindRateLimited      = problemKind{"rate-limited", http.StatusTooManyRequests, "Rate limited"}
 	kindQuotaExceeded    = problemKind{"quota-exceeded", http.StatusTooManyRequests, "Quota exceeded"}
 	kindStoreUnavailable = problemKind{"store-unavailable", http.StatusServiceUnavailable, "Store unavailable"}
+	kindBlobUnavailable  = problemKind{"blob-unavailable", http.StatusServiceUnavailable, "Blob unavailable"}
 	kindInternal         = problemKind{"internal", http.StatusInternalServerError, "Internal error"}
 )
 
@@ -76,6 +78,10 @@ var errorKinds = []struct {
 	{statemachine.ErrEvicting, kindStoreUnavailable, "the store may drop records under memory pressure, so no new operation starts now; this call changed nothing: retry after Retry-After"},
 	{statemachine.ErrOverloaded, kindStoreUnavailable, "idemsvc has as many calls to its store in flight as it allows; this call did not take effect: retry after Retry-After"},
 	{httpserve.ErrOverBudget, kindStoreUnavailable, "idemsvc holds as many request bodies as its memory budget allows; this call did not take effect: retry after Retry-After"},
+	{blob.ErrMissing, kindBlobUnavailable, "the stored body is missing from the blob store; the record is unchanged and its operation does not run again"},
+	{blob.ErrCorrupt, kindBlobUnavailable, "the stored body in the blob store does not match its SHA-256; the record is unchanged and its operation does not run again"},
+	{blob.ErrUnavailable, kindBlobUnavailable, "the blob store of large responses cannot be reached; nothing changed: retry after Retry-After"},
+	{errBlobConflict, kindInvalid, "a retried complete of this attempt sent another body than its first try"},
 	{statemachine.ErrStoreUnavailable, kindStoreUnavailable, "the store cannot be reached or did not answer in time; the call may or may not have taken effect, and a retry with the same owner or lease token is safe"},
 }
 
@@ -215,7 +221,7 @@ func writeProblem(w http.ResponseWriter, r *http.Request, err error) {
 	switch kind {
 	case kindUnauthorized:
 		h.Set("WWW-Authenticate", `Bearer realm="idemsvc"`)
-	case kindStoreUnavailable:
+	case kindStoreUnavailable, kindBlobUnavailable:
 		h.Set("Retry-After", storeRetryAfter())
 	}
 	if info := infoFrom(r.Context()); info != nil && !gone {

@@ -146,7 +146,7 @@ func (s *Service) accountStored(tenant string, rec *statemachine.Record) {
 // responseSize is a response's size as the read budget counts it: the
 // body after decoding, header names and values.
 func responseSize(resp *statemachine.Response) int64 {
-	n := len(resp.Body)
+	n := len(resp.Body) // a body by reference counts when it is fetched (GetBody)
 	for name, value := range resp.Headers {
 		n += len(name) + len(value)
 	}

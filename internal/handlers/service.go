@@ -154,6 +154,17 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		if err != nil {
 			return nil, s.beginFailed(t, lim, a, err)
 		}
+		if res.Acquired && res.Lease.Recovered && s.blobs != nil {
+			// A takeover: what the earlier attempts uploaded, no
+			// complete can name any more.
+			s.blobs.deleteAttempts(t, req.Body.Key, res.Lease.Token)
+		}
+		if !res.Acquired {
+			if err := s.resolve(ctx, &res.Record.Response); err != nil {
+				s.settleHold(t, lim, a.hold, &res)
+				return nil, err
+			}
+		}
 		return s.beginDone(ctx, t, lim, a, res, true)
 	}
 }
@@ -262,6 +273,9 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 		Attempt:  rec.Attempt,
 		Response: fromResponse(rec.Response),
 	}
+	if ref := rec.Response.Ref; ref != nil {
+		out.Response.BodyRef = bodyRef(ref, rec.Key, t)
+	}
 	if rec.State == statemachine.StateCompleted {
 		out.Status = api.FinishedStateCompleted
 		out.CompletedAt = millis(rec.UpdatedAt)
@@ -281,6 +295,9 @@ func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (
 	t, creq, err := s.completeRequest(ctx, req.Body)
 	if err != nil {
 		return nil, err
+	}
+	if s.blobs != nil && int64(len(creq.Response.Body)) > s.blobs.Threshold {
+		return s.completeByRef(ctx, t, &creq)
 	}
 	rec, err := s.store.Complete(ctx, t, creq)
 	if err != nil {
@@ -421,6 +438,11 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 	if err != nil {
 		return nil, err
 	}
+	if withResponse && rec.State != statemachine.StateInProgress {
+		if err := s.resolve(ctx, &rec.Response); err != nil {
+			return nil, err
+		}
+	}
 	var release func()
 	if withResponse && rec.State != statemachine.StateInProgress {
 		size := responseSize(&rec.Response)
@@ -437,6 +459,9 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 	out := api.StatusResponse(statusRecord(t, rec))
 	if withResponse && rec.State != statemachine.StateInProgress {
 		resp := fromResponse(rec.Response)
+		if ref := rec.Response.Ref; ref != nil {
+			resp.BodyRef = bodyRef(ref, rec.Key, t)
+		}
 		out.Response = &resp
 		if d := s.writeDeadline(&resp); d > 0 {
 			return statusAnswer{out, d, release}, nil
@@ -454,9 +479,21 @@ func (s *Service) DeleteKey(ctx context.Context, req api.DeleteKeyRequestObject)
 	if err != nil {
 		return nil, err
 	}
+	var deleted *statemachine.Record
+	if s.blobs != nil {
+		// The objects of the record in the blob store go with it.
+		rec, err := s.store.Status(ctx, t, req.Params.Key, true)
+		switch {
+		case err == nil:
+			deleted = &rec
+		case !errors.Is(err, statemachine.ErrNotFound):
+			return nil, err
+		}
+	}
 	if err := s.store.Delete(ctx, t, req.Params.Key); err != nil {
 		return nil, err
 	}
+	s.deleteObjects(t, deleted)
 	setOutcome(ctx, t, "deleted")
 	return api.DeleteKey204Response{}, nil
 }

@@ -111,13 +111,18 @@ func cutString(s string, n int) (value, rest string, ok bool) {
 // lengths, then the body as stored. Flags: bit 0 the body was sent
 // base64-encoded; bits 1-2 the body's encoding in the record (compress.go:
 // identity or zstd: bodies of at least compressFrom bytes may be
-// compressed, Limits.CompressBodiesFrom). A zero Response is the empty
-// string.
+// compressed, Limits.CompressBodiesFrom); bit 3 the body is a reference
+// to the blob store (Ref) instead: its size u64, SHA-256 (32 bytes),
+// encoding with a u8 length, and the object key to the end. A zero
+// Response is the empty string.
 func EncodeResponse(r *Response, compressFrom int) string {
 	if r.IsZero() {
 		return ""
 	}
 	size := 1 + 2 + 4 + len(r.Body)
+	if r.Ref != nil {
+		size += 8 + 32 + 1 + len(r.Ref.Encoding) + len(r.Ref.Object)
+	}
 	for name, value := range r.Headers {
 		size += 8 + len(name) + len(value)
 	}
@@ -133,8 +138,18 @@ func EncodeResponse(r *Response, compressFrom int) string {
 		b = binary.BigEndian.AppendUint32(b, uint32(len(r.Headers[name])))
 		b = append(b, r.Headers[name]...)
 	}
-	b, encoding := appendBody(b, r.Body, compressFrom)
-	b[0] = encoding
+	if ref := r.Ref; ref != nil {
+		b = binary.BigEndian.AppendUint64(b, uint64(ref.Size))
+		b = append(b, ref.SHA256[:]...)
+		b = append(b, byte(len(ref.Encoding)))
+		b = append(b, ref.Encoding...)
+		b = append(b, ref.Object...)
+		b[0] = flagRef
+	} else {
+		var encoding byte
+		b, encoding = appendBody(b, r.Body, compressFrom)
+		b[0] = encoding
+	}
 	if r.Base64 {
 		b[0] |= flagBase64
 	}
@@ -151,6 +166,9 @@ func StoredSize(form string, r *Response) int64 {
 		return 0
 	}
 	n := len(r.Body)
+	if r.Ref != nil { // kept in the blob store, counted as sent
+		n += int(r.Ref.Size)
+	}
 	for name, value := range r.Headers {
 		n += len(name) + len(value)
 	}
@@ -185,6 +203,20 @@ func decodeResponse(s string, maxBody int) (Response, error) {
 		}
 		r.Headers[name] = value
 		rest = after
+	}
+	if s[0]&flagRef != 0 {
+		if len(rest) < 8+32+1 {
+			return r, ErrCorrupt
+		}
+		ref := &BodyRef{Size: int64(bigEndian(rest[:8]))}
+		copy(ref.SHA256[:], rest[8:40])
+		encoding, object, ok := cutString(rest[40:], 1)
+		if !ok || object == "" {
+			return r, ErrCorrupt
+		}
+		ref.Encoding, ref.Object = encoding, object
+		r.Ref = ref
+		return r, nil
 	}
 	switch s[0] & encodingMask {
 	case encodingIdentity:
@@ -224,6 +256,7 @@ func (s *Stored) Record(tenant string, now int64, withResponse bool, maxBody int
 		CreatedAt:   msTime(s.created),
 		UpdatedAt:   msTime(s.updated),
 		ExpiresAt:   msTime(s.expires),
+		Retention:   time.Duration(s.retention) * time.Second,
 		Retryable:   s.retryable,
 		Error:       s.errMsg,
 	}

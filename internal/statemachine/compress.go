@@ -38,6 +38,7 @@ const (
 	encodingMask     = 3 << 1
 	encodingIdentity = 0 << 1
 	encodingZstd     = 1 << 1
+	flagRef          = 1 << 3 // the body is a reference to the blob store (codec.go)
 )
 
 // errTooLarge: a compressed body that would decode past the stored-response

@@ -41,11 +41,23 @@ type Response struct {
 	// Base64 records that the body was sent base64-encoded, so that replays
 	// encode it the same way.
 	Base64 bool
+	// Ref, when set, is where the body is kept instead of Body: an object
+	// of the blob store of large responses (internal/blob).
+	Ref *BodyRef
+}
+
+// BodyRef names a stored body kept in the blob store: its object, length,
+// SHA-256 and encoding ("" is identity, the body's own bytes).
+type BodyRef struct {
+	Object   string
+	Size     int64
+	SHA256   [32]byte
+	Encoding string
 }
 
 // IsZero reports whether no part of the response was given.
 func (r Response) IsZero() bool {
-	return r.StatusCode == 0 && len(r.Headers) == 0 && len(r.Body) == 0 && !r.Base64
+	return r.StatusCode == 0 && len(r.Headers) == 0 && len(r.Body) == 0 && !r.Base64 && r.Ref == nil
 }
 
 // Lease is a caller's right to run the current attempt.
@@ -69,9 +81,10 @@ type Record struct {
 	LeaseExpiresAt time.Time // while in progress
 	LeaseExpired   bool      // while in progress: the lease ran out and nobody took over yet
 	ExpiresAt      time.Time // end of retention
-	Retryable      bool      // failed: the next Begin acquires
-	Error          string    // failed: the caller's message
-	Response       Response  // finished; filled by Status only when asked for
+	Retention      time.Duration
+	Retryable      bool     // failed: the next Begin acquires
+	Error          string   // failed: the caller's message
+	Response       Response // finished; filled by Status only when asked for
 	// StoredBytes is what the response takes in the store: the body as
 	// stored (compressed or not), header names and values. Set by Complete
 	// and Fail, for the tenant's stored_bytes.

@@ -1,9 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 
+import { createHash } from 'node:crypto';
 import * as http from 'node:http';
 import * as https from 'node:https';
 import { doOnce, type DoOptions, type DoResult, type Operation } from './do.js';
-import { IdemError, problemOf, type Problem } from './errors.js';
+import { BodyMismatchError, IdemError, problemOf, type Problem } from './errors.js';
 import { backoff, newOwner, sleep } from './retry.js';
 import { CALL_DEADLINE } from './types.js';
 import type { components } from './schema.js';
@@ -12,6 +13,7 @@ import type {
   BeginResult,
   CallOptions,
   CompleteParams,
+  CompleteStreamParams,
   ExtendParams,
   FailParams,
   FinishResult,
@@ -30,6 +32,7 @@ import type {
 export type {
   BeginParams,
   CompleteParams,
+  CompleteStreamParams,
   FailParams,
   ExtendParams,
   BeginAcquired,
@@ -174,6 +177,102 @@ export class IdemClient implements LeaseCalls {
   /** Stores `params.response` as the outcome of the attempt holding `params.lease_token`. */
   complete(params: CompleteParams, options?: CallOptions): Promise<FinishResult> {
     return this.call('complete', 'POST', '/v1/complete', this.body(params), options, this.callTimeoutMs, json<FinishResult>);
+  }
+
+  /**
+   * Stores a response whose body is streamed (`POST /v1/complete/stream`):
+   * up to idemsvc's `IDEMSVC_MAX_STORED_BYTES` (64 MiB by default) with a
+   * blob store, never held whole. A body given as bytes is sent again when
+   * a try gets 503 (the blob store down, say) within the retry budget; a
+   * stream is sent once. It goes through fetch (the client's, or Node's).
+   */
+  async completeStream(params: CompleteStreamParams, body: Uint8Array | ReadableStream<Uint8Array>, options?: CallOptions): Promise<FinishResult> {
+    const headers: Record<string, string> = {
+      ...this.headers,
+      'content-type': 'application/octet-stream',
+      'idem-key': params.key,
+      'idem-lease-token': params.lease_token,
+    };
+    if (params.status_code !== undefined) headers['idem-response-status'] = String(params.status_code);
+    if (params.headers && Object.keys(params.headers).length > 0) {
+      // JSON with every non-ASCII character escaped: a header carries ASCII.
+      headers['idem-response-headers'] = JSON.stringify(params.headers).replace(/[\u0080-\uffff]/g, (c) => `\\u${c.charCodeAt(0).toString(16).padStart(4, '0')}`);
+    }
+    if (params.retention_s !== undefined) headers['idem-retention-s'] = String(params.retention_s);
+    if (this.tenant !== undefined) headers['idem-tenant'] = this.tenant;
+    const retry = body instanceof Uint8Array;
+    const res = await this.stream('complete', 'POST', '/v1/complete/stream', headers, body, retry, options);
+    return (await res.json()) as FinishResult;
+  }
+
+  /**
+   * Streams the stored body of a finished key (`GET /v1/keys/body`): a
+   * replay whose `response.body_ref` names it. The stream errors with
+   * `BodyMismatchError` rather than ending when its bytes are not the
+   * stored ones (their SHA-256 is the answer's `Repr-Digest`).
+   */
+  async openBody(key: string, options?: CallOptions): Promise<{ body: ReadableStream<Uint8Array>; size: number }> {
+    const res = await this.stream('body', 'GET', `/v1/keys/body?${this.query({ key })}`, this.headers, undefined, true, options);
+    const size = Number(res.headers.get('content-length') ?? '-1');
+    const digest = /^sha-256=:(.*):$/.exec(res.headers.get('repr-digest') ?? '')?.[1];
+    const hash = createHash('sha256');
+    let seen = 0;
+    const check = new TransformStream<Uint8Array, Uint8Array>({
+      transform(chunk, controller) {
+        hash.update(chunk);
+        seen += chunk.byteLength;
+        controller.enqueue(chunk);
+      },
+      flush(controller) {
+        if ((size >= 0 && seen !== size) || (digest !== undefined && hash.digest('base64') !== digest)) {
+          controller.error(new BodyMismatchError());
+        }
+      },
+    });
+    return { body: res.body!.pipeThrough(check), size };
+  }
+
+  /**
+   * One call whose body or answer is a stream, through fetch: retried as
+   * call does while retry allows; a success's answer is left unread.
+   */
+  private async stream(
+    op: string,
+    method: string,
+    path: string,
+    headers: Record<string, string>,
+    body: Uint8Array | ReadableStream<Uint8Array> | undefined,
+    retry: boolean,
+    options: CallOptions | undefined,
+  ): Promise<Response> {
+    const fetch = this.fetch ?? globalThis.fetch;
+    const signal = options?.signal;
+    const deadline = Date.now() + this.retryBudgetMs;
+    // A stream goes as the request's own body, sent as it is read.
+    const duplex = body instanceof ReadableStream ? { duplex: 'half' } : {};
+    for (let attempt = 0; ; attempt++) {
+      signal?.throwIfAborted();
+      let err: IdemError;
+      try {
+        const res = await fetch(this.baseUrl + path, { method, headers, body, signal, ...duplex } as RequestInit);
+        if (res.status < 300) return res;
+        err = errorOf(op, {
+          status: res.status,
+          statusText: res.statusText,
+          contentType: res.headers.get('content-type') ?? '',
+          retryAfter: res.headers.get('retry-after') ?? undefined,
+          body: Buffer.from(await res.arrayBuffer()),
+        });
+      } catch (cause) {
+        if (signal?.aborted) throw signal.reason;
+        const detail = `idemsvc could not be reached: ${cause instanceof Error ? cause.message : String(cause)}`;
+        err = new IdemError(op, 0, problemOf('store-unavailable', detail), undefined, { cause });
+      }
+      if (!retry || (err.status !== 0 && err.status !== 503 && err.status !== 429)) throw err;
+      const wait = err.retryAfterMs ?? backoff(attempt);
+      if (Date.now() + wait > deadline) throw err;
+      await sleep(wait, signal);
+    }
   }
 
   /**

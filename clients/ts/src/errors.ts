@@ -30,6 +30,7 @@ export const PROBLEM_KINDS: { readonly [K in ProblemKind]: { readonly status: nu
   'rate-limited': { status: 429, title: 'Rate limited' },
   'quota-exceeded': { status: 429, title: 'Quota exceeded' },
   'store-unavailable': { status: 503, title: 'Store unavailable' },
+  'blob-unavailable': { status: 503, title: 'Blob unavailable' },
   internal: { status: 500, title: 'Internal error' },
 };
 
@@ -185,5 +186,16 @@ export class TerminalFailure extends Error {
   ) {
     super(`idem: failed terminally: ${message}`, options);
     this.name = 'TerminalFailure';
+  }
+}
+
+/**
+ * A streamed stored body whose bytes are not the stored ones (their size
+ * or SHA-256 differ): a broken stream, never to be taken as the answer.
+ */
+export class BodyMismatchError extends Error {
+  constructor() {
+    super('idem: the stored body does not match its SHA-256');
+    this.name = 'BodyMismatchError';
   }
 }

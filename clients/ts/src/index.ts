@@ -26,6 +26,7 @@ export {
   type BeginAcquired,
   type BeginReplay,
   type CompleteParams,
+  type CompleteStreamParams,
   type FailParams,
   type ExtendParams,
   type FinishResult,
@@ -41,6 +42,7 @@ export {
 export { doOnce, DEFAULT_LEASE_MS, DEFAULT_WAIT_MS, BODY_OMITTED_HEADER, type DoOptions, type DoResult, type Operation } from './do.js';
 export {
   IdemError,
+  BodyMismatchError,
   isIdemError,
   Terminal,
   terminal,

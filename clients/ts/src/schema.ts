@@ -65,6 +65,69 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/complete/stream": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Complete the current attempt with a large response, its body streamed
+         * @description The complete of `POST /v1/complete` for a response of any size up to
+         *     `IDEMSVC_MAX_STORED_BYTES` (64 MiB by default, with a blob store;
+         *     otherwise the 1 MiB stored-response limit): the request's body is
+         *     the response body itself, as raw bytes, sent as a stream, and the
+         *     rest of the call travels in `Idem-*` request headers. idemsvc never
+         *     holds the whole body in memory: it writes it to its blob store
+         *     (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
+         *     `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+         *     otherwise. Fencing, retries and answers are those of
+         *     `POST /v1/complete`: the same token completing again (a retried
+         *     call, after a lost reply) gets the same result and changes nothing.
+         *     A blob store that cannot be reached gets 503 `blob-unavailable` with
+         *     `Retry-After`, and the key stays in progress, so the caller retries
+         *     within its lease. A complete refused for its lease (409) leaves
+         *     nothing in the blob store.
+         */
+        post: operations["completeStream"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/keys/body": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        /**
+         * Stream a finished record's stored body
+         * @description The stored body of a completed or failed record, as raw bytes with
+         *     its `Content-Length` and `Repr-Digest` (its SHA-256). A replay whose
+         *     `response` carries `body_ref` instead of `body` (a body over the
+         *     stored-response limit of the JSON answers, 1 MiB) fetches its body
+         *     here; any other stored body is served too. The body is streamed
+         *     from the blob store and checked against its SHA-256 as it goes: a
+         *     body that fails the check is cut off before its end (the connection
+         *     is closed short of `Content-Length`), never delivered whole, and the
+         *     next call answers 503 `blob-unavailable` until the object is sound.
+         *     A missing object: 503 `blob-unavailable`; the record stays as it is.
+         */
+        get: operations["getBody"];
+        put?: never;
+        post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/fail": {
         parameters: {
             query?: never;
@@ -447,6 +510,24 @@ export interface components {
              */
             body?: string;
             body_encoding?: components["schemas"]["BodyEncoding"];
+            body_ref?: components["schemas"]["BodyRef"];
+        };
+        /**
+         * @description In a replay only (never sent): a stored body too large for a JSON
+         *     answer (over 1 MiB, stored by `POST /v1/complete/stream` with a blob
+         *     store), in place of `body`. Fetch its bytes from `url`
+         *     (`GET /v1/keys/body`).
+         */
+        BodyRef: {
+            /** @description The body's length in bytes. */
+            size_bytes: number;
+            /** @description The body's SHA-256, in lowercase hex. */
+            sha256: string;
+            /**
+             * @description Where to fetch the body, relative to the API's base URL.
+             * @example /v1/keys/body?key=order-7f3a%2Fcharge
+             */
+            url: string;
         };
         BeginRequest: {
             key: components["schemas"]["Key"];
@@ -754,6 +835,7 @@ export interface components {
              *     | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress or its read budget (with `Retry-After`) |
              *     | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
              *     | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
+             *     | `blob-unavailable` | 503 | a large response's body store (`IDEMSVC_BLOB_URL`) cannot be reached, or a stored body is missing from it or does not match its SHA-256; the record is unchanged (with `Retry-After`) |
              *     | `internal` | 500 | an unexpected error |
              *
              *     Each problem response of an operation narrows `type` to the kinds
@@ -761,14 +843,14 @@ export interface components {
              * @example https://idemsvc.dev/problems/in-progress
              * @enum {string}
              */
-            type: "https://idemsvc.dev/problems/invalid-request" | "https://idemsvc.dev/problems/unauthorized" | "https://idemsvc.dev/problems/forbidden" | "https://idemsvc.dev/problems/not-found" | "https://idemsvc.dev/problems/method-not-allowed" | "https://idemsvc.dev/problems/unsupported-media-type" | "https://idemsvc.dev/problems/too-large" | "https://idemsvc.dev/problems/in-progress" | "https://idemsvc.dev/problems/lease-lost" | "https://idemsvc.dev/problems/fingerprint-mismatch" | "https://idemsvc.dev/problems/rate-limited" | "https://idemsvc.dev/problems/quota-exceeded" | "https://idemsvc.dev/problems/store-unavailable" | "https://idemsvc.dev/problems/internal";
+            type: "https://idemsvc.dev/problems/invalid-request" | "https://idemsvc.dev/problems/unauthorized" | "https://idemsvc.dev/problems/forbidden" | "https://idemsvc.dev/problems/not-found" | "https://idemsvc.dev/problems/method-not-allowed" | "https://idemsvc.dev/problems/unsupported-media-type" | "https://idemsvc.dev/problems/too-large" | "https://idemsvc.dev/problems/in-progress" | "https://idemsvc.dev/problems/lease-lost" | "https://idemsvc.dev/problems/fingerprint-mismatch" | "https://idemsvc.dev/problems/rate-limited" | "https://idemsvc.dev/problems/quota-exceeded" | "https://idemsvc.dev/problems/store-unavailable" | "https://idemsvc.dev/problems/blob-unavailable" | "https://idemsvc.dev/problems/internal";
             /**
              * @description The kind's name, the last path segment of `type`, for clients
              *     that read a member rather than a URI.
              * @example in-progress
              * @enum {string}
              */
-            code: "invalid-request" | "unauthorized" | "forbidden" | "not-found" | "method-not-allowed" | "unsupported-media-type" | "too-large" | "in-progress" | "lease-lost" | "fingerprint-mismatch" | "rate-limited" | "quota-exceeded" | "store-unavailable" | "internal";
+            code: "invalid-request" | "unauthorized" | "forbidden" | "not-found" | "method-not-allowed" | "unsupported-media-type" | "too-large" | "in-progress" | "lease-lost" | "fingerprint-mismatch" | "rate-limited" | "quota-exceeded" | "store-unavailable" | "blob-unavailable" | "internal";
             /**
              * @description A short summary of the kind of problem; the same for every occurrence of a kind.
              * @example In progress
@@ -1112,6 +1194,38 @@ export interface components {
                 };
             };
         };
+        /**
+         * @description The blob store of large responses could not be reached, or the
+         *     object of a stored body is missing from it or does not match its
+         *     SHA-256 (problem `blob-unavailable`), or the Redis store could not
+         *     be reached (problem `store-unavailable`). Nothing changed: a
+         *     complete's key stays in progress, a finished record stays finished
+         *     and its operation is never run again. Retry after `Retry-After`
+         *     seconds.
+         */
+        BlobUnavailable: {
+            headers: {
+                "Retry-After": components["headers"]["RetryAfter"];
+                [name: string]: unknown;
+            };
+            content: {
+                /**
+                 * @example {
+                 *       "type": "https://idemsvc.dev/problems/blob-unavailable",
+                 *       "code": "blob-unavailable",
+                 *       "title": "Blob unavailable",
+                 *       "status": 503,
+                 *       "detail": "the stored body is missing from the blob store"
+                 *     }
+                 */
+                "application/problem+json": components["schemas"]["Problem"] & {
+                    /** @enum {string} */
+                    type: "https://idemsvc.dev/problems/blob-unavailable" | "https://idemsvc.dev/problems/store-unavailable";
+                    /** @enum {string} */
+                    code: "blob-unavailable" | "store-unavailable";
+                };
+            };
+        };
         /** @description An unexpected error (problem `internal`); the details are logged, not returned. */
         Internal: {
             headers: {
@@ -1294,6 +1408,96 @@ export interface operations {
             415: components["responses"]["UnsupportedMediaType"];
             500: components["responses"]["Internal"];
             503: components["responses"]["StoreUnavailable"];
+        };
+    };
+    completeStream: {
+        parameters: {
+            query?: never;
+            header: {
+                /** @description The idempotency key (`key`). */
+                "Idem-Key": components["schemas"]["Key"];
+                /** @description The attempt's `lease_token`. */
+                "Idem-Lease-Token": components["schemas"]["LeaseToken"];
+                /** @description The tenant to act for (an admin key only), as `tenant`. */
+                "Idem-Tenant"?: components["schemas"]["Tenant"];
+                /** @description The record's retention from now, as `retention_s`. */
+                "Idem-Retention-S"?: components["schemas"]["RetentionS"];
+                /** @description The stored response's `status_code`. */
+                "Idem-Response-Status"?: number;
+                /**
+                 * @description The stored response's `headers`, as a JSON object of header name
+                 *     to string value (non-ASCII characters escaped as `\uXXXX`).
+                 */
+                "Idem-Response-Headers"?: string;
+            };
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/octet-stream": string;
+            };
+        };
+        responses: {
+            /** @description The response is stored (or was, by an earlier call with the same token). */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["FinishResult"];
+                };
+            };
+            400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            409: components["responses"]["LeaseLost"];
+            413: components["responses"]["TooLarge"];
+            415: components["responses"]["UnsupportedMediaType"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["BlobUnavailable"];
+        };
+    };
+    getBody: {
+        parameters: {
+            query: {
+                /**
+                 * @description The idempotency key.
+                 * @example order-7f3a/charge
+                 */
+                key: components["parameters"]["KeyQuery"];
+                /**
+                 * @description The tenant to act for; only an admin key may name a tenant other
+                 *     than its own (403 otherwise). Defaults to the tenant of the API key.
+                 * @example payments
+                 */
+                tenant?: components["parameters"]["TenantQuery"];
+            };
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description The body. */
+            200: {
+                headers: {
+                    /** @description The body's SHA-256 (RFC 9530), `sha-256=:<base64>:`. */
+                    "Repr-Digest": string;
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/octet-stream": string;
+                };
+            };
+            400: components["responses"]["InvalidRequest"];
+            401: components["responses"]["Unauthorized"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            429: components["responses"]["TooManyRequests"];
+            500: components["responses"]["Internal"];
+            503: components["responses"]["BlobUnavailable"];
         };
     };
     fail: {

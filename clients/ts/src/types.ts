@@ -11,6 +11,17 @@ type Schemas = components['schemas'];
 export type BeginParams = Omit<Schemas['BeginRequest'], 'tenant'>;
 /** A complete's fields. */
 export type CompleteParams = Omit<Schemas['CompleteRequest'], 'tenant'>;
+/**
+ * A streamed complete's fields (`POST /v1/complete/stream`): the response
+ * but its body, which goes as the request's own.
+ */
+export interface CompleteStreamParams {
+  key: string;
+  lease_token: string;
+  status_code?: number;
+  headers?: Record<string, string>;
+  retention_s?: number;
+}
 /** A fail's fields; `error` is cut to the 1,024 bytes idemsvc takes. */
 export type FailParams = Omit<Schemas['FailRequest'], 'tenant'>;
 /** An extend's fields. */

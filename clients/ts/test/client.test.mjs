@@ -41,6 +41,39 @@ for (const store of stores) {
       });
     });
 
+    test('completeStream stores a body sent as a stream, and openBody streams it back checked', async () => {
+      const key = uniqueKey();
+      const lease = await idem.begin({ key });
+      const bytes = new Uint8Array(300 * 1024).map((_, i) => (i * 7919) % 256);
+      const chunks = [bytes.subarray(0, 100_000), bytes.subarray(100_000)];
+      const stream = new ReadableStream({
+        pull(controller) {
+          const next = chunks.shift();
+          if (next) controller.enqueue(next);
+          else controller.close();
+        },
+      });
+      const done = await idem.completeStream(
+        { key, lease_token: lease.lease_token, status_code: 201, headers: { 'Content-Type': 'application/octet-stream', 'X-Note': 'café' } },
+        stream,
+      );
+      assert.equal(done.status, 'completed');
+      const replay = await idem.begin({ key });
+      const decoded = decodeResponse(replay.response);
+      assert.equal(decoded.statusCode, 201);
+      assert.equal(decoded.headers['X-Note'], 'café');
+      assert.deepEqual(new Uint8Array(decoded.body), bytes);
+      const { body, size } = await idem.openBody(key);
+      assert.equal(size, bytes.length);
+      const got = new Uint8Array(await new Response(body).arrayBuffer());
+      assert.deepEqual(got, bytes);
+      // Over the stored-response limit without a blob store: 413.
+      const other = await idem.begin({ key: uniqueKey() });
+      const err = await idem.completeStream({ key: other.key, lease_token: other.lease_token }, new Uint8Array(1024 * 1024 + 1))
+        .then(() => assert.fail('stored past the limit'), (e) => e);
+      assert.equal(err.kind, 'too-large');
+    });
+
     test('a begin retried with the same owner gets the same lease; another owner gets in-progress', async () => {
       const key = uniqueKey();
       const first = await idem.begin({ key, owner: 'worker-1' });

@@ -140,7 +140,7 @@ func decode(kind Kind, status int, raw []byte) Output {
 	problem := w.Type[strings.LastIndexByte(w.Type, '/')+1:]
 	state, _ := w.Status.(string)
 	switch {
-	case status == http.StatusServiceUnavailable && problem == "store-unavailable":
+	case status == http.StatusServiceUnavailable && (problem == "store-unavailable" || problem == "blob-unavailable"):
 		out.Result = Unknown
 	case kind == Begin && status == http.StatusCreated && state == "acquired":
 		out.Result = Acquired

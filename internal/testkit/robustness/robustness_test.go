@@ -15,14 +15,15 @@ import (
 const shortRun = 60 * time.Second
 
 // TestRobustness runs scenarios and fails on any safety violation in a
-// scenario that promises safety. By default it runs cluster-wait1 for
-// shortRun. ROBUSTNESS_DURATION (such as 10m) runs every scenario, or
+// scenario that promises safety. By default it runs cluster-wait1 and
+// standalone-blob (every body in a blob store, which a failpoint restarts)
+// for shortRun each. ROBUSTNESS_DURATION (such as 10m) runs every scenario, or
 // those named in ROBUSTNESS_SCENARIOS (comma-separated), sharing the time
 // between them. It ends with one summary line.
 func TestRobustness(t *testing.T) {
 	scenarios := Scenarios()
 	d := shortRun
-	names := []string{"cluster-wait1"}
+	names := []string{"cluster-wait1", "standalone-blob"}
 	if v := os.Getenv("ROBUSTNESS_DURATION"); v != "" {
 		total, err := time.ParseDuration(v)
 		if err != nil {
@@ -61,7 +62,7 @@ func TestRobustness(t *testing.T) {
 // scenarios that promise safety, the measured losses of those that do
 // not, and the slowest recovery from a fault.
 func summaryLine(ss []Summary) string {
-	var ops, acked, faults int
+	var ops, acked, faults, blobReplays int
 	var v Violations
 	var worst Recovery
 	var worstIn string
@@ -71,6 +72,7 @@ func summaryLine(ss []Summary) string {
 		ops += s.Ops
 		acked += s.Acknowledged
 		faults += s.Faults
+		blobReplays += s.BlobReplays
 		if w := s.Worst(); w.Worst > worst.Worst {
 			worst, worstIn = w, s.Scenario
 		}
@@ -91,9 +93,10 @@ func summaryLine(ss []Summary) string {
 	}
 	line := fmt.Sprintf("ROBUSTNESS SUMMARY: %d scenarios, %d operations, %d acknowledged completions, %d faults; "+
 		"violations: lost=%d double-complete=%d attempt-order=%d superseded-token=%d unexpected/500=%d; "+
-		"every key linearizable: %t (%d keys, %d undecided); worst recovery from a fault: %.1fs (%s, %s)",
+		"every key linearizable: %t (%d keys, %d undecided); replays from the blob store checked against their SHA-256: %d; "+
+		"worst recovery from a fault: %.1fs (%s, %s)",
 		len(ss), ops, acked, faults, v.LostCompletions, v.DoubleCompletions, v.AttemptOrder, v.SupersededToken,
-		v.Unexpected, lin, keys, undecided, worst.Worst.Seconds(), worstIn, worst.Fault.Name)
+		v.Unexpected, lin, keys, undecided, blobReplays, worst.Worst.Seconds(), worstIn, worst.Fault.Name)
 	if len(losses) > 0 {
 		line += "; expected by Redis's design: " + strings.Join(losses, ", ")
 	}

@@ -45,6 +45,10 @@ type Summary struct {
 	// LostBy counts lost acknowledged outcomes by the fault blamed.
 	LostBy    map[string]int
 	Artifacts string
+	// BlobReplays counts the replays of a Blob scenario: bodies read
+	// back from the blob store, checked whole against their SHA-256 by
+	// idemsvc and against the stored body by the checks.
+	BlobReplays int
 }
 
 // Worst returns the slowest recovery from a fault.
@@ -74,9 +78,9 @@ func (s Summary) Line() string {
 	}
 	v := s.Violations
 	w := s.Worst()
-	return fmt.Sprintf("%s: ops=%d unknown=%d acknowledged=%d faults=%d lost=%d double=%d attempt-order=%d superseded=%d unexpected=%d linearizable=%s keys=%d worst-recovery=%.1fs(%s)",
+	return fmt.Sprintf("%s: ops=%d unknown=%d acknowledged=%d faults=%d lost=%d double=%d attempt-order=%d superseded=%d unexpected=%d linearizable=%s keys=%d blob-replays-sha256-checked=%d worst-recovery=%.1fs(%s)",
 		s.Scenario, s.Ops, s.Unknown, s.Acknowledged, s.Faults, v.LostCompletions, v.DoubleCompletions, v.AttemptOrder,
-		v.SupersededToken, v.Unexpected, lin, s.Lin.Keys, w.Worst.Seconds(), w.Fault.Name)
+		v.SupersededToken, v.Unexpected, lin, s.Lin.Keys, s.BlobReplays, w.Worst.Seconds(), w.Fault.Name)
 }
 
 // RunScenario starts the scenario's topology and three idemsvc
@@ -122,6 +126,9 @@ func RunScenario(t *testing.T, sc Scenario, d time.Duration) Summary {
 		}
 		if acknowledged(op) {
 			s.Acknowledged++
+		}
+		if sc.Blob && (op.Out.Result == ReplayCompleted || op.Out.Result == ReplayFailed) && op.Out.Body != "" {
+			s.BlobReplays++
 		}
 	}
 	s.Violations = CheckInvariants(ops)

@@ -19,6 +19,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
+	"github.com/idemsvc/idemsvc/internal/testkit/s3test"
 )
 
 // Failpoint injects one fault, records it and heals it before returning,
@@ -44,7 +45,11 @@ type Scenario struct {
 	// restart without persistence): violations are then a measured
 	// figure, not a failure.
 	ExpectLoss bool
-	Start      func(tb testing.TB) Topology
+	// Blob keeps every stored body in a blob store (versitygw), which a
+	// failpoint stops and starts again: replays then come from it,
+	// checked against their SHA-256.
+	Blob  bool
+	Start func(tb testing.TB) Topology
 }
 
 // Scenarios lists every topology with its failpoints.
@@ -56,6 +61,27 @@ func Scenarios() []Scenario {
 		{Name: "sentinel-wait0", WaitReplicas: 0, ExpectLoss: true, Start: startSentinel},
 		{Name: "standalone-aof", Start: startStandalone(true)},
 		{Name: "standalone-volatile", ExpectLoss: true, Start: startStandalone(false)},
+		{Name: "standalone-blob", Blob: true, Start: withBlobStore(startStandalone(true))},
+	}
+}
+
+// withBlobStore adds a blob store to a topology: every stored body goes
+// to it (IDEMSVC_BLOB_THRESHOLD_BYTES=0), and a failpoint stops it for a
+// while and starts it again.
+func withBlobStore(start func(tb testing.TB) Topology) func(tb testing.TB) Topology {
+	return func(tb testing.TB) Topology {
+		top := start(tb)
+		srv := s3test.New(tb)
+		top.Env = append(top.Env, "IDEMSVC_BLOB_URL="+srv.URL("robustness"), "IDEMSVC_BLOB_THRESHOLD_BYTES=0",
+			"IDEMSVC_BLOB_SPOOL_DIR="+tb.TempDir())
+		top.Env = append(top.Env, srv.Env()...)
+		top.Failpoints = append(top.Failpoints, Failpoint{Name: "restart-blob-store", Inject: func(tb testing.TB, rec *Recorder) {
+			rec.AddFault("restart-blob-store")
+			srv.Stop(tb)
+			sleep(2 * time.Second)
+			srv.Start(tb)
+		}})
+		return top
 	}
 }
 
