@@ -153,6 +153,80 @@ const (
 // that binary instead of building one, to measure another build the same
 // way.
 func TestStalledBodiesBounded(t *testing.T) {
+	p := startProxyForBodies(t)
+	body := bytes.Repeat([]byte("x"), stalledBodyBytes-64)
+	conns, wg := sendBodies(t, p.addr, body)
+	defer closeAll(conns)
+	sent := time.Now()
+	time.Sleep(2 * time.Second)
+	rss, peak := idemtest.Memory(t, p.pid)
+	t.Logf("%d connections each sending %d of a keyed body of %d bytes, then stalling: VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)",
+		stalledBodies, len(body), stalledBodyBytes, rss/1e6, peak/1e6, p.startRSS/1e6)
+	if peak > stalledRSSBound {
+		t.Errorf("VmHWM = %.0f MB, want under %.0f MB", peak/1e6, stalledRSSBound/1e6)
+	}
+
+	// Every connection is closed within the read timeout (and a margin
+	// for the machine), having been answered or not.
+	time.Sleep(time.Until(sent.Add(testReadTimeout + 4*time.Second)))
+	open := 0
+	for _, c := range conns {
+		_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
+		_, err := io.Copy(io.Discard, c)
+		if errors.Is(err, os.ErrDeadlineExceeded) {
+			open++
+		}
+	}
+	wg.Wait()
+	if open > 0 {
+		t.Errorf("%d of %d connections still open %v after they stalled, want none past the read timeout of %v", open, stalledBodies, time.Since(sent).Round(time.Second), testReadTimeout)
+	}
+	for _, path := range p.up.seen() {
+		t.Errorf("the upstream was asked for %q by a request whose body never came whole", path)
+		break
+	}
+}
+
+// TestWholeBodiesWithinBudget: 1,000 connections each send a whole keyed
+// body of about 1 MiB at once, and read no answer; idemproxy holds the
+// bodies it reads within its budget (IDEMPROXY_MAX_BODY_BYTES_IN_FLIGHT,
+// 64 MiB by default), so its peak resident set stays under that budget
+// plus 100 MB while they are served.
+func TestWholeBodiesWithinBudget(t *testing.T) {
+	p := startProxyForBodies(t)
+	body := bytes.Repeat([]byte("x"), stalledBodyBytes)
+	conns, wg := sendBodies(t, p.addr, body)
+	defer closeAll(conns)
+	const bound = 64<<20 + 100e6
+	deadline := time.Now().Add(testReadTimeout + 4*time.Second)
+	for time.Now().Before(deadline) {
+		if _, peak := idemtest.Memory(t, p.pid); peak > bound {
+			t.Fatalf("VmHWM = %.0f MB with %d whole bodies of %d bytes, want under the budget plus 100 MB (%.0f MB)", peak/1e6, stalledBodies, len(body), bound/1e6)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	wg.Wait()
+	rss, peak := idemtest.Memory(t, p.pid)
+	t.Logf("%d connections each sending a whole keyed body of %d bytes: VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB); the upstream served %d",
+		stalledBodies, len(body), rss/1e6, peak/1e6, p.startRSS/1e6, len(p.up.seen()))
+	if len(p.up.seen()) == 0 {
+		t.Error("no whole body reached the upstream: the bodies were never read")
+	}
+}
+
+// bodiesProxy is an idemproxy binary in front of a recording upstream and
+// an in-process idemsvc, with the test's read timeout.
+type bodiesProxy struct {
+	addr     string
+	pid      int
+	startRSS float64
+	up       *pathsUpstream
+}
+
+// startProxyForBodies runs the idemproxy binary, so that its memory is its
+// own; with IDEMPROXY_TEST_BINARY set it runs that binary instead of
+// building one, to measure another build the same way.
+func startProxyForBodies(t *testing.T) bodiesProxy {
 	bin := idemtest.Binary(t, "IDEMPROXY_TEST_BINARY", "idemproxy")
 	up := startPathsUpstream(t)
 	svc := idemtest.Serve(t, handlers.Config{})
@@ -180,20 +254,18 @@ func TestStalledBodiesBounded(t *testing.T) {
 	}
 	go func() { _, _ = io.Copy(io.Discard, logs.Buffered()); _, _ = io.Copy(io.Discard, stderr) }()
 	startRSS, _ := idemtest.Memory(t, cmd.Process.Pid)
+	return bodiesProxy{addr: line.Addr, pid: cmd.Process.Pid, startRSS: startRSS, up: up}
+}
 
-	body := bytes.Repeat([]byte("x"), stalledBodyBytes-64)
+// sendBodies opens stalledBodies connections to addr, each sending a keyed
+// POST that declares stalledBodyBytes and sends body, and reads nothing.
+func sendBodies(t *testing.T, addr string, body []byte) ([]net.Conn, *sync.WaitGroup) {
 	conns := make([]net.Conn, stalledBodies)
-	defer func() {
-		for _, c := range conns {
-			if c != nil {
-				_ = c.Close()
-			}
-		}
-	}()
 	var wg sync.WaitGroup
 	for i := range conns {
-		c, err := net.Dial("tcp", line.Addr)
+		c, err := net.Dial("tcp", addr)
 		if err != nil {
+			closeAll(conns)
 			t.Fatal(err)
 		}
 		conns[i] = c
@@ -204,33 +276,14 @@ func TestStalledBodiesBounded(t *testing.T) {
 			_, _ = c.Write(body) // cut short when idemproxy refuses or closes
 		})
 	}
-	sent := time.Now()
-	time.Sleep(2 * time.Second)
-	rss, peak := idemtest.Memory(t, cmd.Process.Pid)
-	t.Logf("%d connections each sending %d of a keyed body of %d bytes, then stalling: VmRSS %.0f MB, VmHWM %.0f MB (at start %.0f MB)",
-		stalledBodies, len(body), stalledBodyBytes, rss/1e6, peak/1e6, startRSS/1e6)
-	if peak > stalledRSSBound {
-		t.Errorf("VmHWM = %.0f MB, want under %.0f MB", peak/1e6, stalledRSSBound/1e6)
-	}
+	return conns, &wg
+}
 
-	// Every connection is closed within the read timeout (and a margin
-	// for the machine), having been answered or not.
-	time.Sleep(time.Until(sent.Add(testReadTimeout + 4*time.Second)))
-	open := 0
+func closeAll(conns []net.Conn) {
 	for _, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(50 * time.Millisecond))
-		_, err := io.Copy(io.Discard, c)
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			open++
+		if c != nil {
+			_ = c.Close()
 		}
-	}
-	wg.Wait()
-	if open > 0 {
-		t.Errorf("%d of %d connections still open %v after they stalled, want none past the read timeout of %v", open, stalledBodies, time.Since(sent).Round(time.Second), testReadTimeout)
-	}
-	for _, p := range up.seen() {
-		t.Errorf("the upstream was asked for %q by a request whose body never came whole", p)
-		break
 	}
 }
 
