@@ -96,8 +96,8 @@ func TestBoundedMemory(t *testing.T) {
 	// Whole bodies, sent as fast as the connections take them, and bodies
 	// sent but for their last 64 bytes, then stalled: the bodies held at
 	// once stay within the budget (64 MiB here, to keep the test cheap),
-	// the others wait briefly and get 503, and the resident set stays
-	// under the budget plus 100 MB.
+	// the others wait briefly for room or get 503, and the resident set
+	// stays under the budget plus 100 MB.
 	for _, stall := range []bool{false, true} {
 		name := "whole bodies"
 		if stall {
@@ -149,12 +149,15 @@ func TestBoundedMemory(t *testing.T) {
 			if limit := float64(budget) + 100e6; peak > limit {
 				t.Errorf("VmHWM = %.0f MB, want under the budget plus 100 MB, %.0f MB", peak/1e6, limit/1e6)
 			}
-			// A body refused while it is still arriving gets its 503 and
-			// then its connection closed; a client still sending may see
-			// the reset before the answer ("no answer"), more so on a
-			// loaded machine.
-			if statuses["503"]+statuses["no answer"] == 0 || (!stall && statuses["400"] == 0) {
-				t.Errorf("answers %v: want some bodies refused over the budget (503, or the connection closed while sending), and unless stalled some read (400: the owner is too long)", statuses)
+			// Stalled bodies hold the budget until their read timeout, so
+			// some of the others are refused: a body refused while it is
+			// still arriving gets its 503 and then its connection closed,
+			// and a client still sending may see the reset before the
+			// answer ("no answer"). Whole bodies may all be read in turn
+			// (each waits up to 250 ms for room) when the machine is fast
+			// enough, so only their reading is required.
+			if stall && statuses["503"]+statuses["no answer"] == 0 || !stall && statuses["400"] == 0 {
+				t.Errorf("answers %v: want, when stalled, some bodies refused over the budget (503, or the connection closed while sending), and otherwise some read (400: the owner is too long)", statuses)
 			}
 		})
 	}
