@@ -167,13 +167,22 @@ func (s *Store) Put(ctx context.Context, key string, body io.ReadSeeker, size in
 	if err == nil {
 		return nil
 	}
-	if apiCode(err) != "PreconditionFailed" {
+	// PreconditionFailed: the key is taken. No answer at all (no API
+	// code): the store may have refused the put at its headers and reset
+	// the connection before reading a large body (as a retried put of the
+	// same object is refused), or may have stored it. The object's head
+	// tells which; without one, the put's own error stands.
+	code := apiCode(err)
+	if code != "PreconditionFailed" && code != "" {
 		return classify("put", err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	head, herr := s.client.HeadObject(ctx, &s3.HeadObjectInput{Bucket: &s.bucket, Key: &key, ChecksumMode: types.ChecksumModeEnabled})
 	if herr != nil {
+		if code == "" {
+			return classify("put", err)
+		}
 		return classify("head", herr)
 	}
 	if aws.ToInt64(head.ContentLength) == size && aws.ToString(head.ChecksumSHA256) == base64.StdEncoding.EncodeToString(sum[:]) {
