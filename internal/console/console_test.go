@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/url"
 	"os"
@@ -20,6 +21,7 @@ import (
 	"time"
 
 	"github.com/chromedp/cdproto/emulation"
+	cdplog "github.com/chromedp/cdproto/log"
 	"github.com/chromedp/cdproto/network"
 	"github.com/chromedp/cdproto/page"
 	"github.com/chromedp/cdproto/runtime"
@@ -61,6 +63,25 @@ type site struct {
 	oldFree string
 	oldAt   time.Time
 	browser context.Context
+	logs    *syncBuffer // the server's log
+}
+
+// syncBuffer is a log's output, written by the server and read by tests.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf strings.Builder
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 const (
@@ -116,7 +137,7 @@ func newSite() (*site, error) {
 		return nil, fmt.Errorf("the console's tests need Debian's Chromium at %s (scripts/test.sh installs it: apt-get install chromium): %w", chromium, err)
 	}
 	s := &site{keys: map[string]string{}, old: map[string]string{}, fresh: map[string]string{},
-		completed: map[string]string{}, failed: map[string]string{}}
+		completed: map[string]string{}, failed: map[string]string{}, logs: &syncBuffer{}}
 	var yaml strings.Builder
 	yaml.WriteString("tenants:\n")
 	for _, name := range []string{tenantA, tenantB, tenantBulk, tenantFree, admin} {
@@ -138,7 +159,8 @@ func newSite() (*site, error) {
 	// A limiter, so that the Tenants page has figures to show.
 	limiter := quota.NewMemory(quota.Options{})
 	closers = append(closers, limiter.Close)
-	srv := idemtest.Serve(tb, handlers.Config{Keyring: keyring, Limiter: limiter}, console.Handler)
+	srv := idemtest.Serve(tb, handlers.Config{Keyring: keyring, Limiter: limiter,
+		Logger: slog.New(slog.NewJSONHandler(s.logs, &slog.HandlerOptions{Level: slog.LevelDebug}))}, console.Handler)
 	s.url = srv.URL
 
 	ctx := context.Background()
@@ -281,6 +303,7 @@ type tab struct {
 	ctx      context.Context
 	mu       sync.Mutex
 	requests []string // every URL the page asked for
+	console  []string // every message the page logged (console.*, uncaught errors, the browser's log)
 }
 
 // newTab opens a tab; when the test fails, it saves a screenshot of each
@@ -295,10 +318,19 @@ func (s *site) newTab(t *testing.T) *tab {
 		t.Fatal(err)
 	}
 	chromedp.ListenTarget(ctx, func(ev any) {
-		if e, ok := ev.(*network.EventRequestWillBeSent); ok {
-			tb.mu.Lock()
+		tb.mu.Lock()
+		defer tb.mu.Unlock()
+		switch e := ev.(type) {
+		case *network.EventRequestWillBeSent:
 			tb.requests = append(tb.requests, e.Request.URL)
-			tb.mu.Unlock()
+		case *runtime.EventConsoleAPICalled:
+			for _, arg := range e.Args {
+				tb.console = append(tb.console, string(arg.Value)+arg.Description)
+			}
+		case *runtime.EventExceptionThrown:
+			tb.console = append(tb.console, e.ExceptionDetails.Error())
+		case *cdplog.EventEntryAdded:
+			tb.console = append(tb.console, e.Entry.Text+" "+e.Entry.URL)
 		}
 	})
 	t.Cleanup(func() {
