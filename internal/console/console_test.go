@@ -4,6 +4,7 @@ package console_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -671,6 +672,18 @@ func TestConsoleFilterRecordFree(t *testing.T) {
 	tb.until(`!document.getElementById('notice').hidden`)
 	if _, err := c.Status(context.Background(), now, false); !errors.Is(err, idem.ErrNotFound) {
 		t.Errorf("status of the freed key: %v, want not found", err)
+	}
+	// The log records who freed it.
+	freed := false
+	for _, line := range strings.Split(s.logs.String(), "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(line), &m) == nil && m["method"] == http.MethodDelete && m["route"] == "/v1/keys" &&
+			m["status"] == float64(http.StatusNoContent) && m["outcome"] == "deleted" && m["tenant"] == tenantFree {
+			freed = true
+		}
+	}
+	if !freed {
+		t.Errorf("no log line of the free by %s:\n%.3000s", tenantFree, s.logs.String())
 	}
 	// The other key is untouched.
 	if _, err := c.Status(context.Background(), s.oldFree, false); err != nil {
