@@ -179,6 +179,7 @@ func TestConsoleBodyByReference(t *testing.T) {
 	if sha != hex.EncodeToString(sum[:]) {
 		t.Errorf("SHA-256 shown %q, want %x", sha, sum)
 	}
+	tb.readme("console-large-body.png")
 	got := tb.download(t.TempDir())
 	if !bytes.Equal(got, body) {
 		t.Errorf("downloaded %d bytes (SHA-256 %x), want the body's %d (%x)", len(got), sha256.Sum256(got), len(body), sum)
