@@ -14,6 +14,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -378,4 +379,57 @@ func TestConsoleLabelled(t *testing.T) {
 	tb.run(chromedp.Navigate(s.url+"/console/#/tenants"), chromedp.WaitVisible("#tenants", chromedp.ByID))
 	tb.until(`document.querySelectorAll('#tenant-rows meter').length > 0`)
 	check("tenants")
+}
+
+// The keys are paged with the listing's cursor (Next page, First page),
+// and with "Refresh every 5 s" a key begun since shows up without a click.
+func TestConsolePagesAndAutoRefresh(t *testing.T) {
+	s := getSite(t)
+	other, c := s.other(t, nil, nil)
+	ctx := context.Background()
+	for i := range 150 {
+		if _, err := c.Begin(ctx, idem.BeginParams{Key: fmt.Sprintf("page/%03d", i), Lease: 10 * time.Minute}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	tb := other.newTab(t)
+	tb.signIn(tenantA)
+	keys := func() []string {
+		var got []string
+		tb.eval(`Array.from(document.querySelectorAll('#key-rows td.key')).map(e => e.textContent)`, &got)
+		return got
+	}
+	tb.until(`document.querySelectorAll('#key-rows tr').length === 100`)
+	first := keys()
+	var disabled bool
+	tb.eval(`document.getElementById('next-page').disabled`, &disabled)
+	if disabled {
+		t.Fatal("Next page is disabled with 150 keys listed 100 a page")
+	}
+	tb.run(chromedp.Click("#next-page", chromedp.ByID))
+	tb.until(`document.querySelectorAll('#key-rows tr').length === 50`)
+	second := keys()
+	all := append(slices.Clone(first), second...)
+	slices.Sort(all)
+	if len(slices.Compact(all)) != 150 {
+		t.Errorf("the two pages hold %d distinct keys, want 150", len(slices.Compact(all)))
+	}
+	tb.eval(`document.getElementById('next-page').disabled`, &disabled)
+	if !disabled {
+		t.Error("Next page is enabled on the last page")
+	}
+	tb.run(chromedp.Click("#first-page", chromedp.ByID))
+	tb.until(`document.querySelectorAll('#key-rows tr').length === 100`)
+	if got := keys(); !slices.Equal(got, first) {
+		t.Errorf("First page shows %d keys, not the first page's", len(got))
+	}
+
+	// Automatic refresh: on the completed keys, none yet.
+	tb.run(chromedp.Navigate(other.url + "/console/#/keys?tenant=" + tenantA + "&state=completed"))
+	tb.until(`document.getElementById('key-caption').textContent.startsWith('0 completed')`)
+	tb.run(chromedp.Click("#auto", chromedp.ByID))
+	complete(t, c, "refreshed", []byte("done"), false)
+	start := time.Now()
+	tb.listed("refreshed")
+	t.Logf("a completed key listed %v after it completed, with no click", time.Since(start).Round(time.Millisecond))
 }
