@@ -225,10 +225,16 @@ export class IdemClient implements LeaseCalls {
     const size = Number(res.headers['content-length'] ?? '-1');
     const digest = /^sha-256=:(.*):$/.exec(String(res.headers['repr-digest'] ?? ''))?.[1];
     const checked = new CheckedBody(size, digest);
-    // A source that ends early or breaks is no whole body either.
-    pipeline(res.body, checked, (err) => {
-      if (err && !checked.destroyed) checked.destroy(new BodyMismatchError({ cause: err }));
-    });
+    const source = res.body;
+    // A source that ends early or breaks is no whole body either; a reader
+    // that leaves ends the source.
+    const cut = (err?: Error) => {
+      if (!checked.destroyed) checked.destroy(new BodyMismatchError({ cause: err }));
+    };
+    source.on('error', cut);
+    source.on('close', () => source.readableEnded || cut());
+    checked.on('close', () => source.destroy());
+    source.pipe(checked);
     return { body: checked, size };
   }
 

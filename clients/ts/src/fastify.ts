@@ -7,7 +7,7 @@
  * @module
  */
 import { once } from 'node:events';
-import { PassThrough, Readable } from 'node:stream';
+import { PassThrough, pipeline, Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
 import type { BeginAcquired, IdemClient } from './client.js';
 import {
@@ -256,6 +256,17 @@ async function pump(chunks: Buffer[], rest: AsyncIterator<unknown>, out: PassThr
  * add a charset to a JSON content type.
  */
 function send(reply: FastifyReply, answer: Answer): FastifyReply {
+  if (answer.body instanceof Readable) {
+    // A replay streamed from idemsvc: written here, the reply hijacked, so
+    // that the handler never runs, whatever becomes of the stream (Fastify
+    // runs it after a hook whose reply is not ended yet, and a body that
+    // fails its check never ends: it destroys the answer, cut off short of
+    // its Content-Length).
+    reply.hijack();
+    reply.raw.writeHead(answer.status, answer.headers);
+    pipeline(answer.body, reply.raw, () => undefined);
+    return reply;
+  }
   const body = typeof answer.body === 'string' ? Buffer.from(answer.body) : answer.body;
   return reply.code(answer.status).headers(answer.headers).send(body);
 }
