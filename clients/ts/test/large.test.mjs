@@ -277,17 +277,19 @@ for (const [name, start] of Object.entries(frameworks)) {
     });
   });
 
-  describe(`a large answer through ${name} without streaming`, () => {
+  for (const [how, options, size] of [
+    ['without streaming', {}, 2 * MiB + 5],
+    ['past maxStreamedBodyBytes', { maxStreamedBodyBytes: 2 * MiB }, 3 * MiB + 5],
+  ]) describe(`a large answer through ${name} ${how}`, () => {
     let app;
     before(async () => {
-      app = await start({});
+      app = await start(options);
     });
     after(async () => {
       await app?.close();
     });
 
     test('is sent whole, and stored without its body', async () => {
-      const size = 2 * MiB + 5;
       const key = uniqueKey('omitted');
       const first = await call(app.baseUrl, `/answer?size=${size}`, key);
       assert.equal(first.sha256, sha256Of(size));
