@@ -70,7 +70,9 @@ export function keepRawBody(req: IncomingMessage, _res: unknown, body: Buffer): 
  * the handler may still run: its answer, if it comes within a lease, is
  * stored for the retry; otherwise the attempt fails retryably then. An
  * answer too large to store is stored without its body and replayed with
- * `Idempotent-Body-Omitted: true`. Without idemsvc it fails closed with 503.
+ * `Idempotent-Body-Omitted: true`, unless `maxStreamedBodyBytes` streams it
+ * to idemsvc as it is written (its replays then stream it back, checked
+ * against its SHA-256). Without idemsvc it fails closed with 503.
  *
  * The handler's answer is held until it is stored, then sent; once the
  * handler has begun it, `res.headersSent` is true and setting a header

@@ -63,7 +63,10 @@ const pending = new WeakMap<FastifyRequest, Pending>();
  * raw body in a preParsing hook (for the fingerprint) and hands it on to
  * the content-type parsers unchanged, begins the key in a preHandler hook
  * (where `scope` reads what the authenticating hooks before it set), and
- * stores the answer in an onSend hook before it is sent. A reply the
+ * stores the answer in an onSend hook before it is sent (an answer over
+ * 1 MiB is sent as it comes instead, and stored beside it with
+ * `maxStreamedBodyBytes`, or without its body; a replay kept by reference
+ * is streamed to the hijacked reply). A reply the
  * handler hijacks is not stored: once its connection closes, the attempt
  * fails retryably within a lease (the handler may still be running), as
  * when the caller leaves before the answer.
