@@ -199,6 +199,12 @@ if picked express; then
   node_app ex_co sdk-coalesce "http://127.0.0.1:$idemsvc_port" "$sdk_dist"
   node_app ex_lib lib "$redis_url"
   if [ -n "${TS_SDK_BASE:-}" ]; then node_app tsbase sdk "http://127.0.0.1:$idemsvc_port" "$results/ts-base-dist"; fi
+  # A warm-up of each, not counted: V8 compiles and optimizes the hot
+  # code in the first thousands of requests, whose CPU would otherwise
+  # weigh on the first run's figures.
+  for port in "$ex_alone_port" "$ex_sdk_port" "$ex_co_port" "$ex_lib_port" ${tsbase_port:+"$tsbase_port"}; do
+    "$dir/idembench" --url "http://127.0.0.1:$port" --mix pay --concurrency 64 --duration 3s >/dev/null 2>&1 || true
+  done
 fi
 
 base_pid=
@@ -277,12 +283,12 @@ pair() {
   # shellcheck disable=SC2086 # the load's words
   for l in "${order[@]}"; do load $l; done
 }
-# tsclient LABEL SDK_DIST: the TypeScript client's CPU per call on idemsvc
-# (benchmarks/expressapp/client-cpu.mjs), to $dir/tsclient.
+# tsclient LABEL SDK_DIST [coalesce]: the TypeScript client's CPU per call
+# on idemsvc (benchmarks/expressapp/client-cpu.mjs), to $dir/tsclient.
 tsclient() {
   redis-cli -p "$redis_port" flushall sync >/dev/null
   # shellcheck disable=SC2046 # the figures are words
-  echo "$1" $(node "$express/client-cpu.mjs" "http://127.0.0.1:$idemsvc_port" "$2" "$duration") >>"$dir/tsclient"
+  echo "$1" $(node "$express/client-cpu.mjs" "http://127.0.0.1:$idemsvc_port" "$2" "$duration" ${3:+"$3"}) >>"$dir/tsclient"
 }
 base() { if [ -n "$base_pid" ]; then echo "base_pay$1 $base_port $base_pid $idemsvc_pid pay $1"; fi; }
 svcbase() { if [ -n "$svcbase_pid" ]; then echo "svcbase_$1 $svcbase_port 0 $svcbase_pid $1 64"; fi; }
@@ -310,6 +316,7 @@ for run in $(seq "$runs"); do
     "lib_express $ex_lib_port $ex_lib_pid $redis_pid pay 64" "coalesce_express $ex_co_port $ex_co_pid $idemsvc_pid pay 64" "$(if [ -n "$tsbase_pid" ]; then echo "base_express $tsbase_port $tsbase_pid $idemsvc_pid pay 64"; fi)"
   if picked tsclient; then
     tsclient tsclient "$sdk_dist"
+    tsclient coalesce_tsclient "$sdk_dist" coalesce
     if [ -n "${TS_SDK_BASE:-}" ]; then tsclient base_tsclient "$results/ts-base-dist"; fi
   fi
   pair proxy1 "direct_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "proxy_pay1 $proxy_port $proxy_pid $idemsvc_pid pay 1"
@@ -404,6 +411,7 @@ if picked tsclient; then
   # shellcheck disable=SC2016 # awk's fields
   tscol() { awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$dir/tsclient" | median; }
   echo "  the TS client alone, begin + complete on new keys, 16 in flight: $(tscol tsclient 3) µs of CPU per call (process.cpuUsage), $(tscol tsclient 4) calls/s"
+  echo "  the TS client alone with coalesce: $(tscol coalesce_tsclient 3) µs of CPU per call, $(tscol coalesce_tsclient 4) calls/s"
   if [ -n "${TS_SDK_BASE:-}" ]; then
     echo "  the TS client of $TS_SDK_BASE: $(tscol base_tsclient 3) µs of CPU per call, $(tscol base_tsclient 4) calls/s"
   fi
