@@ -274,6 +274,12 @@ for (const store of stores) {
       paths.length = 0;
       await Promise.all([together.begin({ key: uniqueKey(), wait_ms: 100 }), together.begin({ key: uniqueKey(), wait_ms: 100 })]);
       assert.deepEqual(paths, ['/v1/begin', '/v1/begin']);
+
+      // More calls than a batch holds (100) go in as many batches as needed.
+      paths.length = 0;
+      const many = await Promise.all(Array.from({ length: 150 }, () => together.begin({ key: uniqueKey() })));
+      assert.equal(many.filter((l) => l.status === 'acquired').length, 150);
+      assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin/batch']);
     });
   });
 }
@@ -301,6 +307,31 @@ describe('IdemClient coalesce without batches at idemsvc', () => {
     paths.length = 0;
     await Promise.all([idem.begin({ key: uniqueKey() }), idem.begin({ key: uniqueKey() })]);
     assert.deepEqual(paths, ['/v1/begin', '/v1/begin']);
+  });
+
+  test('a batch whose answer is lost sends its calls alone, with the same owners; later calls still go together', async () => {
+    const paths = [];
+    let lose = true;
+    // The first batch reaches idemsvc, and its answer is lost.
+    const lossy = async (url, init) => {
+      const path = new URL(url).pathname;
+      paths.push(path);
+      const res = await fetch(url, init);
+      if (path.endsWith('/batch') && lose) {
+        lose = false;
+        throw new TypeError('fetch failed');
+      }
+      return res;
+    };
+    const idem = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, coalesce: true, fetch: lossy });
+    const keys = [uniqueKey(), uniqueKey()];
+    const leases = await Promise.all(keys.map((key) => idem.begin({ key })));
+    // Acquired by the lost batch, and given back to the same owner alone.
+    assert.deepEqual(leases.map((l) => [l.status, l.attempt]), [['acquired', 1], ['acquired', 1]]);
+    assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin', '/v1/begin']);
+    paths.length = 0;
+    await Promise.all(leases.map((l) => idem.complete({ key: l.key, lease_token: l.lease_token, response: { body: 'ok' } })));
+    assert.deepEqual(paths, ['/v1/finish/batch']);
   });
 });
 
