@@ -311,9 +311,12 @@ func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do 
 		resp, body, err := do(callCtx)
 		cancel()
 		var wait time.Duration
+		var final *finalError
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return &opError{op, ctx.Err()}
+		case errors.As(err, &final):
+			return &opError{op, final.err}
 		case err != nil:
 			err = &opError{op, &unreachableError{err}}
 		case resp.StatusCode < 300:
@@ -340,6 +343,14 @@ func (c *Client) call(ctx context.Context, op string, timeout time.Duration, do 
 		}
 	}
 }
+
+// finalError is a try's error that call does not try again after, and
+// returns as it is: the body of a streamed complete, say, which could be
+// sent only once.
+type finalError struct{ err error }
+
+func (e *finalError) Error() string { return e.err.Error() }
+func (e *finalError) Unwrap() error { return e.err }
 
 // noCancel is the cancel of a context that call did not make.
 var noCancel context.CancelFunc = func() {}

@@ -258,6 +258,17 @@ func Middleware(c *Client, opts MiddlewareOptions) func(http.Handler) http.Handl
 						rec.abortStream(r.Context().Err())
 						return Response{}, fmt.Errorf("the request was cancelled: %w", r.Context().Err())
 					}
+					if rec.streamed != nil && rec.broken == nil && r.Context().Err() != nil {
+						rec.broken = r.Context().Err() // the caller left
+					}
+					if rec.streamed != nil && rec.broken != nil {
+						// The caller's connection broke while the answer
+						// streamed: what the handler wrote after may be
+						// cut short, so nothing is stored and the attempt
+						// fails retryably, as for any broken connection.
+						rec.abortStream(rec.broken)
+						return Response{}, fmt.Errorf("the caller's connection broke while the answer streamed: %w", rec.broken)
+					}
 					if rec.streamed != nil {
 						// Stored by the stream, unless it failed: past
 						// its bound, stored without the body; else the
@@ -476,6 +487,8 @@ type recorder struct {
 	stream   func(status int, headers map[string]string) *bodyStream
 	streamed *bodyStream
 	allowed  []string
+	// broken is the first error of a write to the caller.
+	broken error
 }
 
 func (r *recorder) Header() http.Header { return r.header }
@@ -506,7 +519,11 @@ func (r *recorder) Write(b []byte) (int, error) {
 		if r.streamed != nil {
 			r.streamed.write(b)
 		}
-		return r.w.Write(b)
+		n, err := r.w.Write(b)
+		if err != nil && r.broken == nil {
+			r.broken = err
+		}
+		return n, err
 	}
 	return r.body.Write(b)
 }
@@ -559,5 +576,7 @@ func (r *recorder) writeTo(w http.ResponseWriter) {
 		status = http.StatusOK
 	}
 	w.WriteHeader(status)
-	_, _ = w.Write(r.body.Bytes())
+	if _, err := w.Write(r.body.Bytes()); err != nil && r.broken == nil {
+		r.broken = err
+	}
 }

@@ -49,13 +49,17 @@ func (c *Client) CompleteStream(ctx context.Context, key, token string, status i
 	err := c.call(ctx, "complete", c.callTimeout+10*time.Minute, func(ctx context.Context) (*http.Response, []byte, error) {
 		if tries++; tries > 1 {
 			if !canRetry {
-				return nil, nil, errors.New("the body was sent once and cannot be sent again")
+				return nil, nil, &finalError{errors.New("the body was sent once and cannot be sent again")}
 			}
 			if _, err := seeker.Seek(0, io.SeekStart); err != nil {
 				return nil, nil, err
 			}
 		}
 		resp, err := c.api.ClientInterface.CompleteStreamWithBody(ctx, params, "application/octet-stream", io.NopCloser(body))
+		if err != nil && !canRetry {
+			// Sent in part, or its source failed: it cannot be sent again.
+			return nil, nil, &finalError{&unreachableError{err}}
+		}
 		if err != nil {
 			return nil, nil, err
 		}
