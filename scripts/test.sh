@@ -7,7 +7,8 @@
 # tests (clients/ts, npm test) and the Python SDK's (clients/python, pytest)
 # run first, on Node, npm and Python packages from Debian's packages when
 # they are missing, then the install steps of the three SDKs in
-# docs/sdks.md (scripts/sdk-install-test.sh). Extra arguments go to go test
+# docs/sdks.md (scripts/sdk-install-test.sh) and the release script's
+# checks (scripts/release-test.sh). Extra arguments go to go test
 # alone, e.g. scripts/test.sh -run Begin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -61,8 +62,10 @@ if [ $# -eq 0 ]; then
       python3-venv python3-setuptools python3-wheel
   fi
   (cd clients/python && /usr/bin/python3 -m pytest -q -p no:cacheprovider)
-  # The three SDKs installed into scratch projects as docs/sdks.md says.
+  # The three SDKs installed into scratch projects as docs/sdks.md says,
+  # and the release script's checks, in a scratch clone.
   scripts/sdk-install-test.sh
+  scripts/release-test.sh
 fi
 
 # Both modules of the workspace (go.work): idemsvc and its Go client.
