@@ -29,6 +29,18 @@ if [ -n "$unlicensed" ]; then
   echo "no SPDX-License-Identifier line at the top of:" $unlicensed >&2
   exit 1
 fi
+# And the metadata that states it agrees with LICENSE: the npm package's
+# license, the OpenAPI description's info.license and the Python package's.
+licence_says=()
+grep -q '^ *Apache License$' LICENSE && grep -q '^ *Version 2.0, January 2004$' LICENSE || licence_says+=("LICENSE")
+grep -q '^  "license": "Apache-2.0",$' clients/ts/package.json || licence_says+=("clients/ts/package.json")
+sed -n '/^info:/,/^[^ ]/p' api/openapi.yaml | grep -A1 '^  license:$' | grep '^    name: Apache-2.0$' >/dev/null ||
+  licence_says+=("api/openapi.yaml (info.license.name)")
+grep -q '^license = { text = "Apache-2.0" }$' clients/python/pyproject.toml || licence_says+=("clients/python/pyproject.toml")
+if [ ${#licence_says[@]} -gt 0 ]; then
+  echo "not Apache-2.0 as the repository's licence is:" "${licence_says[@]}" >&2
+  exit 1
+fi
 # Two modules, one workspace (go.work): idemsvc and its Go client.
 go vet ./... ./clients/go/...
 go mod tidy -diff

@@ -2,10 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # "Installing the SDKs" (docs/sdks.md), tried as a new user would: each SDK
 # is installed into a scratch project in a temporary folder by the
-# page's own commands (the shell blocks after <!-- install: go --> and
-# <!-- install: ts -->, run as they are), the project is built, and it
-# runs a begin, a complete and a replay against an idemsvc built from the
-# checkout, on its in-memory store. IDEMSVC, the checkout the commands
+# page's own commands (the shell blocks after <!-- install: go -->,
+# <!-- install: ts --> and <!-- install: python -->, run as they are),
+# the project is built, and it runs a begin, a complete and a replay
+# against an idemsvc built from the checkout, on its in-memory store. IDEMSVC, the checkout the commands
 # install from, is a copy of this one's files as a fresh clone has them
 # (with their changes not yet committed): no node_modules or dist, and
 # this checkout's are left alone. Run by scripts/test.sh (make test).
@@ -151,3 +151,28 @@ console.log('replayed', stored.statusCode, Buffer.from(stored.body).toString());
 EOF
 run_block ts "$work/ts"
 check "TypeScript SDK" "$(cd "$work/ts" && RUN=$$ node index.mjs)"
+
+# The Python SDK, on Debian's Python 3 (python3-venv; the system's
+# setuptools and wheel for a build without a package index: scripts/test.sh
+# installs them).
+mkdir "$work/python"
+cat >"$work/python/main.py" <<'EOF'
+import os
+
+from idemsvc import Acquired, Client, Replay, Response
+
+client = Client(os.environ["IDEMSVC_URL"])
+key = "install-python/" + os.environ["RUN"]
+first = client.begin(key)
+if not isinstance(first, Acquired):
+    raise SystemExit(f"begin: {first!r}")
+print("acquired attempt", first.attempt)
+client.complete(key, first.lease_token, Response(status_code=201, body=b'{"charge":"ch_1"}'))
+print("completed")
+again = client.begin(key)
+if not isinstance(again, Replay) or again.status != "completed":
+    raise SystemExit(f"begin again: {again!r}")
+print("replayed", again.response.status_code, (again.response.body or b"").decode())
+EOF
+PATH="/usr/bin:$PATH" run_block python "$work/python"
+check "Python SDK" "$(cd "$work/python" && RUN=$$ .venv/bin/python main.py)"

@@ -6,8 +6,9 @@
 # git, gcc (the race detector needs cgo) and curl. The TypeScript SDK's
 # tests (clients/ts, npm test) and the Python SDK's (clients/python, pytest)
 # run first, on Node, npm and Python packages from Debian's packages when
-# they are missing, then the install steps of both SDKs in docs/sdks.md
-# (scripts/sdk-install-test.sh). Extra arguments go to go test
+# they are missing, then the install steps of the three SDKs in
+# docs/sdks.md (scripts/sdk-install-test.sh) and the release script's
+# checks (scripts/release-test.sh). Extra arguments go to go test
 # alone, e.g. scripts/test.sh -run Begin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -49,8 +50,6 @@ command -v npm >/dev/null || apt_install npm
 if [ $# -eq 0 ]; then
   clients/ts/scripts/deps.sh
   (cd clients/ts && npm test)
-  # Both SDKs installed into scratch projects as docs/sdks.md says.
-  scripts/sdk-install-test.sh
 fi
 
 # The Python SDK (clients/python): pytest on Debian's Python 3 and packages
@@ -58,10 +57,15 @@ fi
 # middleware and examples), against an idemsvc binary built for it, on its
 # memory store and on a Redis it starts; arguments for go test leave it out.
 if [ $# -eq 0 ]; then
-  if ! /usr/bin/python3 -c 'import pytest, httpx, flask, fastapi, uvicorn, django' 2>/dev/null || ! command -v mypy >/dev/null; then
-    apt_install python3-pytest python3-httpx python3-flask python3-fastapi python3-uvicorn python3-django mypy
+  if ! /usr/bin/python3 -c 'import pytest, httpx, flask, fastapi, uvicorn, django, ensurepip, setuptools, wheel' 2>/dev/null || ! command -v mypy >/dev/null; then
+    apt_install python3-pytest python3-httpx python3-flask python3-fastapi python3-uvicorn python3-django mypy \
+      python3-venv python3-setuptools python3-wheel
   fi
   (cd clients/python && /usr/bin/python3 -m pytest -q -p no:cacheprovider)
+  # The three SDKs installed into scratch projects as docs/sdks.md says,
+  # and the release script's checks, in a scratch clone.
+  scripts/sdk-install-test.sh
+  scripts/release-test.sh
 fi
 
 # Both modules of the workspace (go.work): idemsvc and its Go client.

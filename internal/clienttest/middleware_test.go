@@ -28,6 +28,12 @@ import (
 	idem "github.com/idemsvc/idemsvc/clients/go"
 )
 
+// callers is the HTTP client the tests send their requests with. It has a
+// transport of its own: httptest.Server.Close closes http.DefaultTransport's
+// idle connections, and a parallel test's request that has just taken one
+// of them then fails ("http: CloseIdleConnections called").
+var callers = &http.Client{Transport: &http.Transport{}}
+
 // serveIdempotent serves h behind idem.Middleware(c, opts) until the test
 // ends.
 func serveIdempotent(t *testing.T, c *idem.Client, opts idem.MiddlewareOptions, h http.HandlerFunc) string {
@@ -78,7 +84,7 @@ func request(method, url, key string, body []byte) (answer, error) {
 	if key != "" {
 		req.Header.Set("Idempotency-Key", key)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := callers.Do(req)
 	if err != nil {
 		return answer{}, fmt.Errorf("%s %s: %w", method, url, err)
 	}
@@ -476,7 +482,7 @@ func TestMiddlewareIdentifiesItsCalls(t *testing.T) {
 	req, _ := http.NewRequest(http.MethodPost, url+"/orders", nil)
 	req.Header.Set("Idempotency-Key", "identified")
 	req.Header.Set("X-Request-Id", "req-7f3a")
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := callers.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -580,7 +586,7 @@ func TestMiddlewareLargeAnswerIsStreamed(t *testing.T) {
 	var before, after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&before)
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := callers.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -644,7 +650,7 @@ func sendAs(t *testing.T, url, key, body string, headers ...string) answer {
 	for i := 0; i+1 < len(headers); i += 2 {
 		req.Header.Set(headers[i], headers[i+1])
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := callers.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -906,7 +912,7 @@ func TestMiddlewareFingerprintOnTheWire(t *testing.T) {
 		for name, value := range r.Headers {
 			req.Header.Set(name, value)
 		}
-		resp, err := http.DefaultClient.Do(req)
+		resp, err := callers.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}

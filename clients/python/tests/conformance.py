@@ -175,6 +175,7 @@ def check(i: int, step: dict[str, Any], got: dict[str, Any], answers: list[dict[
         assert got["headers"].get("Content-Type") == "application/problem+json", f"{where}: content type"
         p = json.loads(got["body"])
         assert p["type"].endswith("/problems/" + want["problem"]), f"{where}: problem {p}"
+        assert p.get("code") == want["problem"], f"{where}: problem code {p}"
         assert p["status"] == got["status"], f"{where}: problem status {p}"
     if "retry_after_max" in want:
         ra = got["headers"].get("Retry-After") or ""
