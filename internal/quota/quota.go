@@ -391,7 +391,7 @@ func (l *limiter) tenant(name string) *tenantState {
 // and its stored bytes, wait for its first call.
 func (l *limiter) Known(tenants ...string) {
 	for _, t := range tenants {
-		for _, limit := range []string{LimitRate, LimitStoredBytes, LimitWaiters, LimitReadsInFlight} {
+		for _, limit := range []string{LimitRate, LimitStoredBytes, LimitWaiters, LimitInProgress, LimitReadBytes, LimitReadsInFlight} {
 			l.metrics.rejections.WithLabelValues(t, limit)
 		}
 	}
