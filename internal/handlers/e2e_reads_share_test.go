@@ -142,4 +142,3 @@ func (h largeReads) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 		return next(ctx, cmds)
 	}
 }
-
