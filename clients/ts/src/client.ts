@@ -4,6 +4,7 @@ import { createHash } from 'node:crypto';
 import * as http from 'node:http';
 import * as https from 'node:https';
 import { pipeline, Readable, Transform, type TransformCallback } from 'node:stream';
+import { Batcher, MAX_ITEM_CHARS, type BatchReply } from './batch.js';
 import { doOnce, type DoOptions, type DoResult, type Operation } from './do.js';
 import { BodyMismatchError, IdemError, problemOf, type Problem } from './errors.js';
 import { backoff, newOwner, sleep } from './retry.js';
@@ -68,6 +69,21 @@ export interface IdemClientOptions {
    * tenth of the CPU of a fetch per call.
    */
   fetch?: typeof globalThis.fetch;
+  /**
+   * Sends the begins, and the completes, asked for in one turn of the event
+   * loop together, as one batch call (`POST /v1/begin/batch`, `POST
+   * /v1/finish/batch`), when there are several (default false). A busy
+   * service, such as one behind the Express middleware under load, then
+   * makes one HTTP exchange, and idemsvc serves one request, for many calls;
+   * a lone call goes alone, as without it. Only begins without `wait_ms`
+   * (a batch does not wait) and completes, each without a signal or a
+   * request id, and with a body under 16 KiB, are coalesced; an item the
+   * batch does not answer with a success, and every item of a batch that
+   * fails, is sent again as its own call, so answers, errors and retries are
+   * those of the single calls. idemsvc then logs one line per batch, not
+   * per call, and its tenant limits count each item.
+   */
+  coalesce?: boolean;
 }
 
 /** Defaults of IdemClientOptions. */
@@ -124,6 +140,9 @@ export class IdemClient implements LeaseCalls {
   private readonly fetch: typeof globalThis.fetch | undefined;
   /** Where node:http sends calls, when there is no fetch. */
   private readonly target: Target;
+  /** The begins and the completes waiting to go together, with coalesce. */
+  private readonly begins: Batcher<BeginResult> | undefined;
+  private readonly completes: Batcher<FinishResult> | undefined;
 
   constructor(options: IdemClientOptions) {
     const url = new URL(options.baseUrl);
@@ -161,6 +180,11 @@ export class IdemClient implements LeaseCalls {
       this.headers.authorization = `Bearer ${options.apiKey}`;
       apiKeys.set(this, options.apiKey);
     }
+    if (options.coalesce) {
+      const sendBatch = (path: string, body: string, ms: number) => this.sendBatch(path, body, ms);
+      this.begins = new Batcher<BeginResult>('/v1/begin/batch', sendBatch);
+      this.completes = new Batcher<FinishResult>('/v1/finish/batch', sendBatch);
+    }
   }
 
   /**
@@ -172,12 +196,29 @@ export class IdemClient implements LeaseCalls {
   begin(params: BeginParams, options?: CallOptions): Promise<BeginResult> {
     const body = this.body({ ...params, owner: params.owner || newOwner() });
     const timeout = this.callTimeoutMs + (params.wait_ms ?? 0);
-    return this.call('begin', 'POST', '/v1/begin', body, options, timeout, json<BeginResult>);
+    const alone = () => this.call('begin', 'POST', '/v1/begin', body, options, timeout, json<BeginResult>);
+    if (this.begins?.on && !params.wait_ms && coalescible(body, options)) {
+      return this.begins.add(body, itemDeadline(timeout, options), alone);
+    }
+    return alone();
   }
 
   /** Stores `params.response` as the outcome of the attempt holding `params.lease_token`. */
   complete(params: CompleteParams, options?: CallOptions): Promise<FinishResult> {
-    return this.call('complete', 'POST', '/v1/complete', this.body(params), options, this.callTimeoutMs, json<FinishResult>);
+    const body = this.body(params);
+    const alone = () => this.call('complete', 'POST', '/v1/complete', body, options, this.callTimeoutMs, json<FinishResult>);
+    if (this.completes?.on && coalescible(body, options)) {
+      // A finish batch's item is the complete's body with its kind.
+      return this.completes.add('{"kind":"complete",' + body.slice(1), itemDeadline(this.callTimeoutMs, options), alone);
+    }
+    return alone();
+  }
+
+  /** One batch call, not retried: its items are sent again alone when it fails. */
+  private async sendBatch(path: string, body: string, ms: number): Promise<BatchReply> {
+    if (this.fetch) return fetchReply(this.fetch, this.baseUrl + path, 'POST', this.headers, body, ms, undefined);
+    const headers = { ...this.headers, 'content-length': String(Buffer.byteLength(body)) };
+    return send(this.target, 'POST', path, headers, body, ms, undefined);
   }
 
   /**
@@ -446,6 +487,22 @@ export class IdemClient implements LeaseCalls {
       await sleep(wait, signal);
     }
   }
+}
+
+/**
+ * Whether a call may join a batch: its body small and the JSON of an
+ * object, and no signal or request id, which a batch's items cannot carry
+ * each.
+ */
+function coalescible(body: string, options: CallOptions | undefined): boolean {
+  return body.length <= MAX_ITEM_CHARS && body.length > 2 && options?.signal === undefined && !options?.requestId;
+}
+
+/** When a call joining a batch is due to end: its deadline, or its timeout from now. */
+function itemDeadline(timeoutMs: number, options: CallOptions | undefined): number {
+  const now = Date.now() + timeoutMs;
+  const end = options?.[CALL_DEADLINE];
+  return end !== undefined && end < now ? end : now;
 }
 
 /** An answer, read whole: the status, the headers the client reads, the body. */

@@ -230,8 +230,114 @@ for (const store of stores) {
       assert.deepEqual(await idem.readyz(), { status: 'ok' });
       assert.match(await idem.metrics(), /idemsvc_build_info/);
     });
+
+    test('coalesce: begins and completes asked for together go as one batch each, and answer as single calls', async () => {
+      const paths = [];
+      const counting = (url, init) => {
+        paths.push(new URL(url).pathname);
+        return fetch(url, init);
+      };
+      const together = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, coalesce: true, fetch: counting });
+      const keys = Array.from({ length: 10 }, () => uniqueKey());
+      const leases = await Promise.all(keys.map((key) => together.begin({ key, fingerprint: 'f' })));
+      assert.deepEqual(paths, ['/v1/begin/batch']);
+      assert.deepEqual(leases.map((l) => [l.status, l.key, l.attempt]), keys.map((key) => ['acquired', key, 1]));
+      assert.equal(new Set(leases.map((l) => l.lease_token)).size, 10);
+
+      paths.length = 0;
+      const done = await Promise.all(
+        leases.map((l, i) => together.complete({ key: l.key, lease_token: l.lease_token, response: { status_code: 201, body: `answer ${i}` } })),
+      );
+      assert.deepEqual(paths, ['/v1/finish/batch']);
+      assert.deepEqual(done.map((d) => d.status), Array(10).fill('completed'));
+
+      // Replays come in a batch too; a lone call goes alone.
+      paths.length = 0;
+      const replays = await Promise.all(keys.map((key) => together.begin({ key, fingerprint: 'f' })));
+      assert.deepEqual(replays.map((r) => decodeResponse(r.response).body), keys.map((_, i) => `answer ${i}`));
+      await together.begin({ key: uniqueKey() });
+      assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin']);
+
+      // An item the batch does not answer with a success is sent again
+      // alone: its error, with Retry-After, is the single call's.
+      paths.length = 0;
+      const held = uniqueKey();
+      await idem.begin({ key: held, owner: 'other', fingerprint: 'f' });
+      const [conflict, mismatch, fresh] = await Promise.allSettled([
+        together.begin({ key: held, fingerprint: 'f' }),
+        together.begin({ key: keys[0], fingerprint: 'other' }),
+        together.begin({ key: uniqueKey() }),
+      ]);
+      assert.equal(conflict.reason.kind, 'in-progress');
+      assert.ok(conflict.reason.retryAfterMs > 0, 'the 409 carries its Retry-After');
+      assert.equal(mismatch.reason.kind, 'fingerprint-mismatch');
+      assert.equal(fresh.value.status, 'acquired');
+      assert.deepEqual(paths.sort(), ['/v1/begin', '/v1/begin', '/v1/begin/batch']);
+
+      // Begins that wait go alone: a batch does not wait.
+      paths.length = 0;
+      await Promise.all([together.begin({ key: uniqueKey(), wait_ms: 100 }), together.begin({ key: uniqueKey(), wait_ms: 100 })]);
+      assert.deepEqual(paths, ['/v1/begin', '/v1/begin']);
+
+      // More calls than a batch holds (100) go in as many batches as needed.
+      paths.length = 0;
+      const many = await Promise.all(Array.from({ length: 150 }, () => together.begin({ key: uniqueKey() })));
+      assert.equal(many.filter((l) => l.status === 'acquired').length, 150);
+      assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin/batch']);
+    });
   });
 }
+
+describe('IdemClient coalesce without batches at idemsvc', () => {
+  let svc;
+  before(async () => {
+    svc = await startOn('memory');
+  });
+  after(() => svc.stop());
+
+  test('a batch refused as a whole sends its calls alone, and later calls go alone from then on', async () => {
+    const paths = [];
+    // An idemsvc without batch routes, as an older one: 404 for them.
+    const older = (url, init) => {
+      const path = new URL(url).pathname;
+      paths.push(path);
+      if (path.endsWith('/batch')) return Promise.resolve(new Response('404 page not found\n', { status: 404 }));
+      return fetch(url, init);
+    };
+    const idem = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, coalesce: true, fetch: older });
+    const first = await Promise.all([idem.begin({ key: uniqueKey() }), idem.begin({ key: uniqueKey() })]);
+    assert.deepEqual(first.map((l) => l.status), ['acquired', 'acquired']);
+    assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin', '/v1/begin']);
+    paths.length = 0;
+    await Promise.all([idem.begin({ key: uniqueKey() }), idem.begin({ key: uniqueKey() })]);
+    assert.deepEqual(paths, ['/v1/begin', '/v1/begin']);
+  });
+
+  test('a batch whose answer is lost sends its calls alone, with the same owners; later calls still go together', async () => {
+    const paths = [];
+    let lose = true;
+    // The first batch reaches idemsvc, and its answer is lost.
+    const lossy = async (url, init) => {
+      const path = new URL(url).pathname;
+      paths.push(path);
+      const res = await fetch(url, init);
+      if (path.endsWith('/batch') && lose) {
+        lose = false;
+        throw new TypeError('fetch failed');
+      }
+      return res;
+    };
+    const idem = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, coalesce: true, fetch: lossy });
+    const keys = [uniqueKey(), uniqueKey()];
+    const leases = await Promise.all(keys.map((key) => idem.begin({ key })));
+    // Acquired by the lost batch, and given back to the same owner alone.
+    assert.deepEqual(leases.map((l) => [l.status, l.attempt]), [['acquired', 1], ['acquired', 1]]);
+    assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin', '/v1/begin']);
+    paths.length = 0;
+    await Promise.all(leases.map((l) => idem.complete({ key: l.key, lease_token: l.lease_token, response: { body: 'ok' } })));
+    assert.deepEqual(paths, ['/v1/finish/batch']);
+  });
+});
 
 describe('IdemClient retries', () => {
   test('a network error is retried until idemsvc answers', async () => {
