@@ -675,7 +675,7 @@ type Problem struct {
 	// | `in-progress` | 409 | another caller holds the key (with `attempt`, `lease_expires_at`) |
 	// | `lease-lost` | 409 | the lease token is not the current attempt's |
 	// | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
-	// | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress or its read budget (with `Retry-After`) |
+	// | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress, its read budget or its large answers in flight on the instance (with `Retry-After`) |
 	// | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
 	// | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
 	// | `blob-unavailable` | 503 | a large response's body store (`IDEMSVC_BLOB_URL`) cannot be reached, or a stored body is missing from it or does not match its SHA-256; the record is unchanged (with `Retry-After`) |
@@ -1254,7 +1254,10 @@ type ClientInterface interface {
 	// Results come in request order, and one item's problem never fails
 	// the others (an invalid item gets a 400 result). Tenant limits count
 	// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
-	// 400 result naming `wait_ms`. An in-progress result carries
+	// 400 result naming `wait_ms`, and an item that would replay a stored
+	// response of 64 KiB or more while its tenant has its large answers
+	// in flight on this instance (`IDEMSVC_READS_IN_FLIGHT`) gets a 429
+	// `rate-limited` result at once. An in-progress result carries
 	// `attempt` and `lease_expires_at` in its problem, as the single
 	// call's 409 does; the batch answer has no `Retry-After` of its own.
 	// On Redis the items' scripts run pipelined: one round trip per
@@ -1275,7 +1278,10 @@ type ClientInterface interface {
 	// Results come in request order, and one item's problem never fails
 	// the others (an invalid item gets a 400 result). Tenant limits count
 	// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
-	// 400 result naming `wait_ms`. An in-progress result carries
+	// 400 result naming `wait_ms`, and an item that would replay a stored
+	// response of 64 KiB or more while its tenant has its large answers
+	// in flight on this instance (`IDEMSVC_READS_IN_FLIGHT`) gets a 429
+	// `rate-limited` result at once. An in-progress result carries
 	// `attempt` and `lease_expires_at` in its problem, as the single
 	// call's 409 does; the batch answer has no `Retry-After` of its own.
 	// On Redis the items' scripts run pipelined: one round trip per
@@ -1461,7 +1467,10 @@ type ClientInterface interface {
 	// do not apply to the record's state are omitted; `response` is
 	// included only with `include_response=true`. A status with the
 	// response is a read, counted against the tenant's read budget as a
-	// replay is (429 `rate-limited` over it).
+	// replay is (429 `rate-limited` over it), and a large one (a stored
+	// response of 64 KiB or more) against the tenant's large answers in
+	// flight on this instance (`IDEMSVC_READS_IN_FLIGHT`: 429
+	// `rate-limited` after waiting up to 1 s for a slot).
 	//
 	// Corresponds with GET /v1/status (the `GetStatus` operationId).
 	GetStatus(ctx context.Context, params *GetStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error)
@@ -1642,7 +1651,10 @@ func (c *APIClient) Begin(ctx context.Context, body BeginJSONRequestBody, reqEdi
 // Results come in request order, and one item's problem never fails
 // the others (an invalid item gets a 400 result). Tenant limits count
 // every item. A batch does not wait: an item with `wait_ms` > 0 gets a
-// 400 result naming `wait_ms`. An in-progress result carries
+// 400 result naming `wait_ms`, and an item that would replay a stored
+// response of 64 KiB or more while its tenant has its large answers
+// in flight on this instance (`IDEMSVC_READS_IN_FLIGHT`) gets a 429
+// `rate-limited` result at once. An in-progress result carries
 // `attempt` and `lease_expires_at` in its problem, as the single
 // call's 409 does; the batch answer has no `Retry-After` of its own.
 // On Redis the items' scripts run pipelined: one round trip per
@@ -1673,7 +1685,10 @@ func (c *APIClient) BeginBatchWithBody(ctx context.Context, contentType string, 
 // Results come in request order, and one item's problem never fails
 // the others (an invalid item gets a 400 result). Tenant limits count
 // every item. A batch does not wait: an item with `wait_ms` > 0 gets a
-// 400 result naming `wait_ms`. An in-progress result carries
+// 400 result naming `wait_ms`, and an item that would replay a stored
+// response of 64 KiB or more while its tenant has its large answers
+// in flight on this instance (`IDEMSVC_READS_IN_FLIGHT`) gets a 429
+// `rate-limited` result at once. An in-progress result carries
 // `attempt` and `lease_expires_at` in its problem, as the single
 // call's 409 does; the batch answer has no `Retry-After` of its own.
 // On Redis the items' scripts run pipelined: one round trip per
@@ -1989,7 +2004,10 @@ func (c *APIClient) GetBody(ctx context.Context, params *GetBodyParams, reqEdito
 // do not apply to the record's state are omitted; `response` is
 // included only with `include_response=true`. A status with the
 // response is a read, counted against the tenant's read budget as a
-// replay is (429 `rate-limited` over it).
+// replay is (429 `rate-limited` over it), and a large one (a stored
+// response of 64 KiB or more) against the tenant's large answers in
+// flight on this instance (`IDEMSVC_READS_IN_FLIGHT`: 429
+// `rate-limited` after waiting up to 1 s for a slot).
 //
 // Corresponds with GET /v1/status (the `GetStatus` operationId).
 func (c *APIClient) GetStatus(ctx context.Context, params *GetStatusParams, reqEditors ...RequestEditorFn) (*http.Response, error) {
@@ -2955,7 +2973,10 @@ type ClientWithResponsesInterface interface {
 	// Results come in request order, and one item's problem never fails
 	// the others (an invalid item gets a 400 result). Tenant limits count
 	// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
-	// 400 result naming `wait_ms`. An in-progress result carries
+	// 400 result naming `wait_ms`, and an item that would replay a stored
+	// response of 64 KiB or more while its tenant has its large answers
+	// in flight on this instance (`IDEMSVC_READS_IN_FLIGHT`) gets a 429
+	// `rate-limited` result at once. An in-progress result carries
 	// `attempt` and `lease_expires_at` in its problem, as the single
 	// call's 409 does; the batch answer has no `Retry-After` of its own.
 	// On Redis the items' scripts run pipelined: one round trip per
@@ -2976,7 +2997,10 @@ type ClientWithResponsesInterface interface {
 	// Results come in request order, and one item's problem never fails
 	// the others (an invalid item gets a 400 result). Tenant limits count
 	// every item. A batch does not wait: an item with `wait_ms` > 0 gets a
-	// 400 result naming `wait_ms`. An in-progress result carries
+	// 400 result naming `wait_ms`, and an item that would replay a stored
+	// response of 64 KiB or more while its tenant has its large answers
+	// in flight on this instance (`IDEMSVC_READS_IN_FLIGHT`) gets a 429
+	// `rate-limited` result at once. An in-progress result carries
 	// `attempt` and `lease_expires_at` in its problem, as the single
 	// call's 409 does; the batch answer has no `Retry-After` of its own.
 	// On Redis the items' scripts run pipelined: one round trip per
@@ -3168,7 +3192,10 @@ type ClientWithResponsesInterface interface {
 	// do not apply to the record's state are omitted; `response` is
 	// included only with `include_response=true`. A status with the
 	// response is a read, counted against the tenant's read budget as a
-	// replay is (429 `rate-limited` over it).
+	// replay is (429 `rate-limited` over it), and a large one (a stored
+	// response of 64 KiB or more) against the tenant's large answers in
+	// flight on this instance (`IDEMSVC_READS_IN_FLIGHT`: 429
+	// `rate-limited` after waiting up to 1 s for a slot).
 	//
 	// Returns a wrapper object for the known response body format(s).
 	//
@@ -4801,7 +4828,10 @@ func (c *ClientWithResponses) BeginWithResponse(ctx context.Context, body BeginJ
 // Results come in request order, and one item's problem never fails
 // the others (an invalid item gets a 400 result). Tenant limits count
 // every item. A batch does not wait: an item with `wait_ms` > 0 gets a
-// 400 result naming `wait_ms`. An in-progress result carries
+// 400 result naming `wait_ms`, and an item that would replay a stored
+// response of 64 KiB or more while its tenant has its large answers
+// in flight on this instance (`IDEMSVC_READS_IN_FLIGHT`) gets a 429
+// `rate-limited` result at once. An in-progress result carries
 // `attempt` and `lease_expires_at` in its problem, as the single
 // call's 409 does; the batch answer has no `Retry-After` of its own.
 // On Redis the items' scripts run pipelined: one round trip per
@@ -4828,7 +4858,10 @@ func (c *ClientWithResponses) BeginBatchWithBodyWithResponse(ctx context.Context
 // Results come in request order, and one item's problem never fails
 // the others (an invalid item gets a 400 result). Tenant limits count
 // every item. A batch does not wait: an item with `wait_ms` > 0 gets a
-// 400 result naming `wait_ms`. An in-progress result carries
+// 400 result naming `wait_ms`, and an item that would replay a stored
+// response of 64 KiB or more while its tenant has its large answers
+// in flight on this instance (`IDEMSVC_READS_IN_FLIGHT`) gets a 429
+// `rate-limited` result at once. An in-progress result carries
 // `attempt` and `lease_expires_at` in its problem, as the single
 // call's 409 does; the batch answer has no `Retry-After` of its own.
 // On Redis the items' scripts run pipelined: one round trip per
@@ -5098,7 +5131,10 @@ func (c *ClientWithResponses) GetBodyWithResponse(ctx context.Context, params *G
 // do not apply to the record's state are omitted; `response` is
 // included only with `include_response=true`. A status with the
 // response is a read, counted against the tenant's read budget as a
-// replay is (429 `rate-limited` over it).
+// replay is (429 `rate-limited` over it), and a large one (a stored
+// response of 64 KiB or more) against the tenant's large answers in
+// flight on this instance (`IDEMSVC_READS_IN_FLIGHT`: 429
+// `rate-limited` after waiting up to 1 s for a slot).
 //
 // Returns a wrapper object for the known response body format(s).
 //

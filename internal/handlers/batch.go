@@ -106,7 +106,7 @@ func (s *Service) BeginBatch(ctx context.Context, req api.BeginBatchRequestObjec
 			}
 			// An item waits for no read slot: the batch's other items
 			// would wait with it, or for a slot the batch holds itself.
-			out, err := s.beginDone(ctx, d.t, d.lim, d.a, o.Result, false)
+			out, err := s.beginDone(ctx, d.t, d.lim, d.a, o.Result, &largeRead{slots: s.reads, tenant: d.t})
 			if err != nil {
 				answers[d.i].err = err
 				continue

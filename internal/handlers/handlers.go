@@ -223,6 +223,7 @@ func New(cfg Config) *Service {
 		registerAdmission(cfg.Registry, a)
 	}
 	if cfg.Limiter != nil {
+		s.reads.refusedOf = cfg.Limiter.ReadsInFlightRefused
 		cfg.Registry.MustRegister(cfg.Limiter)
 		if cfg.Keyring != nil {
 			cfg.Limiter.Known(cfg.Keyring.Tenants()...)

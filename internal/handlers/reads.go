@@ -13,9 +13,10 @@ import (
 )
 
 // The large answers a tenant has in flight on this instance are bounded:
-// a replay or a status whose stored response is large (one written under
-// its own deadline, from 64 KiB) holds one of its tenant's read slots from
-// the store's answer until it is written. The read budget bounds the bytes
+// a replay or a status whose stored response is large holds one of its
+// tenant's read slots from before the store reads the response (the
+// GETRANGE of a record its script sent by its head only; see largeRead)
+// until it is written. The read budget bounds the bytes
 // a tenant reads a second, not when: refilled, it admitted a tenant's many
 // concurrent replays of 1 MiB at once, which took every CPU idemsvc runs
 // on for tens of milliseconds, and another tenant's begins queued behind
@@ -40,8 +41,11 @@ func DefaultReadsInFlight() int { return max(1, runtime.GOMAXPROCS(0)/2) }
 // tenant names never seen again take no memory.
 type readSlots struct {
 	slots int
-	mu    sync.Mutex
-	of    map[string]*tenantReads
+	// refusedOf counts a refusal (idemsvc_limit_rejections_total with
+	// limit reads_in_flight); nil counts none.
+	refusedOf func(tenant string)
+	mu        sync.Mutex
+	of        map[string]*tenantReads
 }
 
 type tenantReads struct {
@@ -79,7 +83,7 @@ func (r *readSlots) acquire(ctx context.Context, tenant string, wait bool) (func
 	if !wait || tr.waiting >= readSlotWaiters*r.slots {
 		r.mu.Unlock()
 		r.leave(tenant, tr, false)
-		return nil, r.refused()
+		return nil, r.refused(tenant)
 	}
 	tr.waiting++
 	r.mu.Unlock()
@@ -95,7 +99,7 @@ func (r *readSlots) acquire(ctx context.Context, tenant string, wait bool) (func
 	case <-ctx.Done():
 	}
 	r.leave(tenant, tr, true)
-	return nil, r.refused()
+	return nil, r.refused(tenant)
 }
 
 // leave ends a use of tr (a wait, when waited), dropping the tenant's
@@ -111,7 +115,65 @@ func (r *readSlots) leave(tenant string, tr *tenantReads, waited bool) {
 	}
 }
 
-func (r *readSlots) refused() error {
+func (r *readSlots) refused(tenant string) error {
+	if r.refusedOf != nil {
+		r.refusedOf(tenant)
+	}
 	return &quota.Error{Limit: quota.LimitReadsInFlight, RetryAfter: time.Second,
 		Detail: fmt.Sprintf("the tenant has %d large stored responses being read on this instance, its limit (IDEMSVC_READS_IN_FLIGHT), and more waiting: replays and statuses with the response are refused until they are written", r.slots)}
+}
+
+// largeRead is one request's read slot. The Redis store takes it through
+// statemachine.WithReadGate before it reads a large response (from the
+// GETRANGE on); otherwise the handler takes it once the store answered
+// with a large response (a store that reads records whole, a record read
+// whole by its script whose response decodes to 64 KiB or more). The
+// answer that writes the response gives it back.
+//
+// Taken after the store's read, as it once was, a tenant's reads waiting
+// for a slot had each already read its response: a reader's 8 replays of
+// 1 MiB at once read 8 MiB from Redis and decoded it, on every CPU, while
+// one was written, and another tenant's begins waited behind them
+// (BenchmarkReaderLeavesOthersTheirShare).
+type largeRead struct {
+	slots   *readSlots
+	tenant  string
+	wait    bool
+	release func()
+}
+
+// EnterRead implements statemachine.ReadGate: it takes the slot, once.
+func (l *largeRead) EnterRead(ctx context.Context) error {
+	if l.release != nil {
+		return nil
+	}
+	release, err := l.slots.acquire(ctx, l.tenant, l.wait)
+	if err != nil {
+		return err
+	}
+	l.release = release
+	return nil
+}
+
+// take hands the slot over to the answer that writes the response,
+// taking it first if the store did not and size says the answer is
+// large; it returns nil for a small answer.
+func (l *largeRead) take(ctx context.Context, size int64) (func(), error) {
+	if l.release == nil && size >= largeAnswer {
+		if err := l.EnterRead(ctx); err != nil {
+			return nil, err
+		}
+	}
+	release := l.release
+	l.release = nil
+	return release, nil
+}
+
+// drop gives the slot back if it is still held: the request failed, or
+// answers without the response.
+func (l *largeRead) drop() {
+	if l.release != nil {
+		l.release()
+		l.release = nil
+	}
 }

@@ -131,7 +131,10 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		// the wait rather than shed it as overload.
 		first = statemachine.WithQueueWait(first, wait)
 	}
-	for call := first; ; call = ctx {
+	large := &largeRead{slots: s.reads, tenant: t, wait: true}
+	defer large.drop()
+	first = statemachine.WithReadGate(first, large)
+	for call := first; ; call = statemachine.WithReadGate(ctx, large) {
 		res, err := s.store.Begin(call, t, breq)
 		var busy *statemachine.InProgressError
 		if wait > 0 && errors.As(err, &busy) {
@@ -165,7 +168,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 				return nil, err
 			}
 		}
-		return s.beginDone(ctx, t, lim, a, res, true)
+		return s.beginDone(ctx, t, lim, a, res, large)
 	}
 }
 
@@ -218,8 +221,9 @@ func (s *Service) beginFailed(t string, lim auth.Quota, a admission, err error) 
 
 // beginDone settles the limits of a begin the store answered, and returns
 // its answer: a large replay once it holds one of its tenant's read slots
-// (waiting for one, if wait says so).
-func (s *Service) beginDone(ctx context.Context, t string, lim auth.Quota, a admission, res statemachine.BeginResult, wait bool) (api.BeginResponseObject, error) {
+// (large's, taken by the store before it read the response or now,
+// waiting for one if large says so).
+func (s *Service) beginDone(ctx context.Context, t string, lim auth.Quota, a admission, res statemachine.BeginResult, large *largeRead) (api.BeginResponseObject, error) {
 	s.settleHold(t, lim, a.hold, &res)
 	if res.Acquired {
 		return s.beginResult(ctx, t, res), nil
@@ -228,12 +232,12 @@ func (s *Service) beginDone(ctx context.Context, t string, lim auth.Quota, a adm
 	if s.quota != nil {
 		s.quota.Read(t, lim, size)
 	}
-	if size < largeAnswer {
-		return s.beginResult(ctx, t, res), nil
-	}
-	release, err := s.reads.acquire(ctx, t, wait)
+	release, err := large.take(ctx, size)
 	if err != nil {
 		return nil, err
+	}
+	if release == nil {
+		return s.beginResult(ctx, t, res), nil
 	}
 	out := s.beginResult(ctx, t, res)
 	if r, ok := out.(replayAnswer); ok {
@@ -434,7 +438,13 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 			return nil, s.quota.ReadRefused(t, lim)
 		}
 	}
-	rec, err := s.store.Status(ctx, t, p.Key, withResponse)
+	large := &largeRead{slots: s.reads, tenant: t, wait: true}
+	defer large.drop()
+	call := ctx
+	if withResponse {
+		call = statemachine.WithReadGate(ctx, large)
+	}
+	rec, err := s.store.Status(call, t, p.Key, withResponse)
 	if err != nil {
 		return nil, err
 	}
@@ -449,10 +459,8 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 		if s.quota != nil {
 			s.quota.Read(t, lim, size)
 		}
-		if size >= largeAnswer {
-			if release, err = s.reads.acquire(ctx, t, true); err != nil {
-				return nil, err
-			}
+		if release, err = large.take(ctx, size); err != nil {
+			return nil, err
 		}
 	}
 	setOutcome(ctx, t, "found")

@@ -112,6 +112,10 @@ type Limiter interface {
 	Read(tenant string, l auth.Quota, n int64)
 	// ReadRefused is the error of a read refused for the read budget.
 	ReadRefused(tenant string, l auth.Quota) error
+	// ReadsInFlightRefused counts a large read of tenant refused because
+	// the tenant had its large answers in flight on this instance
+	// (IDEMSVC_READS_IN_FLIGHT, which the handlers bound).
+	ReadsInFlightRefused(tenant string)
 	// TenantLabel is tenant's label in metrics: its name, or OtherTenant
 	// past MaxTenantLabels tenants. The handlers' series use it too, so
 	// that a tenant has the same label in all of them.
@@ -387,7 +391,7 @@ func (l *limiter) tenant(name string) *tenantState {
 // and its stored bytes, wait for its first call.
 func (l *limiter) Known(tenants ...string) {
 	for _, t := range tenants {
-		for _, limit := range []string{LimitRate, LimitStoredBytes, LimitWaiters} {
+		for _, limit := range []string{LimitRate, LimitStoredBytes, LimitWaiters, LimitInProgress, LimitReadBytes, LimitReadsInFlight} {
 			l.metrics.rejections.WithLabelValues(t, limit)
 		}
 	}
@@ -951,6 +955,11 @@ func (l *limiter) ReadRefused(tenant string, lim auth.Quota) error {
 	ts.mu.Unlock()
 	return &Error{Limit: LimitReadBytes, RetryAfter: atLeastASecond(time.Duration(owed / rate * float64(time.Second))),
 		Detail: fmt.Sprintf("the tenant read stored responses over its read budget (read_bytes_per_s %d on this instance): replays and statuses with the response are refused until it is paid back", int64(rate))}
+}
+
+// ReadsInFlightRefused implements Limiter.
+func (l *limiter) ReadsInFlightRefused(tenant string) {
+	l.tenant(tenant).labels.rejectedReadsInFlight.Inc()
 }
 
 // TenantLabel implements Limiter.

@@ -43,6 +43,13 @@ func (s *Store) readResponse(ctx context.Context, key string, r *reply) error {
 	if r.size <= head {
 		return nil
 	}
+	// The caller's read slot, taken before the read rather than after
+	// it: a tenant's large reads in flight are bounded from the
+	// GETRANGE on, so that the reads waiting for a slot hold neither
+	// Redis's time, nor idemsvc's CPU, nor the response's bytes.
+	if err := statemachine.EnterRead(ctx); err != nil {
+		return err
+	}
 	ctx, cancel := context.WithTimeout(ctx, s.timeout)
 	defer cancel()
 	var rest, again *redis.StringCmd

@@ -170,7 +170,10 @@ export interface paths {
          *     Results come in request order, and one item's problem never fails
          *     the others (an invalid item gets a 400 result). Tenant limits count
          *     every item. A batch does not wait: an item with `wait_ms` > 0 gets a
-         *     400 result naming `wait_ms`. An in-progress result carries
+         *     400 result naming `wait_ms`, and an item that would replay a stored
+         *     response of 64 KiB or more while its tenant has its large answers
+         *     in flight on this instance (`IDEMSVC_READS_IN_FLIGHT`) gets a 429
+         *     `rate-limited` result at once. An in-progress result carries
          *     `attempt` and `lease_expires_at` in its problem, as the single
          *     call's 409 does; the batch answer has no `Retry-After` of its own.
          *     On Redis the items' scripts run pipelined: one round trip per
@@ -244,7 +247,10 @@ export interface paths {
          *     do not apply to the record's state are omitted; `response` is
          *     included only with `include_response=true`. A status with the
          *     response is a read, counted against the tenant's read budget as a
-         *     replay is (429 `rate-limited` over it).
+         *     replay is (429 `rate-limited` over it), and a large one (a stored
+         *     response of 64 KiB or more) against the tenant's large answers in
+         *     flight on this instance (`IDEMSVC_READS_IN_FLIGHT`: 429
+         *     `rate-limited` after waiting up to 1 s for a slot).
          */
         get: operations["getStatus"];
         put?: never;
@@ -832,7 +838,7 @@ export interface components {
              *     | `in-progress` | 409 | another caller holds the key (with `attempt`, `lease_expires_at`) |
              *     | `lease-lost` | 409 | the lease token is not the current attempt's |
              *     | `fingerprint-mismatch` | 422 | the key was used with a different fingerprint |
-             *     | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress or its read budget (with `Retry-After`) |
+             *     | `rate-limited` | 429 | begin, or a status with the response: the tenant is over its begin rate, its concurrent waiters, its attempts in progress, its read budget or its large answers in flight on the instance (with `Retry-After`) |
              *     | `quota-exceeded` | 429 | begin only: the tenant is over its stored-bytes budget and the begin would acquire (with `Retry-After`) |
              *     | `store-unavailable` | 503 | the store cannot be reached or did not answer in time; or the request bodies held at once, or the connections, are at idemsvc's bound; or, for a begin that would start an operation, the key's Redis master keeps its memory for the outcomes in flight or may evict (with `Retry-After`) |
              *     | `blob-unavailable` | 503 | a large response's body store (`IDEMSVC_BLOB_URL`) cannot be reached, or a stored body is missing from it or does not match its SHA-256; the record is unchanged (with `Retry-After`) |
@@ -1131,8 +1137,13 @@ export interface components {
          *     acquire is refused, replays are served), or its read budget on this
          *     instance (`read_bytes_per_s`, default 16 MiB/s: a begin that would
          *     replay and a status with the response are refused, a begin that
-         *     acquires is not). Problem `quota-exceeded`: over its stored-bytes
-         *     budget (`stored_bytes`), so a begin that would acquire is refused,
+         *     acquires is not), or its large answers in flight on this instance
+         *     (`IDEMSVC_READS_IN_FLIGHT`, default half of the instance's CPUs:
+         *     a replay or a status with a stored response of 64 KiB or more waits
+         *     up to 1 s for one of its tenant's read slots, then is refused with
+         *     `Retry-After: 1`; an item of a batch is refused at once). Problem
+         *     `quota-exceeded`: over its stored-bytes budget (`stored_bytes`), so
+         *     a begin that would acquire is refused,
          *     while replays of stored outcomes are still served.
          *     Nothing changed; `Retry-After` gives the seconds after which a retry
          *     is worth making.

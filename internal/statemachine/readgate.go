@@ -1,0 +1,35 @@
+// SPDX-License-Identifier: Apache-2.0
+
+package statemachine
+
+import "context"
+
+// readGateKey is the context key of WithReadGate.
+type readGateKey struct{}
+
+// A ReadGate admits the reading of a large stored response: a store that
+// reads a record's response apart from its head (the Redis store, for a
+// record over the size its scripts send whole) calls it first, and reads
+// nothing when it returns an error, which the store's call then returns.
+// It may be called more than once in one store call (a record that changed
+// while read is read again): it admits the call's reads once.
+type ReadGate interface {
+	EnterRead(ctx context.Context) error
+}
+
+// WithReadGate makes the store calls made with ctx read large stored
+// responses only once g admits them, so that the caller bounds the large
+// reads in flight from their first byte, not only from when the store
+// answered.
+func WithReadGate(ctx context.Context, g ReadGate) context.Context {
+	return context.WithValue(ctx, readGateKey{}, g)
+}
+
+// EnterRead passes the read gate WithReadGate gave ctx; without one it
+// admits every read.
+func EnterRead(ctx context.Context) error {
+	if g, ok := ctx.Value(readGateKey{}).(ReadGate); ok {
+		return g.EnterRead(ctx)
+	}
+	return nil
+}
