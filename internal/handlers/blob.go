@@ -452,15 +452,30 @@ func (s *Service) GetBody(ctx context.Context, req api.GetBodyRequestObject) (ap
 			return nil, s.quota.ReadRefused(t, lim)
 		}
 	}
-	rec, err := s.store.Status(ctx, t, p.Key, true)
+	rec, err := s.store.Status(statemachine.WithStreamedBodies(ctx), t, p.Key, true)
 	if err != nil {
 		return nil, err
 	}
 	if rec.State == statemachine.StateInProgress {
 		return nil, fmt.Errorf("handlers: body of a record in progress: %w", statemachine.ErrNotFound)
 	}
-	setOutcome(ctx, t, "found")
 	r := &rec.Response
+	if body := s.streamed(r); body != nil {
+		// Kept compressed: decoded twice, through one buffer each time,
+		// once for the SHA-256 its header gives, then as it is written.
+		s.bodies.Hold(streamedBodyBytes)
+		sum, err := body.sum()
+		s.bodies.GiveBytes(streamedBodyBytes, httpserve.Claim{})
+		if err != nil {
+			return nil, err
+		}
+		setOutcome(ctx, t, "found")
+		if s.quota != nil {
+			s.quota.Read(t, s.keyring.Quota(t), r.ZstdSize)
+		}
+		return bodyAnswer{s: s, size: r.ZstdSize, sum: sum, body: r.OpenBody(), held: streamedBodyBytes}, nil
+	}
+	setOutcome(ctx, t, "found")
 	if r.Ref == nil || s.blobs == nil {
 		if s.quota != nil {
 			s.quota.Read(t, s.keyring.Quota(t), int64(len(r.Body)))
@@ -478,6 +493,19 @@ func (s *Service) GetBody(ctx context.Context, req api.GetBodyRequestObject) (ap
 	return bodyAnswer{s: s, size: r.Ref.Size, sum: r.Ref.SHA256, ref: r.Ref, body: rc}, nil
 }
 
+// sum decodes the body through one buffer and returns its SHA-256.
+func (b *streamedBody) sum() ([32]byte, error) {
+	var sum [32]byte
+	rc := b.resp.OpenBody()
+	defer rc.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, rc, make([]byte, streamBuffer)); err != nil {
+		return sum, fmt.Errorf("handlers: a stored body: %w", err)
+	}
+	h.Sum(sum[:0])
+	return sum, nil
+}
+
 // bodyAnswer writes a stored body: inline, or streamed from the blob
 // store through one buffer, cut off before its end if it fails its check.
 type bodyAnswer struct {
@@ -485,8 +513,9 @@ type bodyAnswer struct {
 	size   int64
 	sum    [32]byte
 	inline string
-	ref    *statemachine.BodyRef
+	ref    *statemachine.BodyRef // of a body in the blob store
 	body   io.ReadCloser
+	held   int64 // the memory body holds besides the buffer, counted in the body budget
 }
 
 func (a bodyAnswer) VisitGetBodyResponse(w http.ResponseWriter) error {
@@ -506,8 +535,8 @@ func (a bodyAnswer) VisitGetBodyResponse(w http.ResponseWriter) error {
 	defer a.body.Close()
 	// The buffer is memory the answer holds: counted in the body budget,
 	// so that many slow readers make new bodies wait, not memory grow.
-	a.s.bodies.Hold(streamBuffer)
-	defer a.s.bodies.GiveBytes(streamBuffer, httpserve.Claim{})
+	a.s.bodies.Hold(streamBuffer + a.held)
+	defer a.s.bodies.GiveBytes(streamBuffer+a.held, httpserve.Claim{})
 	w.WriteHeader(http.StatusOK)
 	buf := make([]byte, streamBuffer)
 	for {
@@ -521,7 +550,11 @@ func (a bodyAnswer) VisitGetBodyResponse(w http.ResponseWriter) error {
 			return nil
 		}
 		if err != nil {
-			a.s.bodyFailed(a.ref, err)
+			if a.ref != nil {
+				a.s.bodyFailed(a.ref, err)
+			} else {
+				a.s.log.Error("a stored body failed to decode as it was sent; the answer was cut off", "error", err)
+			}
 			// Cut the answer off short of its Content-Length: the client
 			// sees a broken answer, never a whole wrong one.
 			panic(http.ErrAbortHandler)

@@ -125,6 +125,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		return nil, err
 	}
 	s.readBudget(t, lim, &breq)
+	breq.StreamedBody = true // a long compressed body is decoded as it is written
 	deadline := time.Now().Add(wait)
 	if wait > 0 {
 		// Its caller waits anyway: the store queues this call for up to
@@ -284,8 +285,11 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 		out.FailedAt = millis(rec.UpdatedAt)
 		out.Error = optional(rec.Error)
 	}
+	if body := s.streamed(&rec.Response); body != nil {
+		return replayAnswer{BeginReplayResponse: out, body: body}
+	}
 	if d := s.writeDeadline(&out.Response); d > 0 {
-		return replayAnswer{out, d, nil}
+		return replayAnswer{BeginReplayResponse: out, deadline: d}
 	}
 	return out
 }
@@ -434,7 +438,11 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 			return nil, s.quota.ReadRefused(t, lim)
 		}
 	}
-	rec, err := s.store.Status(ctx, t, p.Key, withResponse)
+	read := ctx
+	if withResponse { // a long compressed body is decoded as it is written
+		read = statemachine.WithStreamedBodies(ctx)
+	}
+	rec, err := s.store.Status(read, t, p.Key, withResponse)
 	if err != nil {
 		return nil, err
 	}
@@ -463,8 +471,11 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 			resp.BodyRef = bodyRef(ref, rec.Key, t)
 		}
 		out.Response = &resp
+		if body := s.streamed(&rec.Response); body != nil {
+			return statusAnswer{StatusResponse: out, release: release, body: body}, nil
+		}
 		if d := s.writeDeadline(&resp); d > 0 {
-			return statusAnswer{out, d, release}, nil
+			return statusAnswer{StatusResponse: out, deadline: d, release: release}, nil
 		}
 	}
 	if release != nil {
