@@ -300,7 +300,7 @@ func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (
 	if err != nil {
 		return nil, err
 	}
-	if s.blobs != nil && int64(len(creq.Response.Body)) > s.blobs.Threshold {
+	if !s.keepJSON(&creq.Response) {
 		return s.completeByRef(ctx, t, &creq)
 	}
 	rec, err := s.store.Complete(ctx, t, creq)
@@ -341,6 +341,12 @@ func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.Fail
 	t, freq, err := s.failRequest(ctx, req.Body)
 	if err != nil {
 		return nil, err
+	}
+	if !freq.Retryable && !s.keepJSON(&freq.Response) {
+		// A terminal failure's response is replayed as a complete's is:
+		// a long body goes to the blob store. (A retryable one is not
+		// stored at all.)
+		return s.failByRef(ctx, t, &freq)
 	}
 	rec, err := s.store.Fail(ctx, t, freq)
 	if err != nil {

@@ -202,6 +202,9 @@ func (c *Compressor) Write(p []byte) (int, error) {
 	return n, c.err
 }
 
+// WriteString compresses s, as Write does, without copying it.
+func (c *Compressor) WriteString(s string) (int, error) { return c.Write(bytesOf(s)) }
+
 func (c *Compressor) fail(err error) {
 	c.err = err
 	c.release()
