@@ -1327,8 +1327,10 @@ type ClientInterface interface {
 	// the response body itself, as raw bytes, sent as a stream, and the
 	// rest of the call travels in `Idem-*` request headers. idemsvc never
 	// holds the whole body in memory: it writes it to its blob store
-	// (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
-	// `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+	// (`IDEMSVC_BLOB_URL`) before it stores the complete, when its
+	// compressed size (zstd, as the record would keep it) is over
+	// `IDEMSVC_BLOB_THRESHOLD_BYTES` or it is over the 1 MiB
+	// stored-response limit, and keeps it in the record, compressed,
 	// otherwise. Fencing, retries and answers are those of
 	// `POST /v1/complete`: the same token completing again (a retried
 	// call, after a lost reply) gets the same result and changes nothing.
@@ -1367,8 +1369,12 @@ type ClientInterface interface {
 	// Ends the attempt fenced by `lease_token` with a failure.
 	// `retryable: true` (the default) releases the key: the next begin
 	// acquires it (attempt + 1). `retryable: false` stores a terminal
-	// failure that begin replays until the record's retention ends.
-	// Fencing and retries are as for `complete`.
+	// failure that begin replays until the record's retention ends; its
+	// `response` is stored as a complete's is, and with a blob store a
+	// body whose compressed size is over `IDEMSVC_BLOB_THRESHOLD_BYTES`
+	// goes there first (a failure refused for its lease leaves nothing
+	// there), and replays as a complete's does. A retryable failure
+	// stores no response. Fencing and retries are as for `complete`.
 	//
 	// Takes any type of body and a specified content type.
 	//
@@ -1380,8 +1386,12 @@ type ClientInterface interface {
 	// Ends the attempt fenced by `lease_token` with a failure.
 	// `retryable: true` (the default) releases the key: the next begin
 	// acquires it (attempt + 1). `retryable: false` stores a terminal
-	// failure that begin replays until the record's retention ends.
-	// Fencing and retries are as for `complete`.
+	// failure that begin replays until the record's retention ends; its
+	// `response` is stored as a complete's is, and with a blob store a
+	// body whose compressed size is over `IDEMSVC_BLOB_THRESHOLD_BYTES`
+	// goes there first (a failure refused for its lease leaves nothing
+	// there), and replays as a complete's does. A retryable failure
+	// stores no response. Fencing and retries are as for `complete`.
 	//
 	// Takes a body of the `application/json` content type.
 	//
@@ -1764,8 +1774,10 @@ func (c *APIClient) Complete(ctx context.Context, body CompleteJSONRequestBody, 
 // the response body itself, as raw bytes, sent as a stream, and the
 // rest of the call travels in `Idem-*` request headers. idemsvc never
 // holds the whole body in memory: it writes it to its blob store
-// (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
-// `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+// (`IDEMSVC_BLOB_URL`) before it stores the complete, when its
+// compressed size (zstd, as the record would keep it) is over
+// `IDEMSVC_BLOB_THRESHOLD_BYTES` or it is over the 1 MiB
+// stored-response limit, and keeps it in the record, compressed,
 // otherwise. Fencing, retries and answers are those of
 // `POST /v1/complete`: the same token completing again (a retried
 // call, after a lost reply) gets the same result and changes nothing.
@@ -1834,8 +1846,12 @@ func (c *APIClient) Extend(ctx context.Context, body ExtendJSONRequestBody, reqE
 // Ends the attempt fenced by `lease_token` with a failure.
 // `retryable: true` (the default) releases the key: the next begin
 // acquires it (attempt + 1). `retryable: false` stores a terminal
-// failure that begin replays until the record's retention ends.
-// Fencing and retries are as for `complete`.
+// failure that begin replays until the record's retention ends; its
+// `response` is stored as a complete's is, and with a blob store a
+// body whose compressed size is over `IDEMSVC_BLOB_THRESHOLD_BYTES`
+// goes there first (a failure refused for its lease leaves nothing
+// there), and replays as a complete's does. A retryable failure
+// stores no response. Fencing and retries are as for `complete`.
 //
 // Takes any type of body and a specified content type.
 //
@@ -1857,8 +1873,12 @@ func (c *APIClient) FailWithBody(ctx context.Context, contentType string, body i
 // Ends the attempt fenced by `lease_token` with a failure.
 // `retryable: true` (the default) releases the key: the next begin
 // acquires it (attempt + 1). `retryable: false` stores a terminal
-// failure that begin replays until the record's retention ends.
-// Fencing and retries are as for `complete`.
+// failure that begin replays until the record's retention ends; its
+// `response` is stored as a complete's is, and with a blob store a
+// body whose compressed size is over `IDEMSVC_BLOB_THRESHOLD_BYTES`
+// goes there first (a failure refused for its lease leaves nothing
+// there), and replays as a complete's does. A retryable failure
+// stores no response. Fencing and retries are as for `complete`.
 //
 // Takes a body of the `application/json` content type.
 //
@@ -3046,8 +3066,10 @@ type ClientWithResponsesInterface interface {
 	// the response body itself, as raw bytes, sent as a stream, and the
 	// rest of the call travels in `Idem-*` request headers. idemsvc never
 	// holds the whole body in memory: it writes it to its blob store
-	// (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
-	// `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+	// (`IDEMSVC_BLOB_URL`) before it stores the complete, when its
+	// compressed size (zstd, as the record would keep it) is over
+	// `IDEMSVC_BLOB_THRESHOLD_BYTES` or it is over the 1 MiB
+	// stored-response limit, and keeps it in the record, compressed,
 	// otherwise. Fencing, retries and answers are those of
 	// `POST /v1/complete`: the same token completing again (a retried
 	// call, after a lost reply) gets the same result and changes nothing.
@@ -3086,8 +3108,12 @@ type ClientWithResponsesInterface interface {
 	// Ends the attempt fenced by `lease_token` with a failure.
 	// `retryable: true` (the default) releases the key: the next begin
 	// acquires it (attempt + 1). `retryable: false` stores a terminal
-	// failure that begin replays until the record's retention ends.
-	// Fencing and retries are as for `complete`.
+	// failure that begin replays until the record's retention ends; its
+	// `response` is stored as a complete's is, and with a blob store a
+	// body whose compressed size is over `IDEMSVC_BLOB_THRESHOLD_BYTES`
+	// goes there first (a failure refused for its lease leaves nothing
+	// there), and replays as a complete's does. A retryable failure
+	// stores no response. Fencing and retries are as for `complete`.
 	//
 	// Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -3099,8 +3125,12 @@ type ClientWithResponsesInterface interface {
 	// Ends the attempt fenced by `lease_token` with a failure.
 	// `retryable: true` (the default) releases the key: the next begin
 	// acquires it (attempt + 1). `retryable: false` stores a terminal
-	// failure that begin replays until the record's retention ends.
-	// Fencing and retries are as for `complete`.
+	// failure that begin replays until the record's retention ends; its
+	// `response` is stored as a complete's is, and with a blob store a
+	// body whose compressed size is over `IDEMSVC_BLOB_THRESHOLD_BYTES`
+	// goes there first (a failure refused for its lease leaves nothing
+	// there), and replays as a complete's does. A retryable failure
+	// stores no response. Fencing and retries are as for `complete`.
 	//
 	// Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 	//
@@ -4925,8 +4955,10 @@ func (c *ClientWithResponses) CompleteWithResponse(ctx context.Context, body Com
 // the response body itself, as raw bytes, sent as a stream, and the
 // rest of the call travels in `Idem-*` request headers. idemsvc never
 // holds the whole body in memory: it writes it to its blob store
-// (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
-// `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+// (`IDEMSVC_BLOB_URL`) before it stores the complete, when its
+// compressed size (zstd, as the record would keep it) is over
+// `IDEMSVC_BLOB_THRESHOLD_BYTES` or it is over the 1 MiB
+// stored-response limit, and keeps it in the record, compressed,
 // otherwise. Fencing, retries and answers are those of
 // `POST /v1/complete`: the same token completing again (a retried
 // call, after a lost reply) gets the same result and changes nothing.
@@ -4983,8 +5015,12 @@ func (c *ClientWithResponses) ExtendWithResponse(ctx context.Context, body Exten
 // Ends the attempt fenced by `lease_token` with a failure.
 // `retryable: true` (the default) releases the key: the next begin
 // acquires it (attempt + 1). `retryable: false` stores a terminal
-// failure that begin replays until the record's retention ends.
-// Fencing and retries are as for `complete`.
+// failure that begin replays until the record's retention ends; its
+// `response` is stored as a complete's is, and with a blob store a
+// body whose compressed size is over `IDEMSVC_BLOB_THRESHOLD_BYTES`
+// goes there first (a failure refused for its lease leaves nothing
+// there), and replays as a complete's does. A retryable failure
+// stores no response. Fencing and retries are as for `complete`.
 //
 // Takes any type of body and a specified content type, and returns a wrapper object for the known response body format(s).
 //
@@ -5002,8 +5038,12 @@ func (c *ClientWithResponses) FailWithBodyWithResponse(ctx context.Context, cont
 // Ends the attempt fenced by `lease_token` with a failure.
 // `retryable: true` (the default) releases the key: the next begin
 // acquires it (attempt + 1). `retryable: false` stores a terminal
-// failure that begin replays until the record's retention ends.
-// Fencing and retries are as for `complete`.
+// failure that begin replays until the record's retention ends; its
+// `response` is stored as a complete's is, and with a blob store a
+// body whose compressed size is over `IDEMSVC_BLOB_THRESHOLD_BYTES`
+// goes there first (a failure refused for its lease leaves nothing
+// there), and replays as a complete's does. A retryable failure
+// stores no response. Fencing and retries are as for `complete`.
 //
 // Takes a body of the `application/json` content type, and returns a wrapper object for the known response body format(s).
 //

@@ -3,6 +3,9 @@
 package api
 
 import (
+	"encoding/base64"
+	"errors"
+	"fmt"
 	"io"
 	"maps"
 	"math/bits"
@@ -10,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // Two answers carry a stored response, up to 1 MiB by default and more if
@@ -36,7 +40,18 @@ type BeginReplayResponse BeginReplay
 // make a body six times longer, and a client that reads slowly would
 // hold that much for as long as it takes.
 func (r BeginReplayResponse) VisitBeginResponse(w http.ResponseWriter) error {
+	return r.WriteWithBody(w, nil)
+}
+
+// WriteWithBody writes the replay as VisitBeginResponse does, with body
+// (when not nil) as its response's body: read and written as it is read,
+// never held whole. A body that fails to read ends the answer there,
+// unfinished, with an error that wraps ErrBodyRead.
+func (r BeginReplayResponse) WriteWithBody(w http.ResponseWriter, body *BodyStream) error {
 	size := 256 + len(r.Key)
+	if body != nil {
+		size += streamBuffer
+	}
 	if r.Error != nil {
 		size += len(*r.Error)
 	}
@@ -69,7 +84,7 @@ func (r BeginReplayResponse) VisitBeginResponse(w http.ResponseWriter) error {
 	s.b = append(s.b, `,"key":`...)
 	s.string(r.Key)
 	s.b = append(s.b, `,"response":`...)
-	r.Response.streamJSON(&s)
+	r.Response.streamJSON(&s, body)
 	s.b = append(s.b, `,"status":`...)
 	s.string(string(r.Status))
 	if s.w == nil {
@@ -150,7 +165,17 @@ type StatusResponse StatusRecord
 // VisitGetStatusResponse writes what GetStatus200JSONResponse writes. Its
 // stored response, when asked for, is streamed as a replay's is.
 func (r StatusResponse) VisitGetStatusResponse(w http.ResponseWriter) error {
+	return r.WriteWithBody(w, nil)
+}
+
+// WriteWithBody writes the status as VisitGetStatusResponse does, with
+// body (when not nil) as its response's body, as
+// BeginReplayResponse.WriteWithBody does.
+func (r StatusResponse) WriteWithBody(w http.ResponseWriter, body *BodyStream) error {
 	size := 512 + len(r.Key) + len(r.Tenant)
+	if body != nil {
+		size += streamBuffer
+	}
 	for _, v := range []*string{r.Error, r.Fingerprint, r.Owner} {
 		if v != nil {
 			size += len(*v)
@@ -200,7 +225,7 @@ func (r StatusResponse) VisitGetStatusResponse(w http.ResponseWriter) error {
 	}
 	if r.Response != nil {
 		s.b = append(s.b, `,"response":`...)
-		r.Response.streamJSON(&s)
+		r.Response.streamJSON(&s, body)
 	}
 	if r.Retryable != nil {
 		s.b = append(s.b, `,"retryable":`...)
@@ -280,9 +305,59 @@ func segment(v string, n int) int {
 	return n
 }
 
+// BodyStream is a stored body written into an answer as it is read (a
+// body kept compressed, decoded as it goes): its bytes as sent, encoded
+// in the answer as text (escaped) or base64.
+type BodyStream struct {
+	R      io.Reader
+	Base64 bool
+}
+
+// ErrBodyRead: a streamed body failed to read, and its answer was left
+// unfinished.
+var ErrBodyRead = errors.New("api: a streamed body failed to read")
+
+// stream appends b's bytes as a JSON string, streamSegment bytes at a
+// time, as string appends a string.
+func (s *jsonStream) stream(b *BodyStream) {
+	s.b = append(s.b, '"')
+	buf := make([]byte, streamSegment)
+	carry := 0 // bytes of buf kept for the next round: a cut UTF-8 sequence, or base64's remainder
+	for s.err == nil {
+		n, err := io.ReadFull(b.R, buf[carry:])
+		n += carry
+		end := err == io.EOF || err == io.ErrUnexpectedEOF
+		if err != nil && !end {
+			s.err = fmt.Errorf("%w: %w", ErrBodyRead, err)
+			return
+		}
+		k := n
+		switch {
+		case end:
+		case b.Base64:
+			k -= n % 3
+		default:
+			k = segment(unsafe.String(unsafe.SliceData(buf), n), n-1)
+		}
+		if b.Base64 {
+			s.b = base64.StdEncoding.AppendEncode(s.b, buf[:k])
+		} else {
+			s.b = appendEscaped(s.b, unsafe.String(unsafe.SliceData(buf), k))
+		}
+		carry = copy(buf, buf[k:n])
+		if len(s.b) >= streamChunk {
+			s.flush()
+		}
+		if end {
+			break
+		}
+	}
+	s.b = append(s.b, '"')
+}
+
 // streamJSON appends r as encoding/json does: members in field order, the
-// empty ones left out, headers sorted by name.
-func (r *StoredResponse) streamJSON(s *jsonStream) {
+// empty ones left out, headers sorted by name; with body, that is its body.
+func (r *StoredResponse) streamJSON(s *jsonStream, body *BodyStream) {
 	next := byte('{') // what comes before the next member
 	member := func(name string) {
 		s.b = append(s.b, next, '"')
@@ -290,7 +365,11 @@ func (r *StoredResponse) streamJSON(s *jsonStream) {
 		s.b = append(s.b, '"', ':')
 		next = ','
 	}
-	if r.Body != nil {
+	switch {
+	case body != nil:
+		member("body")
+		s.stream(body)
+	case r.Body != nil:
 		member("body")
 		s.string(*r.Body)
 	}

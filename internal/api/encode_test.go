@@ -3,12 +3,16 @@
 package api
 
 import (
+	"encoding/base64"
 	"encoding/json"
+	"errors"
+	"io"
 	"math/bits"
 	"net/http/httptest"
 	"reflect"
 	"strings"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/idemsvc/idemsvc/clients/go/encodecheck"
@@ -238,6 +242,57 @@ func TestBeginReplayResponseStreamsLikeGenerated(t *testing.T) {
 				t.Errorf("a write of %d bytes, want at most %d", w.largest, streamBuffer)
 			}
 		}
+	}
+}
+
+// A body given as a stream (WriteWithBody), read in pieces of any size,
+// writes what the same body given whole writes: text escaped across every
+// cut of a UTF-8 sequence, base64 across every cut of three bytes; writes
+// stay within streamBuffer; and a body that fails to read leaves the
+// answer unfinished, with ErrBodyRead.
+func TestBodyStreamWritesAsWhole(t *testing.T) {
+	at := NewMilliTime(time.Date(2026, 11, 21, 12, 0, 0, 123e6, time.UTC))
+	var bodies []string
+	for _, piece := range []string{"<", "\x01", "\u00e9", "\u20ac", "\U0001F600", "\u2028", "\xff", "\xe2\x80", "\xf0\x9f\x98"} {
+		for offset := range 4 {
+			bodies = append(bodies, strings.Repeat("a", streamSegment-offset)+strings.Repeat(piece, 10*streamSegment/len(piece)))
+		}
+	}
+	bodies = append(bodies, strings.Repeat("<a\u00e9&\"\\\t\xff\U0001F600b", 1<<14), "", "x", "ab")
+	for _, body := range bodies {
+		for _, b64 := range []bool{false, true} {
+			encoding, sent := BodyEncodingText, body
+			if b64 {
+				encoding, sent = BodyEncodingBase64, base64.StdEncoding.EncodeToString([]byte(body))
+			}
+			r := BeginReplay{Attempt: 1, Key: "k", Status: FinishedStateCompleted, CompletedAt: &at,
+				Response: StoredResponse{BodyEncoding: &encoding, Headers: map[string]string{"Content-Type": "text/html"}}}
+			whole := r
+			whole.Response.Body = &sent
+			want := httptest.NewRecorder()
+			if err := BeginReplayResponse(whole).WriteWithBody(&writeSizes{ResponseRecorder: want}, nil); err != nil {
+				t.Fatal(err)
+			}
+			for _, read := range []func(io.Reader) io.Reader{iotest.OneByteReader, iotest.HalfReader, func(r io.Reader) io.Reader { return r }} {
+				w := &writeSizes{ResponseRecorder: httptest.NewRecorder()}
+				if err := BeginReplayResponse(r).WriteWithBody(w, &BodyStream{R: read(strings.NewReader(body)), Base64: b64}); err != nil {
+					t.Fatal(err)
+				}
+				if w.Body.String() != want.Body.String() || w.Code != 200 || w.Header().Get("Content-Type") != "application/json" {
+					t.Fatalf("body of %d bytes (base64 %v): the streamed answer differs from the whole one", len(body), b64)
+				}
+				if w.largest > streamBuffer {
+					t.Errorf("a write of %d bytes, want at most %d", w.largest, streamBuffer)
+				}
+			}
+		}
+	}
+	long := strings.Repeat("a", 200<<10)
+	w := httptest.NewRecorder()
+	err := BeginReplayResponse{Attempt: 1, Key: "k", Status: FinishedStateCompleted}.WriteWithBody(w,
+		&BodyStream{R: iotest.TimeoutReader(strings.NewReader(long))})
+	if !errors.Is(err, ErrBodyRead) || strings.HasSuffix(w.Body.String(), "}\n") {
+		t.Errorf("a body that fails to read: %v, the answer ends %q", err, w.Body.String()[max(0, w.Body.Len()-8):])
 	}
 }
 

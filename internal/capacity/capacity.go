@@ -40,10 +40,11 @@ const (
 	// compressed body over it goes to the blob store.
 	BlobThresholdBytes = 64 << 10
 	// CompressMinBytes, CompressMaxBytes and compressMinGain are the
-	// codec's rule (internal/statemachine/compress.go): a body of 1 KiB to
-	// 256 KiB is kept compressed when that saves at least an eighth of it.
+	// codec's rule (internal/statemachine/compress.go): a body of 1 KiB up
+	// to the stored-response limit (1 MiB) is kept compressed when that
+	// saves at least an eighth of it.
 	CompressMinBytes = 1024
-	CompressMaxBytes = 256 << 10
+	CompressMaxBytes = 1 << 20
 	compressMinGain  = 8
 
 	// ServiceCycleMicros is idemsvc's CPU for a begin and a complete of a
@@ -255,7 +256,7 @@ func (res Result) Print(w io.Writer) error {
 	tw.Flush()
 	b.WriteString("\n* estimated: a reference of about 200 bytes in place of the body\n")
 	b.WriteString("- not how idemsvc stores this answer: ")
-	b.WriteString("it compresses bodies of 1 to 256 KiB that shrink by an eighth, and sends bodies whose compressed size is over 64 KiB to a blob store when one is configured\n")
+	b.WriteString("it compresses bodies of 1 KiB to 1 MiB that shrink by an eighth, and sends bodies whose compressed size is over 64 KiB to a blob store when one is configured\n")
 	_, err := io.WriteString(w, b.String())
 	return err
 }

@@ -227,59 +227,181 @@ func (s *Service) CompleteStream(ctx context.Context, req api.CompleteStreamRequ
 		setBody(&creq.Response, body)
 		return s.completeWith(ctx, t, &creq)
 	}
+	if s.mayKeep(&creq.Response, sp.size) {
+		// Compressed from the spool through one buffer: kept in the
+		// record, compressed, if that is within the threshold.
+		if err := s.bodies.TakeBytes(ctx, compressorBytes+s.blobs.Threshold, claim); err != nil {
+			return nil, err
+		}
+		kept, err := s.keepCompressed(&creq.Response, sp.size, func(c *statemachine.Compressor) (bool, error) {
+			return sp.compress(c)
+		})
+		s.bodies.GiveBytes(compressorBytes+s.blobs.Threshold, claim)
+		if err != nil {
+			return nil, err
+		}
+		if kept {
+			return s.completeWith(ctx, t, &creq)
+		}
+	}
 	if creq.Retention == 0 {
 		creq.Retention = rec.Retention
 	}
-	return s.upload(ctx, t, &creq, io.NewSectionReader(sp.f, 0, sp.size), sp.size, sp.sum)
+	return s.complete(ctx, t, &creq, io.NewSectionReader(sp.f, 0, sp.size), sp.size, sp.sum)
 }
 
-// upload writes a body to the blob store under the attempt's object, then
-// stores the complete that names it; a refused complete deletes it.
-func (s *Service) upload(ctx context.Context, t string, creq *statemachine.CompleteRequest, body io.ReadSeeker, size int64, sum [32]byte) (api.FinishResponse, error) {
+// compressorBytes is the memory a Compressor holds besides its frame,
+// counted in the body budget while it runs.
+const compressorBytes = 512 << 10
+
+// mayKeep reports whether a body of size bytes for r, over the blob
+// threshold, may still stay in the record: it fits the record's limit, and
+// the record would compress it.
+func (s *Service) mayKeep(r *statemachine.Response, size int64) bool {
+	total := size
+	for name, value := range r.Headers {
+		total += int64(len(name) + len(value))
+	}
+	return total <= int64(s.bounds.MaxResponseBytes) && size >= int64(s.bounds.CompressBodiesFrom)
+}
+
+// keepCompressed compresses a body of size bytes (write gives it to the
+// Compressor, and says whether it is UTF-8 text) into at most the blob
+// threshold: within it, r keeps the frame (Response.Zstd), and the body
+// stays in the record, compressed; past it, false, and the body goes to
+// the blob store. The threshold compares the body's compressed size, as
+// the record would keep it, not its size as sent.
+func (s *Service) keepCompressed(r *statemachine.Response, size int64, write func(*statemachine.Compressor) (text bool, err error)) (bool, error) {
+	c := statemachine.NewCompressor(size, int(s.blobs.Threshold))
+	defer c.Close()
+	text, err := write(c)
+	if err != nil {
+		return false, err
+	}
+	frame, ok := c.Frame()
+	if !ok {
+		return false, nil
+	}
+	r.Zstd, r.ZstdSize = frame, size
+	if r.Body == "" {
+		r.Base64 = !text
+	}
+	return true, nil
+}
+
+// keepJSON decides where a body sent in JSON goes: true when it stays in
+// the record (compressed once here, the frame in r.Zstd, when it is over
+// the threshold as sent), false when it goes to the blob store.
+func (s *Service) keepJSON(r *statemachine.Response) bool {
+	size := int64(len(r.Body))
+	if s.blobs == nil || size <= s.blobs.Threshold {
+		return true
+	}
+	if !s.mayKeep(r, size) {
+		return false
+	}
+	kept, _ := s.keepCompressed(r, size, func(c *statemachine.Compressor) (bool, error) {
+		_, _ = c.WriteString(r.Body) // an error is the frame past the threshold: Frame says so
+		return true, nil
+	})
+	return kept
+}
+
+// upload writes a body to the blob store under the attempt's object and
+// makes r name it; then finish stores the transition that names it. A
+// refused transition deletes the object.
+func (s *Service) upload(ctx context.Context, t, key, token string, retention time.Duration, r *statemachine.Response,
+	body io.ReadSeeker, size int64, sum [32]byte, finish func() (statemachine.Record, error)) (statemachine.Record, error) {
 	ref := &statemachine.BodyRef{
-		Object: s.blobs.Store.ObjectKey(t, creq.Key, blob.ExpiryDay(time.Now(), creq.Retention), creq.Token),
+		Object: s.blobs.Store.ObjectKey(t, key, blob.ExpiryDay(time.Now(), retention), token),
 		Size:   size,
 		SHA256: sum,
 	}
 	if err := s.blobs.Store.Put(ctx, ref.Object, body, size, sum); err != nil {
 		s.blobs.count(err)
 		if errors.Is(err, blob.ErrExists) {
-			return api.FinishResponse{}, errBlobConflict
+			return statemachine.Record{}, errBlobConflict
 		}
 		if errors.Is(err, blob.ErrCorrupt) { // the bytes changed on their way: not the caller's fault
-			return api.FinishResponse{}, fmt.Errorf("handlers: upload: %w", errors.Join(blob.ErrUnavailable, err))
+			return statemachine.Record{}, fmt.Errorf("handlers: upload: %w", errors.Join(blob.ErrUnavailable, err))
 		}
-		return api.FinishResponse{}, err
+		return statemachine.Record{}, err
 	}
-	creq.Response.Body, creq.Response.Base64, creq.Response.Ref = "", false, ref
-	rec, err := s.store.Complete(ctx, t, *creq)
+	r.Body, r.Base64, r.Ref, r.Zstd, r.ZstdSize = "", false, ref, "", 0
+	rec, err := finish()
+	if err != nil && !errors.Is(err, statemachine.ErrStoreUnavailable) {
+		// Refused (fenced, lease lost, gone, invalid): no record names
+		// the object. (An unknown outcome keeps it: the transition may
+		// have been stored.)
+		s.blobs.deleteSoon(ref.Object)
+	}
+	return rec, err
+}
+
+// complete uploads a complete's body, then stores the complete.
+func (s *Service) complete(ctx context.Context, t string, creq *statemachine.CompleteRequest, body io.ReadSeeker, size int64, sum [32]byte) (api.FinishResponse, error) {
+	rec, err := s.upload(ctx, t, creq.Key, creq.Token, creq.Retention, &creq.Response, body, size, sum, func() (statemachine.Record, error) {
+		return s.store.Complete(ctx, t, *creq)
+	})
 	if err != nil {
-		if !errors.Is(err, statemachine.ErrStoreUnavailable) {
-			// Refused (fenced, lease lost, gone, invalid): no record
-			// names the object. (An unknown outcome keeps it: the
-			// complete may have been stored.)
-			s.blobs.deleteSoon(ref.Object)
-		}
 		return api.FinishResponse{}, err
 	}
 	return s.completed(ctx, t, creq, &rec), nil
 }
 
-// completeByRef stores a JSON complete whose body is over the threshold:
-// its body to the blob store first, then the complete.
+// retention is the retention of the attempt in progress of key, for the
+// expiry day of its object; ok false, with the record, when it is not in
+// progress (a retried call, answered as the store answers it).
+func (s *Service) retention(ctx context.Context, t, key string) (time.Duration, bool, error) {
+	rec, err := s.store.Status(ctx, t, key, false)
+	if err != nil {
+		return 0, false, err
+	}
+	return rec.Retention, rec.State == statemachine.StateInProgress, nil
+}
+
+// completeByRef stores a JSON complete whose body goes to the blob store:
+// its body there first, then the complete.
 func (s *Service) completeByRef(ctx context.Context, t string, creq *statemachine.CompleteRequest) (api.CompleteResponseObject, error) {
 	if creq.Retention == 0 {
-		rec, err := s.store.Status(ctx, t, creq.Key, false)
+		retention, inProgress, err := s.retention(ctx, t, creq.Key)
 		if err != nil {
 			return nil, err
 		}
-		if rec.State != statemachine.StateInProgress {
+		if !inProgress {
 			return s.completeWith(ctx, t, creq) // answered as a retried complete is
 		}
-		creq.Retention = rec.Retention
+		creq.Retention = retention
 	}
 	body := creq.Response.Body
-	return s.upload(ctx, t, creq, strings.NewReader(body), int64(len(body)), sha256.Sum256([]byte(body)))
+	return s.complete(ctx, t, creq, strings.NewReader(body), int64(len(body)), sha256.Sum256([]byte(body)))
+}
+
+// failByRef stores a terminal fail whose response's body goes to the blob
+// store, as completeByRef does a complete's.
+func (s *Service) failByRef(ctx context.Context, t string, freq *statemachine.FailRequest) (api.FailResponseObject, error) {
+	retention := freq.Retention
+	if retention == 0 {
+		r, inProgress, err := s.retention(ctx, t, freq.Key)
+		if err != nil {
+			return nil, err
+		}
+		if !inProgress {
+			rec, err := s.store.Fail(ctx, t, *freq) // answered as a retried fail is
+			if err != nil {
+				return nil, err
+			}
+			return s.failed(ctx, t, freq, &rec), nil
+		}
+		retention = r
+	}
+	body := freq.Response.Body
+	rec, err := s.upload(ctx, t, freq.Key, freq.Token, retention, &freq.Response, strings.NewReader(body), int64(len(body)), sha256.Sum256([]byte(body)),
+		func() (statemachine.Record, error) { return s.store.Fail(ctx, t, *freq) })
+	if err != nil {
+		return nil, err
+	}
+	return s.failed(ctx, t, freq, &rec), nil
 }
 
 // completeWith stores a complete and answers it.
@@ -361,6 +483,49 @@ func (b *blobs) spool(body io.Reader) (*spooled, error) {
 	sp.size = n
 	h.Sum(sp.sum[:0])
 	return sp, nil
+}
+
+// compress writes the spooled body to c through one buffer, and reports
+// whether it is UTF-8 text. A body whose frame passes c's limit stops
+// there (false, nil from keepCompressed's Frame).
+func (sp *spooled) compress(c *statemachine.Compressor) (text bool, err error) {
+	buf := make([]byte, streamBuffer)
+	text, carry := true, 0
+	for at := int64(0); at < sp.size; {
+		n, err := sp.f.ReadAt(buf[carry:], at)
+		if err != nil && !errors.Is(err, io.EOF) {
+			return false, fmt.Errorf("handlers: read a spooled body: %w", err)
+		}
+		if n == 0 {
+			return false, fmt.Errorf("handlers: read a spooled body: %w", io.ErrUnexpectedEOF)
+		}
+		at += int64(n)
+		if _, werr := c.Write(buf[carry : carry+n]); werr != nil {
+			return text, nil // past the limit
+		}
+		n += carry
+		cut := n
+		if at < sp.size { // a UTF-8 sequence cut at the buffer's end is checked whole next time
+			cut = completeRunes(buf[:n])
+		}
+		text = text && utf8.Valid(buf[:cut])
+		carry = copy(buf, buf[cut:n])
+	}
+	return text, nil
+}
+
+// completeRunes is the length of the prefix of b that ends with a whole
+// UTF-8 sequence (or an invalid byte), at least len(b)-3.
+func completeRunes(b []byte) int {
+	for i := len(b) - 1; i >= 0 && i >= len(b)-utf8.UTFMax; i-- {
+		if utf8.RuneStart(b[i]) {
+			if utf8.FullRune(b[i:]) {
+				return len(b)
+			}
+			return i
+		}
+	}
+	return len(b)
 }
 
 // bodyRef is how a replay names a body kept in the blob store.
@@ -452,15 +617,30 @@ func (s *Service) GetBody(ctx context.Context, req api.GetBodyRequestObject) (ap
 			return nil, s.quota.ReadRefused(t, lim)
 		}
 	}
-	rec, err := s.store.Status(ctx, t, p.Key, true)
+	rec, err := s.store.Status(statemachine.WithStreamedBodies(ctx), t, p.Key, true)
 	if err != nil {
 		return nil, err
 	}
 	if rec.State == statemachine.StateInProgress {
 		return nil, fmt.Errorf("handlers: body of a record in progress: %w", statemachine.ErrNotFound)
 	}
-	setOutcome(ctx, t, "found")
 	r := &rec.Response
+	if body := s.streamed(r); body != nil {
+		// Kept compressed: decoded twice, through one buffer each time,
+		// once for the SHA-256 its header gives, then as it is written.
+		s.bodies.Hold(streamedBodyBytes)
+		sum, err := body.sum()
+		s.bodies.GiveBytes(streamedBodyBytes, httpserve.Claim{})
+		if err != nil {
+			return nil, err
+		}
+		setOutcome(ctx, t, "found")
+		if s.quota != nil {
+			s.quota.Read(t, s.keyring.Quota(t), r.ZstdSize)
+		}
+		return bodyAnswer{s: s, size: r.ZstdSize, sum: sum, body: r.OpenBody(), held: streamedBodyBytes}, nil
+	}
+	setOutcome(ctx, t, "found")
 	if r.Ref == nil || s.blobs == nil {
 		if s.quota != nil {
 			s.quota.Read(t, s.keyring.Quota(t), int64(len(r.Body)))
@@ -478,6 +658,19 @@ func (s *Service) GetBody(ctx context.Context, req api.GetBodyRequestObject) (ap
 	return bodyAnswer{s: s, size: r.Ref.Size, sum: r.Ref.SHA256, ref: r.Ref, body: rc}, nil
 }
 
+// sum decodes the body through one buffer and returns its SHA-256.
+func (b *streamedBody) sum() ([32]byte, error) {
+	var sum [32]byte
+	rc := b.resp.OpenBody()
+	defer rc.Close()
+	h := sha256.New()
+	if _, err := io.CopyBuffer(h, rc, make([]byte, streamBuffer)); err != nil {
+		return sum, fmt.Errorf("handlers: a stored body: %w", err)
+	}
+	h.Sum(sum[:0])
+	return sum, nil
+}
+
 // bodyAnswer writes a stored body: inline, or streamed from the blob
 // store through one buffer, cut off before its end if it fails its check.
 type bodyAnswer struct {
@@ -485,8 +678,9 @@ type bodyAnswer struct {
 	size   int64
 	sum    [32]byte
 	inline string
-	ref    *statemachine.BodyRef
+	ref    *statemachine.BodyRef // of a body in the blob store
 	body   io.ReadCloser
+	held   int64 // the memory body holds besides the buffer, counted in the body budget
 }
 
 func (a bodyAnswer) VisitGetBodyResponse(w http.ResponseWriter) error {
@@ -506,8 +700,8 @@ func (a bodyAnswer) VisitGetBodyResponse(w http.ResponseWriter) error {
 	defer a.body.Close()
 	// The buffer is memory the answer holds: counted in the body budget,
 	// so that many slow readers make new bodies wait, not memory grow.
-	a.s.bodies.Hold(streamBuffer)
-	defer a.s.bodies.GiveBytes(streamBuffer, httpserve.Claim{})
+	a.s.bodies.Hold(streamBuffer + a.held)
+	defer a.s.bodies.GiveBytes(streamBuffer+a.held, httpserve.Claim{})
 	w.WriteHeader(http.StatusOK)
 	buf := make([]byte, streamBuffer)
 	for {
@@ -521,7 +715,11 @@ func (a bodyAnswer) VisitGetBodyResponse(w http.ResponseWriter) error {
 			return nil
 		}
 		if err != nil {
-			a.s.bodyFailed(a.ref, err)
+			if a.ref != nil {
+				a.s.bodyFailed(a.ref, err)
+			} else {
+				a.s.log.Error("a stored body failed to decode as it was sent; the answer was cut off", "error", err)
+			}
 			// Cut the answer off short of its Content-Length: the client
 			// sees a broken answer, never a whole wrong one.
 			panic(http.ErrAbortHandler)

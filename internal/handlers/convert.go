@@ -82,7 +82,13 @@ func fromResponse(r statemachine.Response) api.StoredResponse {
 		out.StatusCode = &code
 	}
 	out.Headers = r.Headers
-	if len(r.Body) > 0 || r.Base64 {
+	if r.Body == "" && r.Zstd != "" { // written as it is decoded (streamedBody)
+		encoding := api.BodyEncodingText
+		if r.Base64 {
+			encoding = api.BodyEncodingBase64
+		}
+		out.BodyEncoding = &encoding
+	} else if len(r.Body) > 0 || r.Base64 {
 		var body string
 		encoding := api.BodyEncodingText
 		if r.Base64 {

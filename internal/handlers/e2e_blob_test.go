@@ -22,6 +22,7 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/s3"
 
 	idem "github.com/idemsvc/idemsvc/clients/go"
+	answers "github.com/idemsvc/idemsvc/internal/answer"
 	"github.com/idemsvc/idemsvc/internal/blob"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
@@ -171,11 +172,12 @@ func TestE2EBlobReplaysByteForByte(t *testing.T) {
 					t.Fatalf("the record key appears in an object key: %v", objs)
 				}
 			}
-			// A JSON complete over the threshold goes to the blob store
-			// too, and replays as it was sent.
+			// A JSON complete whose compressed body is over the
+			// threshold goes to the blob store too, and replays as it
+			// was sent.
 			key := fmt.Sprintf("blob-json-%s-%d", b.Name, time.Now().UnixNano())
 			lease := c.acquire(idem.BeginRequest{Key: key})
-			text := strings.Repeat(`{"n":"é"},`, 10000)
+			text := base64.StdEncoding.EncodeToString(randomBody(75000)) + "é"
 			c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: lease.LeaseToken, Response: &idem.StoredResponse{Body: &text}})
 			if objs := e.objects(t, keyHash(key)); len(objs) != 1 {
 				t.Fatalf("a JSON complete of %d bytes: objects %v", len(text), objs)
@@ -184,6 +186,87 @@ func TestE2EBlobReplaysByteForByte(t *testing.T) {
 			if string(got) != text || rep.Response.BodyEncoding == nil || *rep.Response.BodyEncoding != idem.BodyEncodingText {
 				t.Fatalf("a JSON complete replayed as %d bytes, %v", len(got), rep.Response.BodyEncoding)
 			}
+		})
+	}
+}
+
+// The threshold compares the body's size compressed, as the record would
+// keep it: a JSON answer of 256 KiB (51 KB compressed) stays in its
+// record, compressed, whether sent in JSON or streamed; one of 1 MiB (204
+// KB compressed) and random bytes of 100 KB go to the blob store. A
+// terminal fail's response goes the same way (a retryable one is not
+// stored), and a fenced fail's object is deleted. Every one replays byte
+// for byte; on a Redis node and a Cluster.
+func TestE2EBlobCompressedThreshold(t *testing.T) {
+	srv := s3test.New(t)
+	for _, b := range redisBackends() {
+		t.Run(b.Name, func(t *testing.T) {
+			e := startBlob(t, b, srv)
+			c := e.as(t, "")
+			for _, tt := range []struct {
+				name     string
+				body     []byte
+				streamed bool
+				fail     bool
+				byRef    bool
+			}{
+				{"json 256 KiB", []byte(answers.JSON(256<<10, 1)), false, false, false},
+				{"json 256 KiB streamed", []byte(answers.JSON(256<<10, 2)), true, false, false},
+				{"json 256 KiB streamed, not UTF-8", append([]byte(answers.JSON(256<<10, 3)), 0xff), true, false, false},
+				{"json 1 MiB", []byte(answers.JSON(1<<20-4096, 4)), false, false, true},
+				{"json 1 MiB streamed", []byte(answers.JSON(1<<20, 5)), true, false, true},
+				{"random 100 KB streamed", randomBody(100_000), true, false, true},
+				{"json 256 KiB, a terminal fail", []byte(answers.JSON(256<<10, 6)), false, true, false},
+				{"json 1 MiB, a terminal fail", []byte(answers.JSON(1<<20-4096, 7)), false, true, true},
+			} {
+				key := fmt.Sprintf("blob-threshold-%s-%d", b.Name, time.Now().UnixNano())
+				lease := c.acquire(idem.BeginRequest{Key: key})
+				text := string(tt.body)
+				switch {
+				case tt.streamed:
+					if hr, out := e.streamComplete(t, key, lease.LeaseToken, 200, nil, tt.body); hr.StatusCode != http.StatusOK {
+						t.Fatalf("%s: complete %d %s", tt.name, hr.StatusCode, out)
+					}
+				case tt.fail:
+					c.mustFail(idem.FailRequest{Key: key, LeaseToken: lease.LeaseToken, Retryable: ptr(false), Error: ptr("declined"),
+						Response: &idem.StoredResponse{Body: &text, StatusCode: ptr(402)}})
+				default:
+					c.mustComplete(idem.CompleteRequest{Key: key, LeaseToken: lease.LeaseToken, Response: &idem.StoredResponse{Body: &text}})
+				}
+				if objs := e.objects(t, keyHash(key)); (len(objs) == 1) != tt.byRef || len(objs) > 1 {
+					t.Fatalf("%s: objects %v, want by reference: %v", tt.name, objs, tt.byRef)
+				}
+				rep, got := e.replayBody(t, key)
+				if !bytes.Equal(got, tt.body) {
+					t.Fatalf("%s: replayed %d bytes, not the %d sent", tt.name, len(got), len(tt.body))
+				}
+				if tt.fail && (rep.Status != idem.FinishedStateFailed || rep.Response.StatusCode == nil || *rep.Response.StatusCode != 402) {
+					t.Fatalf("%s: replayed as %s %+v", tt.name, rep.Status, rep.Response.StatusCode)
+				}
+			}
+
+			// A retryable fail stores no response: nothing is uploaded.
+			key := fmt.Sprintf("blob-retryable-%s-%d", b.Name, time.Now().UnixNano())
+			lease := c.acquire(idem.BeginRequest{Key: key})
+			text := base64.StdEncoding.EncodeToString(randomBody(200_000))
+			c.mustFail(idem.FailRequest{Key: key, LeaseToken: lease.LeaseToken, Response: &idem.StoredResponse{Body: &text}})
+			if objs := e.objects(t, keyHash(key)); len(objs) != 0 {
+				t.Fatalf("a retryable fail uploaded %v", objs)
+			}
+
+			// A terminal fail fenced by a takeover is refused, and its
+			// object deleted.
+			key = fmt.Sprintf("blob-fenced-fail-%s-%d", b.Name, time.Now().UnixNano())
+			old := c.acquire(idem.BeginRequest{Key: key, LeaseMs: ptr(int64(100))})
+			time.Sleep(150 * time.Millisecond)
+			if taken := c.acquire(idem.BeginRequest{Key: key}); !taken.Recovered {
+				t.Fatal("no takeover")
+			}
+			r := c.fail(idem.FailRequest{Key: key, LeaseToken: old.LeaseToken, Retryable: ptr(false), Response: &idem.StoredResponse{Body: &text}})
+			requireProblem(t, r.HTTPResponse, r.Body, http.StatusConflict, "lease-lost")
+			idemtest.Eventually(t, 10*time.Second, "the fenced fail's object deleted", func() bool {
+				return len(e.objects(t, old.LeaseToken)) == 0
+			})
 		})
 	}
 }

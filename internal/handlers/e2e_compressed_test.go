@@ -4,9 +4,13 @@ package handlers_test
 
 import (
 	"context"
+	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
+	"io"
 	"net/http"
+	"net/url"
+	"strings"
 	"testing"
 	"time"
 
@@ -111,6 +115,114 @@ func TestE2EDamagedCompressedRecord(t *testing.T) {
 	requireProblem(t, r.HTTPResponse, r.Body, http.StatusInternalServerError, "internal")
 	s := c.status(idem.GetStatusParams{Key: l.Key, IncludeResponse: ptr(true)})
 	requireProblem(t, s.HTTPResponse, s.Body, http.StatusInternalServerError, "internal")
+	if s := c.status(idem.GetStatusParams{Key: l.Key}); s.StatusCode() != http.StatusOK {
+		t.Errorf("status without the response: %d %s", s.StatusCode(), s.Body)
+	}
+}
+
+// Long answers kept compressed (from StreamBodiesFrom on) are decoded as
+// they are written: a 256 KiB and a 1 MiB JSON answer, text full of
+// escapes and multi-byte characters whose cuts fall everywhere, and
+// random bytes sent as base64, replay byte for byte through begin, status
+// with the response and GET /v1/keys/body (with their SHA-256), on a
+// Redis node and a Cluster; the records hold them compressed.
+func TestE2ELongCompressedAnswers(t *testing.T) {
+	t.Parallel()
+	escapes := strings.Repeat(`é "q" \ €😀 <tab>	a/b `+"\x01\n", 40000)[:900<<10]
+	for _, b := range limitedBackends()[1:3] { // redis, cluster
+		t.Run(b.name, func(t *testing.T) {
+			t.Parallel()
+			store, _ := b.open(t)
+			e := startOn(t, store)
+			c := e.as(t, "")
+			for name, body := range map[string]string{
+				"json 256 KiB": answers.JSON(256<<10, 1),
+				"json 1 MiB":   answers.JSON(1<<20-512, 2),
+				"escapes":      escapes,
+				"base64":       strings.Repeat(answers.Incompressible(1000, 3)+"\xff\x00", 300),
+			} {
+				sent, encoding := body, idem.BodyEncodingText
+				if name == "base64" {
+					sent, encoding = base64.StdEncoding.EncodeToString([]byte(body)), idem.BodyEncodingBase64
+				}
+				l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("long")})
+				c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken,
+					Response: &idem.StoredResponse{Body: &sent, BodyEncoding: &encoding, StatusCode: ptr(201)}})
+				r := c.begin(idem.BeginRequest{Key: l.Key})
+				if r.StatusCode() != http.StatusOK || r.JSON200 == nil || r.JSON200.Response.Body == nil || *r.JSON200.Response.Body != sent ||
+					r.JSON200.Response.BodyEncoding == nil || *r.JSON200.Response.BodyEncoding != encoding {
+					t.Fatalf("%s: replay %d, not byte for byte", name, r.StatusCode())
+				}
+				if rec := c.record(l.Key); rec.Response == nil || rec.Response.Body == nil || *rec.Response.Body != sent {
+					t.Fatalf("%s: status with the response: not byte for byte", name)
+				}
+				resp, got := e.raw(t, http.MethodGet, "/v1/keys/body?key="+url.QueryEscape(l.Key), "", nil)
+				sum := sha256.Sum256([]byte(body))
+				if resp.StatusCode != http.StatusOK || string(got) != body || resp.Header.Get("Repr-Digest") != "sha-256=:"+base64.StdEncoding.EncodeToString(sum[:])+":" {
+					t.Fatalf("%s: GET /v1/keys/body: %d, %d bytes, %s", name, resp.StatusCode, len(got), resp.Header.Get("Repr-Digest"))
+				}
+			}
+		})
+	}
+	// The record keeps a 1 MiB JSON answer compressed.
+	srv := redistest.SharedServer(t)
+	rdb := srv.Client(t)
+	e := startOn(t, redisstore.New(rdb, redisstore.Options{}))
+	c := e.as(t, "")
+	json := answers.JSON(1<<20-512, 4)
+	l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("kept")})
+	c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &json}})
+	if n := rdb.StrLen(context.Background(), redisstore.Key("default", l.Key)).Val(); n > int64(len(json))/3 {
+		t.Errorf("the record of a 1 MiB JSON answer holds %d bytes, want it compressed", n)
+	}
+}
+
+// A long compressed body damaged in Redis is never replayed whole: the
+// replay and the status are cut off before their end (the body decodes as
+// it is written, so its damage is found on the way), GET /v1/keys/body
+// answers 500 before a byte (it decodes the body for its SHA-256 first),
+// and status without the response still answers.
+func TestE2EDamagedLongCompressedRecord(t *testing.T) {
+	t.Parallel()
+	srv := redistest.SharedServer(t)
+	rdb := srv.Client(t)
+	e := startOn(t, redisstore.New(rdb, redisstore.Options{}))
+	c := e.as(t, "")
+	json := answers.JSON(512<<10, 8)
+	l := c.acquire(idem.BeginRequest{Key: idemtest.Unique("damaged-long")})
+	c.mustComplete(idem.CompleteRequest{Key: l.Key, LeaseToken: l.LeaseToken, Response: &idem.StoredResponse{Body: &json}})
+	rkey := redisstore.Key("default", l.Key)
+	raw, err := rdb.Get(context.Background(), rkey).Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw[len(raw)-1000] ^= 0xff // inside the compressed body, near its end
+	if err := rdb.Set(context.Background(), rkey, raw, redis.KeepTTL).Err(); err != nil {
+		t.Fatal(err)
+	}
+	for _, req := range []func() (*http.Response, error){
+		func() (*http.Response, error) {
+			return e.http.Post(e.url+"/v1/begin", "application/json", strings.NewReader(`{"key":"`+l.Key+`"}`))
+		},
+		func() (*http.Response, error) {
+			return e.http.Get(e.url + "/v1/status?include_response=true&key=" + url.QueryEscape(l.Key))
+		},
+	} {
+		resp, err := req()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err == nil {
+			t.Errorf("%s: %d bytes read whole, want the answer cut off", resp.Request.URL.Path, len(got))
+		}
+		if strings.Contains(string(got), json[len(json)-100:]) {
+			t.Errorf("%s: the body's end was sent", resp.Request.URL.Path)
+		}
+	}
+	resp, body := e.raw(t, http.MethodGet, "/v1/keys/body?key="+url.QueryEscape(l.Key), "", nil)
+	requireProblem(t, resp, body, http.StatusInternalServerError, "internal")
 	if s := c.status(idem.GetStatusParams{Key: l.Key}); s.StatusCode() != http.StatusOK {
 		t.Errorf("status without the response: %d %s", s.StatusCode(), s.Body)
 	}

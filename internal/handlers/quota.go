@@ -146,11 +146,11 @@ func (s *Service) accountStored(tenant string, rec *statemachine.Record) {
 // responseSize is a response's size as the read budget counts it: the
 // body after decoding, header names and values.
 func responseSize(resp *statemachine.Response) int64 {
-	n := len(resp.Body) // a body by reference counts when it is fetched (GetBody)
+	n := resp.BodySize() // a body by reference counts when it is fetched (GetBody)
 	for name, value := range resp.Headers {
-		n += len(name) + len(value)
+		n += int64(len(name) + len(value))
 	}
-	return int64(n)
+	return n
 }
 
 // limitRetryAfter is a refused begin's Retry-After: whole seconds, at least 1.

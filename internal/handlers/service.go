@@ -125,6 +125,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		return nil, err
 	}
 	s.readBudget(t, lim, &breq)
+	breq.StreamedBody = true // a long compressed body is decoded as it is written
 	deadline := time.Now().Add(wait)
 	if wait > 0 {
 		// Its caller waits anyway: the store queues this call for up to
@@ -288,8 +289,11 @@ func (s *Service) beginResult(ctx context.Context, t string, res statemachine.Be
 		out.FailedAt = millis(rec.UpdatedAt)
 		out.Error = optional(rec.Error)
 	}
+	if body := s.streamed(&rec.Response); body != nil {
+		return replayAnswer{BeginReplayResponse: out, body: body}
+	}
 	if d := s.writeDeadline(&out.Response); d > 0 {
-		return replayAnswer{out, d, nil}
+		return replayAnswer{BeginReplayResponse: out, deadline: d}
 	}
 	return out
 }
@@ -300,7 +304,7 @@ func (s *Service) Complete(ctx context.Context, req api.CompleteRequestObject) (
 	if err != nil {
 		return nil, err
 	}
-	if s.blobs != nil && int64(len(creq.Response.Body)) > s.blobs.Threshold {
+	if !s.keepJSON(&creq.Response) {
 		return s.completeByRef(ctx, t, &creq)
 	}
 	rec, err := s.store.Complete(ctx, t, creq)
@@ -341,6 +345,12 @@ func (s *Service) Fail(ctx context.Context, req api.FailRequestObject) (api.Fail
 	t, freq, err := s.failRequest(ctx, req.Body)
 	if err != nil {
 		return nil, err
+	}
+	if !freq.Retryable && !s.keepJSON(&freq.Response) {
+		// A terminal failure's response is replayed as a complete's is:
+		// a long body goes to the blob store. (A retryable one is not
+		// stored at all.)
+		return s.failByRef(ctx, t, &freq)
 	}
 	rec, err := s.store.Fail(ctx, t, freq)
 	if err != nil {
@@ -441,8 +451,8 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 	large := &largeRead{slots: s.reads, tenant: t, wait: true}
 	defer large.drop()
 	call := ctx
-	if withResponse {
-		call = statemachine.WithReadGate(ctx, large)
+	if withResponse { // a long compressed body is decoded as it is written
+		call = statemachine.WithStreamedBodies(statemachine.WithReadGate(ctx, large))
 	}
 	rec, err := s.store.Status(call, t, p.Key, withResponse)
 	if err != nil {
@@ -471,8 +481,11 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 			resp.BodyRef = bodyRef(ref, rec.Key, t)
 		}
 		out.Response = &resp
+		if body := s.streamed(&rec.Response); body != nil {
+			return statusAnswer{StatusResponse: out, release: release, body: body}, nil
+		}
 		if d := s.writeDeadline(&resp); d > 0 {
-			return statusAnswer{out, d, release}, nil
+			return statusAnswer{StatusResponse: out, deadline: d, release: release}, nil
 		}
 	}
 	if release != nil {

@@ -3,6 +3,8 @@
 package redisstore_test
 
 import (
+	"crypto/sha256"
+	"io"
 	"math"
 	"strconv"
 	"strings"
@@ -21,33 +23,55 @@ import (
 )
 
 // BenchmarkBody measures what a stored JSON answer costs, kept as sent
-// (raw, as before compression) and zstd-compressed, at 1 KiB, 16 KiB and
-// 256 KiB, on a standalone Redis of its own:
+// (raw, as before compression), zstd-compressed, and by reference to the
+// blob store (ref: the record holds the object's key, size and SHA-256),
+// at 1 KiB, 16 KiB, 256 KiB and 1 MiB, on a standalone Redis of its own:
 //
 //   - complete: a Complete of a key begun beforehand (outside the timer);
-//   - replay: a Begin of a completed key, which replays its answer.
+//   - replay: a Begin of a completed key, which replays its answer, and
+//     the reading of its body: a long compressed one (from
+//     sm.StreamBodiesFrom) decoded as a replay writes it, through
+//     OpenBody and a 4 KiB buffer (ref: the record only; the body comes
+//     from the blob store).
 //
 // Besides runParallel's figures, each reports the CPU this process spent
 // per call (cpu-µs/op: user and system, idemsvc's codec and the client),
 // and the record's bytes in Redis (MEMORY USAGE, the mean of 16 records:
 // redis-B/record) and their ratio to the answer's size (x-body). Completes
-// keep their records 1 s, so that a long run does not fill the machine's
+// keep their records 10 s, so that a long run does not fill the machine's
 // memory. docs/capacity.md quotes them:
 //
-//	go test -run '^$' -bench BenchmarkBody -benchtime 2000x -count 3 ./internal/redisstore/
+//	go test -run '^$' -bench BenchmarkBody -benchtime 1000x -count 5 ./internal/redisstore/
 func BenchmarkBody(b *testing.B) {
-	for _, mode := range []string{"raw", "zstd"} {
-		for _, size := range []int{1 << 10, 16 << 10, 256 << 10} {
-			body := answer.JSON(size, 1)
+	for _, mode := range []string{"raw", "zstd", "ref"} {
+		for _, size := range []int{1 << 10, 16 << 10, 256 << 10, 1 << 20} {
 			name := mode + "/" + strconv.Itoa(size>>10) + "KiB"
+			if size == 1<<20 {
+				size -= 64 // room for its header within the 1 MiB limit
+			}
+			body := answer.JSON(size, 1)
 			from := 0 // the default threshold
 			if mode == "raw" {
 				from = math.MaxInt
 			}
-			b.Run(name+"/complete", func(b *testing.B) { benchComplete(b, from, body) })
-			b.Run(name+"/replay", func(b *testing.B) { benchReplay(b, from, body) })
+			resp := bodyResponse(body)
+			if mode == "ref" {
+				resp = refResponse(body)
+			}
+			b.Run(name+"/complete", func(b *testing.B) { benchComplete(b, from, resp) })
+			b.Run(name+"/replay", func(b *testing.B) { benchReplay(b, from, resp) })
 		}
 	}
+}
+
+// refResponse is bodyResponse(body) with its body by reference, under an
+// object key as long as idemsvc's: prefix, tenant, expiry day, the record
+// key's SHA-256 and the lease token.
+func refResponse(body string) sm.Response {
+	r := bodyResponse("")
+	r.Ref = &sm.BodyRef{Object: "idem/payments/2026-11-29/" + strings.Repeat("9f86d081", 8) + "/AAECAwQFBgcICQoLDA0ODw",
+		Size: int64(len(body)), SHA256: sha256.Sum256([]byte(body))}
+	return r
 }
 
 func bodyResponse(body string) sm.Response {
@@ -57,28 +81,28 @@ func bodyResponse(body string) sm.Response {
 // bodyStore is benchStore's store with bodies compressed from from bytes
 // (0: the default threshold; math.MaxInt: never, as before compression).
 func bodyStore(b *testing.B, from int) (*redisstore.Store, *redis.Client) {
-	return benchStoreWith(b, redisstore.Options{Limits: sm.Limits{CompressBodiesFrom: from}})
+	// A complete of 1 MiB sent as it is takes Redis longer than the
+	// default timeout when 16 run at once on a loaded machine.
+	return benchStoreWith(b, redisstore.Options{Limits: sm.Limits{CompressBodiesFrom: from}, Timeout: 30 * time.Second})
 }
 
-func benchComplete(b *testing.B, from int, body string) {
+func benchComplete(b *testing.B, from int, resp sm.Response) {
 	store, client := bodyStore(b, from)
 	tenant := idemtest.Unique("bench")
 	tokens := beginKeys(b, store, tenant)
-	resp := bodyResponse(body)
 	cpu := startCPU()
 	runParallel(b, client, func(i int64) error {
-		_, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: "order-" + strconv.FormatInt(i, 10), Token: tokens[i], Response: resp, Retention: time.Second})
+		_, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: "order-" + strconv.FormatInt(i, 10), Token: tokens[i], Response: resp, Retention: 10 * time.Second})
 		return err
 	})
 	b.ReportMetric(cpu.micros()/float64(b.N), "cpu-µs/op")
-	reportRecordBytes(b, store, client, body)
+	reportRecordBytes(b, store, client, resp)
 }
 
-func benchReplay(b *testing.B, from int, body string) {
+func benchReplay(b *testing.B, from int, resp sm.Response) {
 	store, client := bodyStore(b, from)
 	tenant := idemtest.Unique("bench")
 	const keys = 16
-	resp := bodyResponse(body)
 	for i := range keys {
 		key := "order-" + strconv.Itoa(i)
 		res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: key})
@@ -89,20 +113,45 @@ func benchReplay(b *testing.B, from int, body string) {
 			b.Fatal(err)
 		}
 	}
+	res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: "order-0", StreamedBody: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if got := readAll(b, &res.Record.Response); got != resp.Body {
+		b.Fatalf("replayed %d bytes, not the %d stored", len(got), len(resp.Body))
+	}
 	cpu := startCPU()
 	runParallel(b, client, func(i int64) error {
-		res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: "order-" + strconv.FormatInt(i%keys, 10)})
-		if err == nil && res.Record.Response.Body != body {
-			b.Fatalf("replayed %d bytes, not the %d stored", len(res.Record.Response.Body), len(body))
+		res, err := store.Begin(ctx, tenant, sm.BeginRequest{Key: "order-" + strconv.FormatInt(i%keys, 10), StreamedBody: true})
+		if err != nil {
+			return err
+		}
+		rc := res.Record.Response.OpenBody()
+		defer rc.Close()
+		buf := make([]byte, 4<<10)
+		n, err := io.CopyBuffer(io.Discard, struct{ io.Reader }{rc}, buf)
+		if err == nil && n != int64(len(resp.Body)) {
+			b.Fatalf("replayed %d bytes, not the %d stored", n, len(resp.Body))
 		}
 		return err
 	})
 	b.ReportMetric(cpu.micros()/float64(b.N), "cpu-µs/op")
 }
 
-// reportRecordBytes completes 16 records with body and reports their mean
+// readAll reads r's body whole.
+func readAll(b *testing.B, r *sm.Response) string {
+	rc := r.OpenBody()
+	defer rc.Close()
+	got, err := io.ReadAll(rc)
+	if err != nil {
+		b.Fatal(err)
+	}
+	return string(got)
+}
+
+// reportRecordBytes completes 16 records with resp and reports their mean
 // MEMORY USAGE (SAMPLES 0: every byte counted).
-func reportRecordBytes(b *testing.B, store sm.Store, client *redis.Client, body string) {
+func reportRecordBytes(b *testing.B, store sm.Store, client *redis.Client, resp sm.Response) {
 	b.Helper()
 	tenant := idemtest.Unique("size")
 	const n = 16
@@ -113,7 +162,7 @@ func reportRecordBytes(b *testing.B, store sm.Store, client *redis.Client, body 
 		if err != nil {
 			b.Fatal(err)
 		}
-		if _, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: res.Lease.Token, Response: bodyResponse(body)}); err != nil {
+		if _, err := store.Complete(ctx, tenant, sm.CompleteRequest{Key: key, Token: res.Lease.Token, Response: resp}); err != nil {
 			b.Fatal(err)
 		}
 		usage, err := client.MemoryUsage(ctx, redisstore.Key(tenant, key), 0).Result()
@@ -122,8 +171,12 @@ func reportRecordBytes(b *testing.B, store sm.Store, client *redis.Client, body 
 		}
 		total += usage
 	}
+	size := resp.BodySize()
+	if resp.Ref != nil {
+		size = resp.Ref.Size
+	}
 	b.ReportMetric(float64(total)/n, "redis-B/record")
-	b.ReportMetric(float64(total)/n/float64(len(body)), "x-body")
+	b.ReportMetric(float64(total)/n/float64(size), "x-body")
 }
 
 // BenchmarkRecordOverhead measures what a record costs Redis beyond what

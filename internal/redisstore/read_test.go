@@ -12,6 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/idemsvc/idemsvc/internal/answer"
 	"github.com/idemsvc/idemsvc/internal/lua"
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	sm "github.com/idemsvc/idemsvc/internal/statemachine"
@@ -52,7 +53,7 @@ func TestLargeRecordReadsWhole(t *testing.T) {
 	forEachRedis(t, func(t *testing.T, client redis.UniversalClient) {
 		s := newSubject(t, redisstore.New(client, redisstore.Options{}))
 		s.mustBegin(sm.BeginRequest{})
-		if _, err := s.complete(strings.Repeat("r", 1<<20-64)); err != nil {
+		if _, err := s.complete(answer.Incompressible(1<<20-64, 1)); err != nil { // kept as sent: it does not compress
 			t.Fatal(err)
 		}
 		v, err := lua.Plain.Status.Run(ctx, client, []string{redisstore.Key(s.tenant, s.key)}).Slice()
@@ -95,7 +96,7 @@ func TestLargeRecordChangedWhileRead(t *testing.T) {
 	forEachRedis(t, func(t *testing.T, client redis.UniversalClient) {
 		s := newSubject(t, redisstore.New(client, redisstore.Options{Timeout: 5 * time.Second}))
 		s.mustBegin(sm.BeginRequest{})
-		if _, err := s.complete(strings.Repeat("r", 1<<20-64)); err != nil {
+		if _, err := s.complete(answer.Incompressible(1<<20-64, 1)); err != nil { // kept as sent: it does not compress
 			t.Fatal(err)
 		}
 		client.AddHook(&deleteOnRead{client: client, key: redisstore.Key(s.tenant, s.key)})

@@ -207,6 +207,7 @@ type scriptCall struct {
 	args    []any
 	refusal error // Begin: why the key's master refuses new attempts, if it does
 	maxBody int   // Begin: the size a replayed body may decode to
+	stream  bool  // Begin: a long compressed body is replayed compressed (BeginRequest.StreamedBody)
 	stored  int64 // Complete, Fail: what the response counts against stored_bytes (StoredSize)
 }
 
@@ -230,7 +231,7 @@ func (s *Store) beginCall(ctx context.Context, tenant string, req *statemachine.
 		// says when to come back, rather than the master's refusal.
 		refusal = nil
 	}
-	return scriptCall{script: s.scripts.Begin, key: key, refusal: refusal, maxBody: s.limits.MaxResponseBytes, args: []any{
+	return scriptCall{script: s.scripts.Begin, key: key, refusal: refusal, maxBody: s.limits.MaxResponseBytes, stream: req.StreamedBody, args: []any{
 		string(tok[:]), req.Owner, req.Fingerprint, lease.Milliseconds(), int64(retention / time.Second), req.Key, noAcquire, noReplay,
 	}}, nil
 }
@@ -244,6 +245,9 @@ func (c *scriptCall) beginResult(tenant string, r *reply) (statemachine.BeginRes
 	case codeOK:
 		return statemachine.Acquired(tenant, &r.rec, r.now)
 	case codeDone:
+		if c.stream {
+			return statemachine.ReplayStreamed(tenant, &r.rec, r.now, c.maxBody)
+		}
 		return statemachine.Replay(tenant, &r.rec, r.now, c.maxBody)
 	case codeBusy:
 		return statemachine.BeginResult{}, statemachine.Busy(&r.rec, r.now)
@@ -353,6 +357,9 @@ func (s *Store) Status(ctx context.Context, tenant, key string, withResponse boo
 				}
 				return statemachine.Record{}, err
 			}
+		}
+		if withResponse && statemachine.StreamedBodies(ctx) {
+			return r.rec.RecordStreamed(tenant, r.now, s.limits.MaxResponseBytes)
 		}
 		return r.rec.Record(tenant, r.now, withResponse, s.limits.MaxResponseBytes)
 	}

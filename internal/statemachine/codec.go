@@ -119,14 +119,14 @@ func EncodeResponse(r *Response, compressFrom int) string {
 	if r.IsZero() {
 		return ""
 	}
-	size := 1 + 2 + 4 + len(r.Body)
+	size := 1 + 2 + 4 + len(r.Body) + len(r.Zstd)
 	if r.Ref != nil {
 		size += 8 + 32 + 1 + len(r.Ref.Encoding) + len(r.Ref.Object)
 	}
 	for name, value := range r.Headers {
 		size += 8 + len(name) + len(value)
 	}
-	if len(r.Body) >= compressFrom && len(r.Body) <= compressMaxBytes {
+	if r.Zstd == "" && len(r.Body) >= compressFrom {
 		size += zstdOverhead(len(r.Body)) // room for an attempt that does not shrink it
 	}
 	b := make([]byte, 1, size)
@@ -145,6 +145,9 @@ func EncodeResponse(r *Response, compressFrom int) string {
 		b = append(b, ref.Encoding...)
 		b = append(b, ref.Object...)
 		b[0] = flagRef
+	} else if r.Zstd != "" { // compressed already
+		b = append(b, r.Zstd...)
+		b[0] = encodingZstd
 	} else {
 		var encoding byte
 		b, encoding = appendBody(b, r.Body, compressFrom)
@@ -165,7 +168,7 @@ func StoredSize(form string, r *Response) int64 {
 	if form == "" {
 		return 0
 	}
-	n := len(r.Body)
+	n := int(r.BodySize())
 	if r.Ref != nil { // kept in the blob store, counted as sent
 		n += int(r.Ref.Size)
 	}
@@ -176,8 +179,10 @@ func StoredSize(form string, r *Response) int64 {
 }
 
 // decodeResponse decodes EncodeResponse's form; a compressed body may
-// decode to at most maxBody bytes.
-func decodeResponse(s string, maxBody int) (Response, error) {
+// decode to at most maxBody bytes. With stream, a compressed body of
+// StreamBodiesFrom bytes or more is left compressed (Response.Zstd), its
+// declared size checked.
+func decodeResponse(s string, maxBody int, stream bool) (Response, error) {
 	var r Response
 	if s == "" {
 		return r, nil
@@ -222,6 +227,16 @@ func decodeResponse(s string, maxBody int) (Response, error) {
 	case encodingIdentity:
 		r.Body = rest
 	case encodingZstd:
+		if stream {
+			size, err := frameSize(rest, maxBody)
+			if err != nil {
+				return r, err
+			}
+			if size >= StreamBodiesFrom {
+				r.Zstd, r.ZstdSize = rest, size
+				return r, nil
+			}
+		}
 		body, err := decompressBody(rest, maxBody)
 		if err != nil {
 			return r, err
@@ -246,6 +261,16 @@ func (s *Stored) Lease() Lease {
 // Record returns the public view of s at time now, with its response if
 // withResponse, its body decoded to at most maxBody bytes.
 func (s *Stored) Record(tenant string, now int64, withResponse bool, maxBody int) (Record, error) {
+	return s.record(tenant, now, withResponse, maxBody, false)
+}
+
+// RecordStreamed is Record with its response, a long compressed body left
+// compressed (Response.Zstd) for a caller that decodes it as it writes it.
+func (s *Stored) RecordStreamed(tenant string, now int64, maxBody int) (Record, error) {
+	return s.record(tenant, now, true, maxBody, true)
+}
+
+func (s *Stored) record(tenant string, now int64, withResponse bool, maxBody int, stream bool) (Record, error) {
 	r := Record{
 		Tenant:      tenant,
 		Key:         s.key,
@@ -265,7 +290,7 @@ func (s *Stored) Record(tenant string, now int64, withResponse bool, maxBody int
 		r.LeaseExpired = s.lease <= now
 	}
 	if withResponse {
-		resp, err := decodeResponse(s.response, maxBody)
+		resp, err := decodeResponse(s.response, maxBody, stream)
 		if err != nil {
 			return Record{}, fmt.Errorf("statemachine: a record of tenant %s: %w", tenant, err) // no client key: errors are logged
 		}
@@ -293,6 +318,13 @@ func Busy(s *Stored, now int64) error {
 // most maxBody bytes.
 func Replay(tenant string, s *Stored, now int64, maxBody int) (BeginResult, error) {
 	rec, err := s.Record(tenant, now, true, maxBody)
+	return BeginResult{Record: rec}, err
+}
+
+// ReplayStreamed is Replay with a long compressed body left compressed
+// (Response.Zstd) for a caller that decodes it as it writes it.
+func ReplayStreamed(tenant string, s *Stored, now int64, maxBody int) (BeginResult, error) {
+	rec, err := s.RecordStreamed(tenant, now, maxBody)
 	return BeginResult{Record: rec}, err
 }
 

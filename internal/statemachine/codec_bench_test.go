@@ -55,7 +55,7 @@ func BenchmarkResponseCodec(b *testing.B) {
 					b.SetBytes(int64(size))
 					start := cpuTime()
 					for b.Loop() {
-						if got, err := decodeResponse(form, 1<<20); err != nil || len(got.Body) != size {
+						if got, err := decodeResponse(form, 1<<20, false); err != nil || len(got.Body) != size {
 							b.Fatal(err)
 						}
 					}

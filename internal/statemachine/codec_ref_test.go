@@ -19,13 +19,13 @@ func TestResponseRefRoundTrip(t *testing.T) {
 		{StatusCode: 200, Body: strings.Repeat(`{"a":1},`, 4096)}, // compressed
 		{Ref: &BodyRef{Object: "o", Size: 5}, Base64: true},
 	} {
-		got, err := decodeResponse(EncodeResponse(&r, 1), 1<<20)
+		got, err := decodeResponse(EncodeResponse(&r, 1), 1<<20, false)
 		if err != nil || !reflect.DeepEqual(got, r) {
 			t.Fatalf("%+v came back as %+v, %v", r, got, err)
 		}
 	}
 	for _, raw := range []string{"\x08\x00\xc8\x00\x00\x00\x00short", "\x08\x00\xc8\x00\x00\x00\x00" + string(make([]byte, 41))} {
-		if _, err := decodeResponse(raw, 1<<20); err == nil {
+		if _, err := decodeResponse(raw, 1<<20, false); err == nil {
 			t.Errorf("%q decoded", raw)
 		}
 	}

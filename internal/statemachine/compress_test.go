@@ -6,10 +6,12 @@ import (
 	"bytes"
 	"encoding/binary"
 	"errors"
+	"io"
 	"runtime"
 	"strconv"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"github.com/klauspost/compress/zstd"
 
@@ -30,15 +32,15 @@ func bodies() map[string]string {
 	return m
 }
 
-// TestResponseCodec: every body decodes byte for byte; a body is kept
-// compressed exactly when it has 1 to 256 KiB and saves an eighth; what
-// it counts against stored_bytes is the body as sent.
+// TestResponseCodec: every body decodes byte for byte, whole and as a
+// stream; a body is kept compressed exactly when it has 1 KiB or more and
+// saves an eighth; what it counts against stored_bytes is the body as sent.
 func TestResponseCodec(t *testing.T) {
 	for name, body := range bodies() {
 		for _, b64 := range []bool{false, true} {
 			r := Response{StatusCode: 201, Headers: map[string]string{"Content-Type": "application/json", "X-Id": "7"}, Body: body, Base64: b64}
 			form := EncodeResponse(&r, compressMinBytes)
-			got, err := decodeResponse(form, 1<<20)
+			got, err := decodeResponse(form, 1<<20, false)
 			if err != nil {
 				t.Fatalf("%s: %v", name, err)
 			}
@@ -58,10 +60,24 @@ func TestResponseCodec(t *testing.T) {
 			} else if stored-headers != int64(len(body)) {
 				t.Errorf("%s: stored %d bytes as sent, want %d", name, stored-headers, len(body))
 			}
+			streamed, err := decodeResponse(form, 1<<20, true)
+			if err != nil {
+				t.Fatalf("%s: streamed: %v", name, err)
+			}
+			if (streamed.Zstd != "") != (compressed && len(body) >= StreamBodiesFrom) {
+				t.Errorf("%s: left compressed for a stream: %v", name, streamed.Zstd != "")
+			}
+			if got := readBody(t, &streamed); got != body || streamed.BodySize() != int64(len(body)) {
+				t.Errorf("%s: streamed %d bytes (size %d), want the %d sent", name, len(got), streamed.BodySize(), len(body))
+			}
+			if compressed && len(body) > windowBytes {
+				var h zstd.Header
+				if err := h.Decode([]byte(form[len(form)-int(stored-headers):])); err != nil || h.WindowSize > windowBytes {
+					t.Errorf("%s: a window of %d bytes (%v), want at most %d", name, h.WindowSize, err, windowBytes)
+				}
+			}
 			switch {
-			case len(body) > compressMaxBytes && compressed:
-				t.Errorf("%s: a body over %d bytes is kept compressed", name, compressMaxBytes)
-			case strings.HasPrefix(name, "json") && len(body) >= 1024 && len(body) <= compressMaxBytes && !compressed:
+			case strings.HasPrefix(name, "json") && len(body) >= 1024 && !compressed:
 				t.Errorf("%s: a JSON answer over the threshold is kept as sent", name)
 			case strings.HasPrefix(name, "random") && compressed:
 				t.Errorf("%s: an incompressible body is kept compressed", name)
@@ -72,12 +88,101 @@ func TestResponseCodec(t *testing.T) {
 	}
 }
 
+// readBody reads r's body through OpenBody.
+func readBody(t *testing.T, r *Response) string {
+	t.Helper()
+	rc := r.OpenBody()
+	defer rc.Close()
+	b, err := io.ReadAll(iotest.OneByteReader(io.LimitReader(rc, 1<<30)))
+	if err != nil {
+		t.Fatalf("reading the body: %v", err)
+	}
+	return string(b)
+}
+
+// TestCompressedOnce: a frame compressed by the caller (Compress, or a
+// Compressor over a body written in pieces) is kept as it is, and decodes
+// to the body.
+func TestCompressedOnce(t *testing.T) {
+	for _, n := range []int{2048, 64 << 10, 300 << 10, 1 << 20} {
+		body := answer.JSON(n, uint64(n))
+		frame, ok := Compress(body, compressMinBytes)
+		if !ok {
+			t.Fatalf("%d: not worth compressing", n)
+		}
+		c := NewCompressor(int64(n), len(frame)+1024)
+		for rest := body; len(rest) > 0; {
+			k := min(len(rest), 3000)
+			if _, err := c.Write([]byte(rest[:k])); err != nil {
+				t.Fatalf("%d: %v", n, err)
+			}
+			rest = rest[k:]
+		}
+		streamed, ok := c.Frame()
+		if !ok {
+			t.Fatalf("%d: the Compressor's frame is not kept", n)
+		}
+		for name, r := range map[string]Response{
+			"beside the body": {Body: body, Zstd: frame, ZstdSize: int64(n)},
+			"alone":           {Zstd: frame, ZstdSize: int64(n)},
+			"streamed":        {Zstd: streamed, ZstdSize: int64(n)},
+		} {
+			form := EncodeResponse(&r, compressMinBytes)
+			if form[0]&encodingMask != encodingZstd || StoredSize(form, &r) != int64(n) {
+				t.Errorf("%d %s: flags %x, %d stored bytes", n, name, form[0], StoredSize(form, &r))
+			}
+			got, err := decodeResponse(form, 1<<20, false)
+			if err != nil || got.Body != body {
+				t.Errorf("%d %s: %v, %d bytes", n, name, err, len(got.Body))
+			}
+		}
+	}
+	// Past its limit, or for a body that does not compress, a Compressor
+	// gives no frame.
+	c := NewCompressor(64<<10, 1024)
+	if _, err := c.Write([]byte(answer.JSON(64<<10, 1))); err == nil {
+		if _, ok := c.Frame(); ok {
+			t.Error("a frame past the limit is kept")
+		}
+	}
+	c.Close()
+	random := answer.Incompressible(64<<10, 2)
+	c = NewCompressor(int64(len(random)), 1<<20)
+	_, _ = c.Write([]byte(random))
+	if _, ok := c.Frame(); ok {
+		t.Error("a frame of random bytes is kept")
+	}
+}
+
+// TestStreamedCorrupt: a long compressed body that is damaged, or whose
+// frame declares another size than it holds, fails as it is read (a
+// corrupt record), never reads as a whole body of other bytes.
+func TestStreamedCorrupt(t *testing.T) {
+	body := answer.JSON(256<<10, 9)
+	frame, _ := Compress(body, compressMinBytes)
+	flipped := []byte(frame)
+	flipped[len(flipped)/2] ^= 0x55
+	for name, r := range map[string]Response{
+		"a flipped byte":   {Zstd: string(flipped), ZstdSize: int64(len(body))},
+		"cut short":        {Zstd: frame[:len(frame)-100], ZstdSize: int64(len(body))},
+		"a size too long":  {Zstd: frame, ZstdSize: int64(len(body)) + 1},
+		"a size too short": {Zstd: frame, ZstdSize: int64(len(body)) - 1},
+	} {
+		rc := r.OpenBody()
+		got, err := io.ReadAll(rc)
+		rc.Close()
+		if !errors.Is(err, ErrCorrupt) {
+			t.Errorf("%s: read %d bytes and %v, want a corrupt record", name, len(got), err)
+		}
+	}
+}
+
 // TestUncompressedFormDecodes: the form idemsvc wrote before it compressed
 // bodies (flags 0 or 1, the body as sent, however long) still decodes.
 func TestUncompressedFormDecodes(t *testing.T) {
 	body := answer.JSON(16<<10, 3)
 	for _, flags := range []byte{0, 1} {
-		got, err := decodeResponse(oldForm(flags, 200, body), 1<<20)
+		got, err := decodeResponse(oldForm(flags, 200, body), 1<<20, false)
 		if err != nil || got.Body != body || got.Base64 != (flags == 1) || got.StatusCode != 200 || got.Headers["Content-Type"] != "application/json" {
 			t.Errorf("flags %d: %v, body of %d bytes", flags, err, len(got.Body))
 		}
@@ -129,7 +234,7 @@ func TestCorruptCompressedBody(t *testing.T) {
 		"a frame of no size":     stream,
 		"a size that lies":       lyingSize(t, form[:head], form[head:]),
 	} {
-		got, err := decodeResponse(s, 1<<20)
+		got, err := decodeResponse(s, 1<<20, false)
 		if !errors.Is(err, ErrCorrupt) {
 			t.Errorf("%s: %v and %d bytes, want a corrupt record", name, err, len(got.Body))
 		}
@@ -137,7 +242,7 @@ func TestCorruptCompressedBody(t *testing.T) {
 	for name, s := range map[string]string{"the bomb": string(bomb), "the frame of no size": stream} {
 		var before, after runtime.MemStats
 		runtime.ReadMemStats(&before)
-		_, _ = decodeResponse(s, 1<<20)
+		_, _ = decodeResponse(s, 1<<20, false)
 		runtime.ReadMemStats(&after)
 		if n := after.TotalAlloc - before.TotalAlloc; n > 64<<10 {
 			t.Errorf("decoding %s allocated %d bytes", name, n)

@@ -256,7 +256,7 @@ func (l *Limits) CheckFinish(tenant, key, tok string, retention time.Duration, r
 	if len(resp.Headers) > l.MaxResponseHeaders {
 		return Token{}, invalid("response.headers", "must hold at most %d header fields", l.MaxResponseHeaders)
 	}
-	size := len(resp.Body)
+	size := int(resp.BodySize())
 	for name, value := range resp.Headers {
 		if !isFieldName(name) {
 			return Token{}, invalid("response.headers", "a header name must be an HTTP field name (RFC 9110 token characters)")

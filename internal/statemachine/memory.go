@@ -150,7 +150,14 @@ func (m *MemoryStore) Fail(_ context.Context, tenant string, req FailRequest) (R
 // never compressed. Every replay of a record then shares its one stored
 // body, where decompressing would give each replay a copy of its own (300
 // slow readers of a 6 MiB answer would hold 1.8 GB: TestBoundedMemory).
-func (m *MemoryStore) keptForm(r *Response) string { return EncodeResponse(r, math.MaxInt) }
+func (m *MemoryStore) keptForm(r *Response) string {
+	if r.Zstd != "" && r.Body != "" { // compressed beside its body: the body is kept
+		plain := *r
+		plain.Zstd, plain.ZstdSize = "", 0
+		return EncodeResponse(&plain, math.MaxInt)
+	}
+	return EncodeResponse(r, math.MaxInt)
+}
 
 // finish moves the in-progress record fenced by tok to state, as complete.lua
 // and fail.lua do; a second call with the same token answers as the first.

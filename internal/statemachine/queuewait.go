@@ -23,3 +23,20 @@ func QueueWait(ctx context.Context) (time.Duration, bool) {
 	d, ok := ctx.Value(queueWaitKey{}).(time.Duration)
 	return d, ok
 }
+
+// streamedBodiesKey is the context key of WithStreamedBodies.
+type streamedBodiesKey struct{}
+
+// WithStreamedBodies marks the reads made with ctx (the replay of a begin,
+// a status with its response) as those of a caller that writes a body as
+// it decodes it: a store that keeps bodies compressed answers a long one
+// as its frame (Response.Zstd, OpenBody) rather than decoded whole.
+func WithStreamedBodies(ctx context.Context) context.Context {
+	return context.WithValue(ctx, streamedBodiesKey{}, true)
+}
+
+// StreamedBodies reports whether WithStreamedBodies marked ctx.
+func StreamedBodies(ctx context.Context) bool {
+	ok, _ := ctx.Value(streamedBodiesKey{}).(bool)
+	return ok
+}

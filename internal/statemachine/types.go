@@ -44,6 +44,24 @@ type Response struct {
 	// Ref, when set, is where the body is kept instead of Body: an object
 	// of the blob store of large responses (internal/blob).
 	Ref *BodyRef
+	// Zstd, when set, is the body as a record keeps it compressed: a zstd
+	// frame (compress.go) that decodes to ZstdSize bytes. A complete may
+	// give it beside Body, compressed once by a caller that had to know
+	// its compressed size, or instead of Body, for a streamed body
+	// compressed as it arrived and never held whole. A read that asks for
+	// it (WithStreamedBodies) gets a long body this way, Body empty, to
+	// decode as it writes it (OpenBody).
+	Zstd     string
+	ZstdSize int64
+}
+
+// BodySize is the length of the body as sent, whether it is held in Body
+// or only compressed (Zstd); not counting a body in the blob store.
+func (r *Response) BodySize() int64 {
+	if r.Body == "" && r.Zstd != "" {
+		return r.ZstdSize
+	}
+	return int64(len(r.Body))
 }
 
 // BodyRef names a stored body kept in the blob store: its object, length,
@@ -57,7 +75,7 @@ type BodyRef struct {
 
 // IsZero reports whether no part of the response was given.
 func (r Response) IsZero() bool {
-	return r.StatusCode == 0 && len(r.Headers) == 0 && len(r.Body) == 0 && !r.Base64 && r.Ref == nil
+	return r.StatusCode == 0 && len(r.Headers) == 0 && len(r.Body) == 0 && !r.Base64 && r.Ref == nil && r.Zstd == ""
 }
 
 // Lease is a caller's right to run the current attempt.
@@ -111,6 +129,10 @@ type BeginRequest struct {
 	// ErrReplayRefused, without reading its response. For a tenant over
 	// its read budget.
 	NoReplay bool
+	// StreamedBody replays a long compressed body compressed
+	// (Response.Zstd), for a caller that decodes it as it writes it; as
+	// WithStreamedBodies does for the reads of a context.
+	StreamedBody bool
 	// Token is the lease token the attempt gets if the Begin acquires, in
 	// Lease.Token's form (NewToken); "" for a random one. The caller knows
 	// it beforehand: the in_progress limit counts the lease under it.

@@ -82,8 +82,10 @@ export interface paths {
          *     the response body itself, as raw bytes, sent as a stream, and the
          *     rest of the call travels in `Idem-*` request headers. idemsvc never
          *     holds the whole body in memory: it writes it to its blob store
-         *     (`IDEMSVC_BLOB_URL`) before it stores the complete, when it is over
-         *     `IDEMSVC_BLOB_THRESHOLD_BYTES`, and keeps it inline in the record
+         *     (`IDEMSVC_BLOB_URL`) before it stores the complete, when its
+         *     compressed size (zstd, as the record would keep it) is over
+         *     `IDEMSVC_BLOB_THRESHOLD_BYTES` or it is over the 1 MiB
+         *     stored-response limit, and keeps it in the record, compressed,
          *     otherwise. Fencing, retries and answers are those of
          *     `POST /v1/complete`: the same token completing again (a retried
          *     call, after a lost reply) gets the same result and changes nothing.
@@ -142,8 +144,12 @@ export interface paths {
          * @description Ends the attempt fenced by `lease_token` with a failure.
          *     `retryable: true` (the default) releases the key: the next begin
          *     acquires it (attempt + 1). `retryable: false` stores a terminal
-         *     failure that begin replays until the record's retention ends.
-         *     Fencing and retries are as for `complete`.
+         *     failure that begin replays until the record's retention ends; its
+         *     `response` is stored as a complete's is, and with a blob store a
+         *     body whose compressed size is over `IDEMSVC_BLOB_THRESHOLD_BYTES`
+         *     goes there first (a failure refused for its lease leaves nothing
+         *     there), and replays as a complete's does. A retryable failure
+         *     stores no response. Fencing and retries are as for `complete`.
          */
         post: operations["fail"];
         delete?: never;
