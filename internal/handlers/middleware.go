@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/go-chi/chi/v5"
 	"go.opentelemetry.io/otel/trace"
@@ -96,6 +97,10 @@ type requestCtx struct {
 	info     requestInfo
 	route    *chi.Context
 	idHeader [1]string // the X-Request-Id header's value
+	idBytes  [16]byte  // a request id made here
+	// logRest holds the request line's attributes past the first four:
+	// a record keeps five inline and puts more in a slice of its own.
+	logRest [8]slog.Attr
 }
 
 func (c *requestCtx) Value(key any) any {
@@ -127,7 +132,7 @@ func (s *Service) observe(w http.ResponseWriter, r *http.Request, next http.Hand
 	start := time.Now()
 	info := &c.info
 	info.ResponseWriter = w
-	info.id = requestID(headerValue(r.Header, "X-Request-Id"))
+	info.id = requestID(headerValue(r.Header, "X-Request-Id"), &c.idBytes)
 	c.idHeader[0] = info.id
 	w.Header()["X-Request-Id"] = c.idHeader[:]
 	var span trace.Span
@@ -169,38 +174,42 @@ func (s *Service) observe(w http.ResponseWriter, r *http.Request, next http.Hand
 	if s.accessLog == AccessLogOff || (s.accessLog == AccessLogErrors && status < 400) || !s.log.Enabled(r.Context(), level) {
 		return
 	}
-	var buf [12]slog.Attr // no allocation for the list
+	// Four attributes go in the record and the rest in a group without
+	// a name, which handlers write inline, held by the request's context:
+	// a record holds five attributes inline and would allocate for more.
 	client, peer := s.client(r)
-	attrs := append(buf[:0],
-		slog.String("request_id", info.id),
-		slog.String("method", r.Method),
-		slog.String("route", route),
-		slog.Int("status", status),
+	rest := append(c.logRest[:0],
 		slog.String("outcome", outcome),
 		slog.Int64("duration_us", elapsed.Microseconds()),
 		slog.String("client", client),
 	)
 	if peer != "" {
-		attrs = append(attrs, slog.String("peer", peer))
+		rest = append(rest, slog.String("peer", peer))
 	}
 	if info.tenant != "" {
-		attrs = append(attrs, slog.String("tenant", info.tenant))
+		rest = append(rest, slog.String("tenant", info.tenant))
 	} else if info.named != "" {
-		attrs = append(attrs, slog.String("tenant", info.named))
+		rest = append(rest, slog.String("tenant", info.named))
 	}
 	// Who acted, when it is not the tenant acted for: an admin acting
 	// for another tenant, or a key refused (403) for the tenant it named.
 	if info.authenticated && info.principal.Tenant != info.tenant && info.principal.Tenant != DefaultTenant && status != http.StatusUnauthorized {
-		attrs = append(attrs, slog.String("principal", info.principal.Tenant))
+		rest = append(rest, slog.String("principal", info.principal.Tenant))
 	}
 	if info.err != nil && status >= 500 {
-		attrs = append(attrs, slog.String("error", info.err.Error()))
+		rest = append(rest, slog.String("error", info.err.Error()))
 	}
 	// The record is made here rather than by LogAttrs, which would also
 	// take the caller's PC (runtime.Callers: 3,100 instructions a
 	// request) for a source that idemsvc's log lines do not carry.
 	rec := slog.NewRecord(time.Now(), level, "request", 0)
-	rec.AddAttrs(attrs...)
+	rec.AddAttrs(
+		slog.String("request_id", info.id),
+		slog.String("method", r.Method),
+		slog.String("route", route),
+		slog.Int("status", status),
+		slog.Attr{Value: slog.GroupValue(rest...)},
+	)
 	_ = s.log.Handler().Handle(r.Context(), rec)
 }
 
@@ -256,8 +265,8 @@ var (
 )
 
 // requestID keeps a caller's id of up to 64 visible ASCII characters, and
-// otherwise makes one of 16 hex digits.
-func requestID(given string) string {
+// otherwise makes one of 16 hex digits in buf, which it must not outlive.
+func requestID(given string, buf *[16]byte) string {
 	if n := len(given); n > 0 && n <= 64 {
 		ok := true
 		for i := 0; i < n; i++ {
@@ -270,11 +279,12 @@ func requestID(given string) string {
 			return given
 		}
 	}
-	var id [16]byte
-	copy(id[:], requestIDPrefix[:])
+	copy(buf[:], requestIDPrefix[:])
 	n := requestIDCount.Add(1)
-	hex.Encode(id[8:], []byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
-	return string(id[:])
+	hex.Encode(buf[8:], []byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+	// The id's string is the context's bytes, written once, here: no
+	// allocation of its own.
+	return unsafe.String(&buf[0], len(buf))
 }
 
 // authenticate finds the principal of the request's API key.
