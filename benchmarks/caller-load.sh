@@ -25,7 +25,8 @@
 #                         built) with its defaults, and behind
 #                         express-idempotency on this Redis (an in-process
 #                         library, the peer), at concurrency 64, a new
-#                         Idempotency-Key each;
+#                         Idempotency-Key each; and behind the middleware
+#                         on a client with coalesce (coalesce_express);
 #   tsclient              the TypeScript SDK's client alone
 #                         (benchmarks/expressapp/client-cpu.mjs): begin +
 #                         complete on new keys, 16 at a time, its CPU per call
@@ -191,12 +192,19 @@ node_app() {
   printf -v "${var}_pid" %s "$!"
   wait_http "http://127.0.0.1:$port/"
 }
-tsbase_pid= ex_alone_port= ex_alone_pid= ex_sdk_port= ex_sdk_pid= ex_lib_port= ex_lib_pid=
+tsbase_pid= ex_alone_port= ex_alone_pid= ex_sdk_port= ex_sdk_pid= ex_lib_port= ex_lib_pid= ex_co_port= ex_co_pid=
 if picked express; then
   node_app ex_alone alone
   node_app ex_sdk sdk "http://127.0.0.1:$idemsvc_port" "$sdk_dist"
+  node_app ex_co sdk-coalesce "http://127.0.0.1:$idemsvc_port" "$sdk_dist"
   node_app ex_lib lib "$redis_url"
   if [ -n "${TS_SDK_BASE:-}" ]; then node_app tsbase sdk "http://127.0.0.1:$idemsvc_port" "$results/ts-base-dist"; fi
+  # A warm-up of each, not counted: V8 compiles and optimizes the hot
+  # code in the first thousands of requests, whose CPU would otherwise
+  # weigh on the first run's figures.
+  for port in "$ex_alone_port" "$ex_sdk_port" "$ex_co_port" "$ex_lib_port" ${tsbase_port:+"$tsbase_port"}; do
+    "$dir/idembench" --url "http://127.0.0.1:$port" --mix pay --concurrency 64 --duration 3s >/dev/null 2>&1 || true
+  done
 fi
 
 base_pid=
@@ -275,12 +283,12 @@ pair() {
   # shellcheck disable=SC2086 # the load's words
   for l in "${order[@]}"; do load $l; done
 }
-# tsclient LABEL SDK_DIST: the TypeScript client's CPU per call on idemsvc
-# (benchmarks/expressapp/client-cpu.mjs), to $dir/tsclient.
+# tsclient LABEL SDK_DIST [coalesce]: the TypeScript client's CPU per call
+# on idemsvc (benchmarks/expressapp/client-cpu.mjs), to $dir/tsclient.
 tsclient() {
   redis-cli -p "$redis_port" flushall sync >/dev/null
   # shellcheck disable=SC2046 # the figures are words
-  echo "$1" $(node "$express/client-cpu.mjs" "http://127.0.0.1:$idemsvc_port" "$2" "$duration") >>"$dir/tsclient"
+  echo "$1" $(node "$express/client-cpu.mjs" "http://127.0.0.1:$idemsvc_port" "$2" "$duration" ${3:+"$3"}) >>"$dir/tsclient"
 }
 base() { if [ -n "$base_pid" ]; then echo "base_pay$1 $base_port $base_pid $idemsvc_pid pay $1"; fi; }
 svcbase() { if [ -n "$svcbase_pid" ]; then echo "svcbase_$1 $svcbase_port 0 $svcbase_pid $1 64"; fi; }
@@ -305,9 +313,10 @@ for run in $(seq "$runs"); do
   pair pay1 "alone_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "sdk_pay1 $sdk_port $sdk_pid $idemsvc_pid pay 1" "$(base 1)"
   pair proxy64 "direct_pay64 $alone_port $alone_pid $idemsvc_pid pay 64" "proxy_pay64 $proxy_port $proxy_pid $idemsvc_pid pay 64"
   pair express "alone_express $ex_alone_port $ex_alone_pid $idemsvc_pid pay 64" "sdk_express $ex_sdk_port $ex_sdk_pid $idemsvc_pid pay 64" \
-    "lib_express $ex_lib_port $ex_lib_pid $redis_pid pay 64" "$(if [ -n "$tsbase_pid" ]; then echo "base_express $tsbase_port $tsbase_pid $idemsvc_pid pay 64"; fi)"
+    "lib_express $ex_lib_port $ex_lib_pid $redis_pid pay 64" "coalesce_express $ex_co_port $ex_co_pid $idemsvc_pid pay 64" "$(if [ -n "$tsbase_pid" ]; then echo "base_express $tsbase_port $tsbase_pid $idemsvc_pid pay 64"; fi)"
   if picked tsclient; then
     tsclient tsclient "$sdk_dist"
+    tsclient coalesce_tsclient "$sdk_dist" coalesce
     if [ -n "${TS_SDK_BASE:-}" ]; then tsclient base_tsclient "$results/ts-base-dist"; fi
   fi
   pair proxy1 "direct_pay1 $alone_port $alone_pid $idemsvc_pid pay 1" "proxy_pay1 $proxy_port $proxy_pid $idemsvc_pid pay 1"
@@ -320,7 +329,7 @@ done
 
 labels=(bare_begin idemsvc_begin bare_cycle idemsvc_cycle bare_replay idemsvc_replay
   alone_pay64 sdk_pay64 alone_pay1 sdk_pay1 direct_pay64 proxy_pay64 direct_pay1 proxy_pay1
-  alone_express sdk_express lib_express bare_open idemsvc_open)
+  alone_express sdk_express coalesce_express lib_express bare_open idemsvc_open)
 [ -n "$tsbase_pid" ] && labels+=(base_express)
 [ -n "$base_pid" ] && labels+=(base_pay64 base_pay1)
 [ -n "$svcbase_pid" ] && labels+=(svcbase_begin svcbase_cycle svcbase_replay)
@@ -380,6 +389,19 @@ if picked express; then
     -v libr="$(ratio lib_express alone_express 2)" -v app="$(ratio sdk_express alone_express 5 -)" \
     -v alone="$(column alone_express 5)" -v p50="$(ratio sdk_express alone_express 3 -)" \
     'BEGIN { printf "  Express at concurrency 64, behind the TS middleware / alone: %.3f of the throughput (the in-process library: %.3f); behind the middleware / behind the library: %.3f; +%.2f ms at p50; app CPU %.1f µs/request alone, +%.1f µs behind the middleware, %.1f µs per SDK call\n", r, libr, lib, p50, alone, app, app / 2 }'
+  awk -v r="$(ratio coalesce_express alone_express 2)" -v lib="$(ratio coalesce_express lib_express 2)" -v sdk="$(ratio coalesce_express sdk_express 2)" \
+    'BEGIN { printf "  Express behind the TS middleware on a client with coalesce / alone: %.3f of the throughput; / behind the library: %.3f; / without coalesce: %.3f\n", r, lib, sdk }'
+  # The CPU of each process per request, and their sum: on a machine of
+  # few cores, the sum bounds the requests/s (the library's server is
+  # Redis itself, counted once).
+  echo "  CPU µs per request, medians (app, idemsvc, Redis, idembench; total):"
+  for label in alone_express sdk_express coalesce_express lib_express base_express; do
+    [ "$label" != base_express ] || [ -n "$tsbase_pid" ] || continue
+    awk -v l="$label" '$1 == l { srv = (l == "lib_express" || l == "alone_express") ? 0 : $6
+      printf "%.1f %.1f %.1f %.1f %.1f\n", $5, srv, $7, $8, $5 + srv + $7 + $8 }' "$dir/figures" |
+      sort -t' ' -k5 -g | awk -v l="$label" '{ row[NR] = $0 } END { if (NR) { split(row[int((NR + 1) / 2)], f, " ")
+        printf "    %-17s app %7.1f  idemsvc %7.1f  redis %6.1f  idembench %6.1f  total %7.1f (the run of the median total)\n", l, f[1], f[2], f[3], f[4], f[5] } }'
+  done
   if [ -n "$tsbase_pid" ]; then
     awk -v r="$(ratio sdk_express base_express 2)" -v app="$(ratio sdk_express base_express 5 -)" -v base="$(ratio base_express alone_express 2)" -v rev="$TS_SDK_BASE" \
       'BEGIN { printf "  Express, this SDK / the SDK of %s: %.3f of the throughput, %+.1f µs of app CPU per request (that SDK: %.3f of the app alone)\n", rev, r, app, base }'
@@ -389,6 +411,7 @@ if picked tsclient; then
   # shellcheck disable=SC2016 # awk's fields
   tscol() { awk -v l="$1" -v c="$2" '$1 == l { print $c }' "$dir/tsclient" | median; }
   echo "  the TS client alone, begin + complete on new keys, 16 in flight: $(tscol tsclient 3) µs of CPU per call (process.cpuUsage), $(tscol tsclient 4) calls/s"
+  echo "  the TS client alone with coalesce: $(tscol coalesce_tsclient 3) µs of CPU per call, $(tscol coalesce_tsclient 4) calls/s"
   if [ -n "${TS_SDK_BASE:-}" ]; then
     echo "  the TS client of $TS_SDK_BASE: $(tscol base_tsclient 3) µs of CPU per call, $(tscol base_tsclient 4) calls/s"
   fi

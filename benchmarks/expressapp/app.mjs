@@ -8,6 +8,9 @@
 //       behind the TypeScript SDK's Express middleware (clients/ts, or the
 //       build in SDK_DIST) with its defaults, on idemsvc at URL, the API
 //       key from IDEMSVC_API_KEY;
+//   node app.mjs --listen 127.0.0.1:8096 sdk-coalesce URL [SDK_DIST]
+//       the same, its client with coalesce: the begins, and the completes,
+//       of the requests in one turn of the event loop go as one batch call;
 //   node app.mjs --listen 127.0.0.1:8093 raw URL SDK_DIST
 //       the handler itself calling the SDK's begin and complete on the
 //       request's key, without the middleware: what the two calls cost
@@ -23,7 +26,7 @@ import { fileURLToPath } from 'node:url';
 
 const args = process.argv.slice(2);
 if (args[0] !== '--listen' || !args[1] || !args[2]) {
-  console.error('usage: app.mjs --listen HOST:PORT alone | sdk URL [SDK_DIST] | lib REDIS_URL');
+  console.error('usage: app.mjs --listen HOST:PORT alone | sdk URL [SDK_DIST] | sdk-coalesce URL [SDK_DIST] | raw URL SDK_DIST | lib REDIS_URL');
   process.exit(2);
 }
 const [host, port] = args[1].split(':');
@@ -40,11 +43,12 @@ const pay = (_req, res) => {
 
 if (mode === 'alone') {
   app.post('/pay', express.json(), pay);
-} else if (mode === 'sdk') {
+} else if (mode === 'sdk' || mode === 'sdk-coalesce') {
   const dist = args[4] ?? fileURLToPath(new URL('../../clients/ts/dist/', import.meta.url));
   const { IdemClient } = await import(`${dist}/index.js`);
   const { idempotency } = await import(`${dist}/express.js`);
-  const client = new IdemClient({ baseUrl: args[3], apiKey: process.env.IDEMSVC_API_KEY });
+  const coalesce = mode === 'sdk-coalesce';
+  const client = new IdemClient({ baseUrl: args[3], apiKey: process.env.IDEMSVC_API_KEY, coalesce });
   app.post('/pay', idempotency(client), express.json(), pay);
 } else if (mode === 'raw') {
   const { IdemClient } = await import(`${args[4]}/index.js`);

@@ -2,18 +2,20 @@
 
 // The TypeScript SDK's client CPU per call (make load-sdk's tsclient):
 //
-//   node client-cpu.mjs IDEMSVC_URL SDK_DIST SECONDS
+//   node client-cpu.mjs IDEMSVC_URL SDK_DIST SECONDS [coalesce]
 //
 // 16 loops at once, each a begin and a complete on a new key, with the
 // fingerprint and response the Express middleware sends, for SECONDS
 // after a second's warm-up. Prints the calls made, this process's CPU
 // (user + system, process.cpuUsage) in µs per call, and calls per second.
-// The API key comes from IDEMSVC_API_KEY.
+// The API key comes from IDEMSVC_API_KEY. With coalesce, the client is
+// made with that option: the calls of one turn of the event loop go as
+// one batch call.
 import { randomBytes } from 'node:crypto';
 
-const [url, dist, seconds] = process.argv.slice(2);
+const [url, dist, seconds, mode] = process.argv.slice(2);
 const { IdemClient } = await import(`${dist}/index.js`);
-const client = new IdemClient({ baseUrl: url, apiKey: process.env.IDEMSVC_API_KEY });
+const client = new IdemClient({ baseUrl: url, apiKey: process.env.IDEMSVC_API_KEY, coalesce: mode === 'coalesce' });
 const prefix = `cpu-${randomBytes(6).toString('hex')}`;
 const fingerprint = 'v1:' + randomBytes(32).toString('hex');
 const response = { status_code: 201, headers: { 'content-type': 'application/json' }, body: '{"payment":"accepted"}\n\n' };

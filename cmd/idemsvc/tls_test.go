@@ -151,6 +151,23 @@ func TestHTTPSClientCertificates(t *testing.T) {
 	if _, err := idem.New(in.url, idem.WithTLSFiles(caFile, clientCert, "")); err == nil {
 		t.Error("New accepted a client certificate without its key")
 	}
+	// The console is served on the same listener, to the same clients:
+	// its page, its script and the API it calls.
+	browser := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool(),
+		Certificates: []tls.Certificate{ca.Issue(t, "operator").TLS(t)}}}}
+	for _, path := range []string{"/console/", "/console/console.js", "/v1/usage"} {
+		resp, err := browser.Get(in.url + path)
+		if err != nil {
+			t.Fatalf("GET %s with a client certificate: %v", path, err)
+		}
+		_ = resp.Body.Close()
+		if resp.StatusCode != http.StatusOK || (path != "/v1/usage" && resp.Header.Get("Content-Security-Policy") == "") {
+			t.Errorf("GET %s with a client certificate: %d %v", path, resp.StatusCode, resp.Header)
+		}
+	}
+	if _, err := (&http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: ca.Pool()}}}).Get(in.url + "/console/"); err == nil {
+		t.Error("the console was served to a client without a certificate")
+	}
 	if code := healthcheck(nil, append(env, "IDEMSVC_LISTEN="+strings.TrimPrefix(in.url, "https://")), t.Output()); code != 0 {
 		t.Errorf("healthcheck with client certificates required = %d", code)
 	}

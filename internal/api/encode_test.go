@@ -4,6 +4,7 @@ package api
 
 import (
 	"encoding/json"
+	"math/bits"
 	"net/http/httptest"
 	"reflect"
 	"strings"
@@ -131,16 +132,34 @@ func TestFinishResponseWritesLikeGenerated(t *testing.T) {
 	}
 }
 
-// plainASCII8 passes eight bytes only when none of them needs escaping:
-// every byte value, at every position, among plain ones.
-func TestPlainASCII8(t *testing.T) {
+// specialBytes8 marks the first byte of eight that needs a second look,
+// and none before it: every byte value at every position, among plain
+// bytes and before every other value (whose borrow must not move the
+// mark).
+func TestSpecialBytes8(t *testing.T) {
+	special := func(c int) bool { return c < 0x20 || c >= 0x80 || c == '"' || c == '\\' }
 	for pos := range 8 {
 		for c := range 256 {
-			word := []byte("abcdefgh")
-			word[pos] = byte(c)
-			want := c >= 0x20 && c < 0x80 && c != '"' && c != '\\'
-			if got := plainASCII8(le64(string(word))); got != want {
-				t.Errorf("byte %#x at %d: plain %v, want %v", c, pos, got, want)
+			for _, after := range []int{'x', 0x00, 0x1f, '"', '\\', 0x80, 0xff} {
+				word := []byte("abcdefgh")
+				word[pos] = byte(c)
+				if pos < 7 {
+					word[7] = byte(after)
+				}
+				want := 8
+				for i, b := range word {
+					if special(int(b)) {
+						want = i
+						break
+					}
+				}
+				got := 8
+				if m := specialBytes8(le64(string(word))); m != 0 {
+					got = bits.TrailingZeros64(m) >> 3
+				}
+				if got != want {
+					t.Errorf("%q: first special byte at %d, want %d", word, got, want)
+				}
 			}
 		}
 	}

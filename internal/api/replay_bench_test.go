@@ -5,6 +5,7 @@ package api
 import (
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -56,4 +57,42 @@ func BenchmarkFinishEncode(b *testing.B) {
 	r := FinishResult{Attempt: 1, Key: "order-42/charge", CompletedAt: &at, ExpiresAt: at, Status: FinishedStateCompleted}
 	benchWrite(b, "hand-written", FinishResponse(r).VisitCompleteResponse)
 	benchWrite(b, "encoding-json-v1", Complete200JSONResponse(r).VisitCompleteResponse)
+}
+
+// jsonBody is a JSON answer of about n bytes, as an API returns them:
+// short members, so quotes come every few bytes.
+func jsonBody(n int) string {
+	var b strings.Builder
+	b.WriteString(`{"items":[`)
+	for i := 0; b.Len() < n-2; i++ {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(`{"id":"it_` + strconv.Itoa(i) + `","amount":1000,"currency":"eur","paid":true,"note":"caf\u00e9"}`)
+	}
+	b.WriteString(`]}`)
+	return b.String()
+}
+
+// BenchmarkEscape escapes stored bodies as a replay writes them: a JSON
+// answer, dense with quotes, and plain text.
+func BenchmarkEscape(b *testing.B) {
+	for _, c := range []struct {
+		name string
+		body string
+	}{{"json-1KiB", jsonBody(1 << 10)}, {"json-16KiB", jsonBody(16 << 10)}, {"text-16KiB", strings.Repeat("lorem ipsum ", 16<<10/12)}} {
+		buf := make([]byte, 0, 2*len(c.body))
+		b.Run(c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.body)))
+			for b.Loop() {
+				buf = appendEscaped(buf[:0], c.body)
+			}
+		})
+		b.Run("len-"+c.name, func(b *testing.B) {
+			b.SetBytes(int64(len(c.body)))
+			for b.Loop() {
+				_ = JSONStringLen(c.body)
+			}
+		})
+	}
 }

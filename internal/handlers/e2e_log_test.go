@@ -88,6 +88,23 @@ func TestE2EAuditLog(t *testing.T) {
 			}
 		}
 	}
+	// Who freed a key: the line of DELETE /v1/keys names the tenant freed
+	// for and, for an admin acting for it, the admin's tenant; a tenant
+	// freeing its own key is named as the tenant alone.
+	for _, tt := range []struct {
+		id, apiKey, query string
+		principal         any
+	}{
+		{"admin-frees", keyOps, "key=audit&tenant=payments", "ops"},
+		{"own-frees", keyPayments, "key=audit-2", nil},
+	} {
+		resp, _ := e.raw(t, http.MethodDelete, "/v1/keys?"+tt.query, "", nil, "Authorization", "Bearer "+tt.apiKey, "X-Request-Id", tt.id)
+		line := logs.find(t, tt.id)
+		if resp.StatusCode != http.StatusNoContent || line["method"] != http.MethodDelete || line["route"] != "/v1/keys" ||
+			line["outcome"] != "deleted" || line["tenant"] != "payments" || line["principal"] != tt.principal || line["client"] != "127.0.0.1" {
+			t.Errorf("%s: %d, log line %v; want DELETE /v1/keys deleted, tenant payments, principal %v", tt.id, resp.StatusCode, line, tt.principal)
+		}
+	}
 	// A 401 names the tenant its query names.
 	resp, _ := e.raw(t, http.MethodGet, "/v1/status?key=audit&tenant=payments", "", nil, "Authorization", "Bearer wrong", "X-Request-Id", "no-key-status")
 	if line := logs.find(t, "no-key-status"); resp.StatusCode != http.StatusUnauthorized || line["tenant"] != "payments" {

@@ -3,6 +3,8 @@
 import { createHash } from 'node:crypto';
 import * as http from 'node:http';
 import * as https from 'node:https';
+import { pipeline, Readable, Transform, type TransformCallback } from 'node:stream';
+import { Batcher, MAX_ITEM_CHARS, type BatchReply } from './batch.js';
 import { doOnce, type DoOptions, type DoResult, type Operation } from './do.js';
 import { BodyMismatchError, IdemError, problemOf, type Problem } from './errors.js';
 import { backoff, newOwner, sleep } from './retry.js';
@@ -67,6 +69,21 @@ export interface IdemClientOptions {
    * tenth of the CPU of a fetch per call.
    */
   fetch?: typeof globalThis.fetch;
+  /**
+   * Sends the begins, and the completes, asked for in one turn of the event
+   * loop together, as one batch call (`POST /v1/begin/batch`, `POST
+   * /v1/finish/batch`), when there are several (default false). A busy
+   * service, such as one behind the Express middleware under load, then
+   * makes one HTTP exchange, and idemsvc serves one request, for many calls;
+   * a lone call goes alone, as without it. Only begins without `wait_ms`
+   * (a batch does not wait) and completes, each without a signal or a
+   * request id, and with a body under 16 KiB, are coalesced; an item the
+   * batch does not answer with a success, and every item of a batch that
+   * fails, is sent again as its own call, so answers, errors and retries are
+   * those of the single calls. idemsvc then logs one line per batch, not
+   * per call, and its tenant limits count each item.
+   */
+  coalesce?: boolean;
 }
 
 /** Defaults of IdemClientOptions. */
@@ -123,6 +140,9 @@ export class IdemClient implements LeaseCalls {
   private readonly fetch: typeof globalThis.fetch | undefined;
   /** Where node:http sends calls, when there is no fetch. */
   private readonly target: Target;
+  /** The begins and the completes waiting to go together, with coalesce. */
+  private readonly begins: Batcher<BeginResult> | undefined;
+  private readonly completes: Batcher<FinishResult> | undefined;
 
   constructor(options: IdemClientOptions) {
     const url = new URL(options.baseUrl);
@@ -160,6 +180,11 @@ export class IdemClient implements LeaseCalls {
       this.headers.authorization = `Bearer ${options.apiKey}`;
       apiKeys.set(this, options.apiKey);
     }
+    if (options.coalesce) {
+      const sendBatch = (path: string, body: string, ms: number) => this.sendBatch(path, body, ms);
+      this.begins = new Batcher<BeginResult>('/v1/begin/batch', sendBatch);
+      this.completes = new Batcher<FinishResult>('/v1/finish/batch', sendBatch);
+    }
   }
 
   /**
@@ -171,22 +196,42 @@ export class IdemClient implements LeaseCalls {
   begin(params: BeginParams, options?: CallOptions): Promise<BeginResult> {
     const body = this.body({ ...params, owner: params.owner || newOwner() });
     const timeout = this.callTimeoutMs + (params.wait_ms ?? 0);
-    return this.call('begin', 'POST', '/v1/begin', body, options, timeout, json<BeginResult>);
+    const alone = () => this.call('begin', 'POST', '/v1/begin', body, options, timeout, json<BeginResult>);
+    if (this.begins?.on && !params.wait_ms && coalescible(body, options)) {
+      return this.begins.add(body, itemDeadline(timeout, options), alone);
+    }
+    return alone();
   }
 
   /** Stores `params.response` as the outcome of the attempt holding `params.lease_token`. */
   complete(params: CompleteParams, options?: CallOptions): Promise<FinishResult> {
-    return this.call('complete', 'POST', '/v1/complete', this.body(params), options, this.callTimeoutMs, json<FinishResult>);
+    const body = this.body(params);
+    const alone = () => this.call('complete', 'POST', '/v1/complete', body, options, this.callTimeoutMs, json<FinishResult>);
+    if (this.completes?.on && coalescible(body, options)) {
+      // A finish batch's item is the complete's body with its kind.
+      return this.completes.add('{"kind":"complete",' + body.slice(1), itemDeadline(this.callTimeoutMs, options), alone);
+    }
+    return alone();
+  }
+
+  /** One batch call, not retried: its items are sent again alone when it fails. */
+  private async sendBatch(path: string, body: string, ms: number): Promise<BatchReply> {
+    if (this.fetch) return fetchReply(this.fetch, this.baseUrl + path, 'POST', this.headers, body, ms, undefined);
+    const headers = { ...this.headers, 'content-length': String(Buffer.byteLength(body)) };
+    return send(this.target, 'POST', path, headers, body, ms, undefined);
   }
 
   /**
    * Stores a response whose body is streamed (`POST /v1/complete/stream`):
    * up to idemsvc's `IDEMSVC_MAX_STORED_BYTES` (64 MiB by default) with a
-   * blob store, never held whole. A body given as bytes is sent again when
-   * a try gets 503 (the blob store down, say) within the retry budget; a
-   * stream is sent once. It goes through fetch (the client's, or Node's).
+   * blob store, never held whole. The body is bytes, a Node `Readable`, a
+   * web `ReadableStream` or any async iterable of bytes, sent as the
+   * request's own body as it is read (chunked, unless `params.size` gives
+   * its length). Bytes are sent again when a try gets 503 (the blob store
+   * down, say) or no answer, within the retry budget; a stream is sent once,
+   * and a stream that errors aborts the call (nothing is stored).
    */
-  async completeStream(params: CompleteStreamParams, body: Uint8Array | ReadableStream<Uint8Array>, options?: CallOptions): Promise<FinishResult> {
+  async completeStream(params: CompleteStreamParams, body: StreamBody, options?: CallOptions): Promise<FinishResult> {
     const headers: Record<string, string> = {
       ...this.headers,
       'content-type': 'application/octet-stream',
@@ -200,71 +245,76 @@ export class IdemClient implements LeaseCalls {
     }
     if (params.retention_s !== undefined) headers['idem-retention-s'] = String(params.retention_s);
     if (this.tenant !== undefined) headers['idem-tenant'] = this.tenant;
-    const retry = body instanceof Uint8Array;
-    const res = await this.stream('complete', 'POST', '/v1/complete/stream', headers, body, retry, options);
-    return (await res.json()) as FinishResult;
+    const bytes = body instanceof Uint8Array;
+    if (bytes) headers['content-length'] = String(body.byteLength);
+    else if (params.size !== undefined && params.size >= 0) headers['content-length'] = String(params.size);
+    const res = await this.stream('complete', 'POST', '/v1/complete/stream', headers, body, bytes, options);
+    return JSON.parse((await readAll(res.body)).toString()) as FinishResult;
   }
 
   /**
    * Streams the stored body of a finished key (`GET /v1/keys/body`): a
-   * replay whose `response.body_ref` names it. The stream errors with
-   * `BodyMismatchError` rather than ending when its bytes are not the
-   * stored ones (their SHA-256 is the answer's `Repr-Digest`).
+   * replay whose `response.body_ref` names it. `body` is a Node `Readable`
+   * (an async iterable; `Readable.toWeb` makes it a web stream) checked as
+   * it goes against its `Content-Length` and its SHA-256 (`Repr-Digest`):
+   * its last chunk is held back until every byte matched, so a body that
+   * is not the stored one errors with `BodyMismatchError` before its end,
+   * and a whole wrong body is never delivered. `size` is its length.
    */
-  async openBody(key: string, options?: CallOptions): Promise<{ body: ReadableStream<Uint8Array>; size: number }> {
+  async openBody(key: string, options?: CallOptions): Promise<{ body: Readable; size: number }> {
     const res = await this.stream('body', 'GET', `/v1/keys/body?${this.query({ key })}`, this.headers, undefined, true, options);
-    const size = Number(res.headers.get('content-length') ?? '-1');
-    const digest = /^sha-256=:(.*):$/.exec(res.headers.get('repr-digest') ?? '')?.[1];
-    const hash = createHash('sha256');
-    let seen = 0;
-    const check = new TransformStream<Uint8Array, Uint8Array>({
-      transform(chunk, controller) {
-        hash.update(chunk);
-        seen += chunk.byteLength;
-        controller.enqueue(chunk);
-      },
-      flush(controller) {
-        if ((size >= 0 && seen !== size) || (digest !== undefined && hash.digest('base64') !== digest)) {
-          controller.error(new BodyMismatchError());
-        }
-      },
-    });
-    return { body: res.body!.pipeThrough(check), size };
+    const size = Number(res.headers['content-length'] ?? '-1');
+    const digest = /^sha-256=:(.*):$/.exec(String(res.headers['repr-digest'] ?? ''))?.[1];
+    const checked = new CheckedBody(size, digest);
+    const source = res.body;
+    // A source that ends early or breaks is no whole body either; a reader
+    // that leaves ends the source.
+    const cut = (err?: Error) => {
+      if (!checked.destroyed) checked.destroy(new BodyMismatchError({ cause: err }));
+    };
+    source.on('error', cut);
+    source.on('close', () => source.readableEnded || cut());
+    checked.on('close', () => source.destroy());
+    source.pipe(checked);
+    return { body: checked, size };
   }
 
   /**
-   * One call whose body or answer is a stream, through fetch: retried as
-   * call does while retry allows; a success's answer is left unread.
+   * One call whose body or answer is a stream: retried as call does while
+   * retry allows; a success's answer is left unread (its status, headers
+   * and body stream).
    */
   private async stream(
     op: string,
     method: string,
     path: string,
     headers: Record<string, string>,
-    body: Uint8Array | ReadableStream<Uint8Array> | undefined,
+    body: StreamBody | undefined,
     retry: boolean,
     options: CallOptions | undefined,
-  ): Promise<Response> {
-    const fetch = this.fetch ?? globalThis.fetch;
+  ): Promise<StreamReply> {
     const signal = options?.signal;
     const deadline = Date.now() + this.retryBudgetMs;
-    // A stream goes as the request's own body, sent as it is read.
-    const duplex = body instanceof ReadableStream ? { duplex: 'half' } : {};
+    // The body's own time comes on top of a call's: up to 10 minutes.
+    const ms = this.callTimeoutMs + (body === undefined ? 0 : STREAM_BODY_MS);
     for (let attempt = 0; ; attempt++) {
       signal?.throwIfAborted();
       let err: IdemError;
       try {
-        const res = await fetch(this.baseUrl + path, { method, headers, body, signal, ...duplex } as RequestInit);
-        if (res.status < 300) return res;
+        const reply = this.fetch
+          ? await fetchStream(this.fetch, this.baseUrl + path, method, headers, body, ms, signal)
+          : await sendStream(this.target, method, path, headers, body, ms, signal);
+        if (reply.status < 300) return reply;
         err = errorOf(op, {
-          status: res.status,
-          statusText: res.statusText,
-          contentType: res.headers.get('content-type') ?? '',
-          retryAfter: res.headers.get('retry-after') ?? undefined,
-          body: Buffer.from(await res.arrayBuffer()),
+          status: reply.status,
+          statusText: reply.statusText,
+          contentType: String(reply.headers['content-type'] ?? ''),
+          retryAfter: reply.headers['retry-after'] as string | undefined,
+          body: await readAll(reply.body),
         });
       } catch (cause) {
         if (signal?.aborted) throw signal.reason;
+        if (cause instanceof IdemError) throw cause;
         const detail = `idemsvc could not be reached: ${cause instanceof Error ? cause.message : String(cause)}`;
         err = new IdemError(op, 0, problemOf('store-unavailable', detail), undefined, { cause });
       }
@@ -439,6 +489,22 @@ export class IdemClient implements LeaseCalls {
   }
 }
 
+/**
+ * Whether a call may join a batch: its body small and the JSON of an
+ * object, and no signal or request id, which a batch's items cannot carry
+ * each.
+ */
+function coalescible(body: string, options: CallOptions | undefined): boolean {
+  return body.length <= MAX_ITEM_CHARS && body.length > 2 && options?.signal === undefined && !options?.requestId;
+}
+
+/** When a call joining a batch is due to end: its deadline, or its timeout from now. */
+function itemDeadline(timeoutMs: number, options: CallOptions | undefined): number {
+  const now = Date.now() + timeoutMs;
+  const end = options?.[CALL_DEADLINE];
+  return end !== undefined && end < now ? end : now;
+}
+
 /** An answer, read whole: the status, the headers the client reads, the body. */
 interface Reply {
   status: number;
@@ -524,6 +590,145 @@ async function fetchReply(
     };
   } finally {
     timeout.clear();
+  }
+}
+
+/** A streamed complete's body: bytes, or a stream of them. */
+export type StreamBody = Uint8Array | Readable | ReadableStream<Uint8Array> | AsyncIterable<Uint8Array>;
+
+/** How long a streamed body may take to send, beyond a call's own timeout (as the Go SDK's). */
+const STREAM_BODY_MS = 10 * 60_000;
+
+/** An answer whose body is left to read: a success of a streamed call. */
+interface StreamReply {
+  status: number;
+  statusText: string;
+  headers: http.IncomingHttpHeaders;
+  body: Readable;
+}
+
+/** body as a Node stream to pipe into a request. */
+function readableOf(body: Exclude<StreamBody, Uint8Array>): Readable {
+  if (body instanceof Readable) return body;
+  if (body instanceof ReadableStream) return Readable.fromWeb(body as import('node:stream/web').ReadableStream<Uint8Array>);
+  return Readable.from(body, { objectMode: false });
+}
+
+/**
+ * One exchange through node:http whose body is a stream (or bytes) and
+ * whose answer is left unread: it resolves with the answer's head, or
+ * rejects when the exchange fails, no answer comes within ms, or signal
+ * fires. Once the answer came, the time limit no longer applies (a large
+ * body is read at its reader's pace). An answer that comes before the body
+ * is all sent (a refusal) ends the sending.
+ */
+function sendStream(
+  target: Target,
+  method: string,
+  path: string,
+  headers: Record<string, string>,
+  body: StreamBody | undefined,
+  ms: number,
+  signal: AbortSignal | undefined,
+): Promise<StreamReply> {
+  return new Promise((resolve, reject) => {
+    let settled = false;
+    const settle = (err: unknown, reply?: StreamReply) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+      if (reply) resolve(reply);
+      else reject(err);
+    };
+    const req = target.request({ ...target.options, method, path: target.basePath + path, headers }, (res) => {
+      res.on('error', settle);
+      settle(undefined, { status: res.statusCode ?? 0, statusText: res.statusMessage ?? '', headers: res.headers, body: res });
+    });
+    const onAbort = () => req.destroy(signal?.reason);
+    const timer = setTimeout(() => req.destroy(new Error(`no answer within ${ms} ms`)), ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+    req.on('error', settle);
+    if (body === undefined || body instanceof Uint8Array) {
+      req.end(body);
+      return;
+    }
+    // A source that fails destroys the request: idemsvc gets a broken body
+    // and stores nothing.
+    pipeline(readableOf(body), req, (err) => {
+      if (err) settle(err);
+    });
+  });
+}
+
+/** One exchange through a fetch given in the options, its answer left unread. */
+async function fetchStream(
+  fetch: typeof globalThis.fetch,
+  url: string,
+  method: string,
+  headers: Record<string, string>,
+  body: StreamBody | undefined,
+  ms: number,
+  signal: AbortSignal | undefined,
+): Promise<StreamReply> {
+  const timeout = timeoutSignal(ms, signal);
+  try {
+    let init: RequestInit & { duplex?: 'half' } = { method, headers, signal: timeout.signal };
+    if (body instanceof Uint8Array) init.body = body;
+    else if (body !== undefined) {
+      // A stream goes as the request's own body, sent as it is read.
+      const web = body instanceof ReadableStream ? body : (Readable.toWeb(readableOf(body)) as ReadableStream<Uint8Array>);
+      init = { ...init, body: web, duplex: 'half' };
+    }
+    const res = await fetch(url, init);
+    const out: http.IncomingHttpHeaders = {};
+    res.headers.forEach((value, name) => (out[name] = value));
+    const stream = res.body ? Readable.fromWeb(res.body as import('node:stream/web').ReadableStream<Uint8Array>) : Readable.from([]);
+    return { status: res.status, statusText: res.statusText, headers: out, body: stream };
+  } finally {
+    timeout.clear();
+  }
+}
+
+/** The whole of a (small) answer body. */
+async function readAll(body: Readable): Promise<Buffer> {
+  const chunks: Buffer[] = [];
+  for await (const chunk of body) chunks.push(chunk as Buffer);
+  return chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks);
+}
+
+/**
+ * A stored body on its way: passed on as it comes, but for its last chunk,
+ * held back until the body ended with the size and SHA-256 stated; then
+ * passed on, or the stream errors with BodyMismatchError instead. A body
+ * past its size errors at once.
+ */
+class CheckedBody extends Transform {
+  private readonly hash = createHash('sha256');
+  private seen = 0;
+  private held: Buffer | undefined;
+
+  constructor(
+    private readonly size: number,
+    private readonly digest: string | undefined,
+  ) {
+    super();
+  }
+
+  override _transform(chunk: Buffer, _encoding: BufferEncoding, done: TransformCallback): void {
+    this.hash.update(chunk);
+    this.seen += chunk.length;
+    if (this.size >= 0 && this.seen > this.size) return done(new BodyMismatchError());
+    const held = this.held;
+    this.held = chunk;
+    done(null, held);
+  }
+
+  override _flush(done: TransformCallback): void {
+    if ((this.size >= 0 && this.seen !== this.size) || (this.digest !== undefined && this.hash.digest('base64') !== this.digest)) {
+      return done(new BodyMismatchError());
+    }
+    done(null, this.held);
   }
 }
 

@@ -97,6 +97,12 @@ function replayed(r: BeginReplay): DoResult {
   return { response, replayed: true, attempt: r.attempt };
 }
 
+/**
+ * What fn gives runUnderLease when it stored the outcome itself (a
+ * streamed complete): nothing is left to complete.
+ */
+export const STORED: unique symbol = Symbol('idemsvc stored');
+
 /** How runUnderLease runs fn. */
 export interface LeaseOptions {
   leaseMs: number;
@@ -144,7 +150,7 @@ export async function runUnderLease(
   client: LeaseCalls,
   lease: BeginAcquired,
   options: LeaseOptions,
-  fn: (abort: LazyAbort) => Promise<IdemResponse | void> | IdemResponse | void,
+  fn: (abort: LazyAbort) => Promise<IdemResponse | void | typeof STORED> | IdemResponse | void,
 ): Promise<DoResult> {
   const { key, lease_token, attempt } = lease;
   // fn's signal fires when the caller's does, or when the lease is lost;
@@ -156,9 +162,9 @@ export async function runUnderLease(
   options.signal?.addEventListener('abort', onCallerAbort, { once: true });
   const heartbeat = new Heartbeat(client, key, lease_token, options.leaseMs, (err) => fnSignal.abort(err));
 
-  let response: IdemResponse;
+  let outcome: IdemResponse | void | typeof STORED;
   try {
-    response = (await fn(fnSignal)) ?? {};
+    outcome = await fn(fnSignal);
   } catch (err) {
     // The operation ran: its outcome is stored whatever the caller's signal does.
     await heartbeat.stop();
@@ -187,6 +193,8 @@ export async function runUnderLease(
   }
   await heartbeat.stop();
   options.signal?.removeEventListener('abort', onCallerAbort);
+  if (outcome === STORED) return { response: {}, replayed: false, attempt };
+  const response = outcome ?? {};
 
   const retention_s = options.retentionS;
   try {

@@ -194,8 +194,8 @@ export class TerminalFailure extends Error {
  * or SHA-256 differ): a broken stream, never to be taken as the answer.
  */
 export class BodyMismatchError extends Error {
-  constructor() {
-    super('idem: the stored body does not match its SHA-256');
+  constructor(options?: ErrorOptions) {
+    super('idem: the stored body does not match its SHA-256', options);
     this.name = 'BodyMismatchError';
   }
 }

@@ -7,6 +7,7 @@
  * @module
  */
 import type { IncomingMessage, ServerResponse } from 'node:http';
+import { pipeline } from 'node:stream';
 import type { IdemClient } from './client.js';
 import {
   acquire,
@@ -16,9 +17,11 @@ import {
   parseKey,
   problemAnswer,
   settingsOf,
+  startBodyStream,
   storeAnswer,
   tooLargeAnswer,
   type Answer,
+  type BodyStream,
   type IdempotencyOptions,
   type Settings,
 } from './middleware.js';
@@ -67,7 +70,9 @@ export function keepRawBody(req: IncomingMessage, _res: unknown, body: Buffer): 
  * the handler may still run: its answer, if it comes within a lease, is
  * stored for the retry; otherwise the attempt fails retryably then. An
  * answer too large to store is stored without its body and replayed with
- * `Idempotent-Body-Omitted: true`. Without idemsvc it fails closed with 503.
+ * `Idempotent-Body-Omitted: true`, unless `maxStreamedBodyBytes` streams it
+ * to idemsvc as it is written (its replays then stream it back, checked
+ * against its SHA-256). Without idemsvc it fails closed with 503.
  *
  * The handler's answer is held until it is stored, then sent; once the
  * handler has begun it, `res.headersSent` is true and setting a header
@@ -134,6 +139,9 @@ async function handle(client: IdemClient, settings: Settings, key: string, req: 
     MAX_HELD_BODY_BYTES,
     (status) => answer.resolve({ status, body: capture.body(), streamed: capture.streamed }),
   );
+  if (settings.maxStreamedBodyBytes > 0) {
+    capture.open = (status) => startBodyStream(client, settings, lease, answer, status, (name) => res.getHeader(name));
+  }
   // The handler ran: its caller gets its answer, whether or not storing it
   // worked; a duplicate then runs it again or gets 409.
   void stored.finally(() => capture.flush());
@@ -220,6 +228,12 @@ class Capture {
   began: number | undefined;
   /** Whether the answer went to the caller as it was written, not held. */
   streamed = false;
+  /** Starts storing the body as it is written, when it goes over the limit (maxStreamedBodyBytes). */
+  open: ((status: number) => BodyStream | undefined) | undefined = undefined;
+  /** Where the body goes beside the caller, once streamed and stored so. */
+  private tee: BodyStream | undefined = undefined;
+  /** res's own emit, while a drain is held back for the tee. */
+  private originalEmit: ServerResponse['emit'] | undefined = undefined;
 
   constructor(
     private readonly res: Response,
@@ -289,6 +303,8 @@ class Capture {
   /** Sends the head and the body held so far, and lets what follows through. */
   stream(): void {
     this.streamed = true;
+    const tee = this.open?.(this.began ?? this.res.statusCode);
+    if (tee !== undefined) this.startTee(tee);
     // The head goes out with the first write, through res's own writeHead
     // (and the hooks of middleware before this one).
     this.restoreHead();
@@ -297,10 +313,45 @@ class Capture {
     for (const cb of this.callbacks.splice(0)) process.nextTick(cb);
   }
 
-  /** Writes to the caller's connection, past the capture. */
+  /** Writes to the caller's connection, past the capture, and to the tee; false asks the writer to wait for both. */
   private writeThrough(chunk: Buffer, cb?: (err?: Error | null) => void): boolean {
     const write = this.original.write as (this: ServerResponse, chunk: Buffer, cb?: (err?: Error | null) => void) => boolean;
-    return write.call(this.res, chunk, cb);
+    const ok = write.call(this.res, chunk, cb);
+    return this.tee === undefined ? ok : this.tee.write(chunk) && ok;
+  }
+
+  /**
+   * Sends the body to tee too. A writer that waits for 'drain' then waits
+   * for both: res's own drain is held back while the tee is full, and
+   * given when the tee drains and res needs none.
+   */
+  private startTee(tee: BodyStream): void {
+    this.tee = tee;
+    const res = this.res;
+    const emit = (this.originalEmit = res.emit);
+    let held = false;
+    res.emit = function (this: ServerResponse, event: string | symbol, ...args: unknown[]) {
+      if (event === 'drain' && tee.full) {
+        held = true;
+        return false;
+      }
+      return emit.call(this, event, ...args);
+    } as ServerResponse['emit'];
+    tee.onFree = () => {
+      if (held || !res.writableNeedDrain) {
+        held = false;
+        emit.call(res, 'drain');
+      }
+    };
+  }
+
+  /** Ends the tee's part: res emits as it did. */
+  endTee(): void {
+    if (this.originalEmit !== undefined) {
+      this.res.emit = this.originalEmit;
+      this.originalEmit = undefined;
+    }
+    if (this.tee !== undefined) this.tee.onFree = undefined;
   }
 
   /** The body the handler wrote, as held (empty when streamed). */
@@ -394,7 +445,10 @@ function capturedEnd(this: CapturedResponse, chunk?: unknown, encoding?: unknown
   capture.ended = true;
   // A status set after the answer began does not reach the caller.
   if (capture.began !== undefined) this.statusCode = capture.began;
-  if (capture.streamed) (capture.original.end as () => ServerResponse).call(this as unknown as ServerResponse);
+  if (capture.streamed) {
+    capture.endTee();
+    (capture.original.end as () => ServerResponse).call(this as unknown as ServerResponse);
+  }
   capture.onEnd(this.statusCode);
   return this;
 }
@@ -415,5 +469,11 @@ function headersSentError(action: string): Error {
 function send(res: ServerResponse, answer: Answer): void {
   res.statusCode = answer.status;
   for (const [name, value] of Object.entries(answer.headers)) res.setHeader(name, value);
-  res.end(answer.body);
+  if (typeof answer.body === 'string' || Buffer.isBuffer(answer.body)) {
+    res.end(answer.body);
+    return;
+  }
+  // A body streamed from idemsvc: one that fails its check destroys res,
+  // cutting the answer off short of its Content-Length.
+  pipeline(answer.body, res, () => undefined);
 }

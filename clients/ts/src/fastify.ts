@@ -6,22 +6,25 @@
  *
  * @module
  */
-import { Readable } from 'node:stream';
+import { once } from 'node:events';
+import { PassThrough, pipeline, Readable } from 'node:stream';
 import type { FastifyInstance, FastifyReply, FastifyRequest } from 'fastify';
-import type { IdemClient } from './client.js';
+import type { BeginAcquired, IdemClient } from './client.js';
 import {
   acquire,
   identify,
   keyProblem,
+  MAX_HELD_BODY_BYTES,
   parseKey,
   settingsOf,
+  startBodyStream,
   storeAnswer,
   tooLargeAnswer,
   type Answer,
-  type Deferred,
-  type HandlerAnswer,
   type IdempotencyContext,
   type IdempotencyOptions,
+  type BodyStream,
+  type PendingAnswer,
   type Settings,
 } from './middleware.js';
 
@@ -46,8 +49,9 @@ interface Pending {
   key: string;
   body: Buffer;
   /** Set once the key is acquired: the handler's answer, and the run that stores it. */
-  answer?: Deferred<HandlerAnswer>;
+  answer?: PendingAnswer;
   run?: Promise<unknown>;
+  lease?: BeginAcquired;
 }
 
 const pending = new WeakMap<FastifyRequest, Pending>();
@@ -59,7 +63,10 @@ const pending = new WeakMap<FastifyRequest, Pending>();
  * raw body in a preParsing hook (for the fingerprint) and hands it on to
  * the content-type parsers unchanged, begins the key in a preHandler hook
  * (where `scope` reads what the authenticating hooks before it set), and
- * stores the answer in an onSend hook before it is sent. A reply the
+ * stores the answer in an onSend hook before it is sent (an answer over
+ * 1 MiB is sent as it comes instead, and stored beside it with
+ * `maxStreamedBodyBytes`, or without its body; a replay kept by reference
+ * is streamed to the hijacked reply). A reply the
  * handler hijacks is not stored: once its connection closes, the attempt
  * fails retryably within a lease (the handler may still be running), as
  * when the caller leaves before the answer.
@@ -109,9 +116,38 @@ export function idempotency(fastify: FastifyInstance, options: IdempotencyPlugin
 
   fastify.addHook('onSend', async (request: FastifyRequest, reply: FastifyReply, payload: unknown) => {
     const p = pending.get(request);
-    if (p?.answer === undefined) return payload;
-    const body = await bytesOf(payload);
-    p.answer.resolve({ status: reply.statusCode, body, streamed: false });
+    if (p?.answer === undefined || p.lease === undefined) return payload;
+    const answer = p.answer;
+    const status = reply.statusCode;
+    const header = (name: string) => reply.getHeader(name);
+    if (payload instanceof Readable) {
+      const held = await holdUpTo(payload, MAX_HELD_BODY_BYTES);
+      if (held.rest !== undefined) {
+        // Too large to hold: it goes to the caller as it comes, and to
+        // idemsvc beside (maxStreamedBodyBytes) or stored without it.
+        const out = new PassThrough({ highWaterMark: 64 << 10 });
+        const stream = startBodyStream(client, settings, p.lease, answer, status, header);
+        void pump(held.chunks, held.rest, out, stream).then(
+          () => answer.resolve({ status, body: Buffer.alloc(0), streamed: true }),
+          (err: Error) => {
+            out.destroy(err); // a broken answer, never taken for a whole one
+            answer.reject(err);
+          },
+        );
+        return out;
+      }
+      payload = held.chunks.length === 1 ? held.chunks[0]! : Buffer.concat(held.chunks);
+    }
+    const body = bytesOf(payload);
+    if (body.length > MAX_HELD_BODY_BYTES) {
+      // Held by the handler already: sent to idemsvc as it is
+      // (maxStreamedBodyBytes), or stored without it.
+      const stream = startBodyStream(client, settings, p.lease, answer, status, header);
+      if (stream !== undefined) stream.write(body);
+      answer.resolve({ status, body: Buffer.alloc(0), streamed: true });
+    } else {
+      answer.resolve({ status, body, streamed: false });
+    }
     await p.run;
     return typeof payload === 'string' || Buffer.isBuffer(payload) ? payload : body;
   });
@@ -146,6 +182,7 @@ async function begin(client: IdemClient, settings: Settings, p: Pending, request
   });
   p.answer = answer;
   p.run = stored;
+  p.lease = lease;
 }
 
 /** The payload as bytes, up to limit; undefined past it. */
@@ -162,18 +199,58 @@ async function readBody(payload: Readable, limit: number, contentLength: string 
   return chunks.length === 1 ? chunks[0] : Buffer.concat(chunks, size);
 }
 
-/** The bytes of an onSend payload: a string, a Buffer, a stream, or nothing. */
-async function bytesOf(payload: unknown): Promise<Buffer> {
+/** The bytes of an onSend payload that is not a stream: a string, a Buffer, or nothing. */
+function bytesOf(payload: unknown): Buffer {
   if (payload === undefined || payload === null) return Buffer.alloc(0);
   if (typeof payload === 'string') return Buffer.from(payload);
   if (Buffer.isBuffer(payload)) return payload;
   if (payload instanceof Uint8Array) return Buffer.from(payload.buffer, payload.byteOffset, payload.byteLength);
-  if (payload instanceof Readable) {
-    const chunks: Buffer[] = [];
-    for await (const chunk of payload) chunks.push(typeof chunk === 'string' ? Buffer.from(chunk) : (chunk as Buffer));
-    return Buffer.concat(chunks);
-  }
   return Buffer.from(String(payload));
+}
+
+/** A chunk of a stream as bytes. */
+function chunkOf(chunk: unknown): Buffer {
+  return typeof chunk === 'string' ? Buffer.from(chunk) : Buffer.isBuffer(chunk) ? chunk : bytesOf(chunk);
+}
+
+/**
+ * Reads a stream payload up to limit bytes: the chunks read, and, when it
+ * has more than limit, the iterator of the rest (the chunk that crossed
+ * the limit is among the chunks).
+ */
+async function holdUpTo(payload: Readable, limit: number): Promise<{ chunks: Buffer[]; rest?: AsyncIterator<unknown> }> {
+  const chunks: Buffer[] = [];
+  let size = 0;
+  const it = payload[Symbol.asyncIterator]();
+  for (;;) {
+    const next = await it.next();
+    if (next.done) return { chunks };
+    const b = chunkOf(next.value);
+    chunks.push(b);
+    size += b.length;
+    if (size > limit) return { chunks, rest: it };
+  }
+}
+
+/**
+ * Sends the chunks, then the rest, to out (the caller) and to stream
+ * (idemsvc), at the pace of the slower: nothing is held but a chunk each.
+ * It rejects when the payload breaks or the caller leaves.
+ */
+async function pump(chunks: Buffer[], rest: AsyncIterator<unknown>, out: PassThrough, stream: BodyStream | undefined): Promise<void> {
+  const write = async (b: Buffer) => {
+    const streamOk = stream === undefined || stream.write(b);
+    if (!out.write(b)) await once(out, 'drain');
+    if (!streamOk && stream!.full) await new Promise<void>((resolve) => (stream!.onFree = resolve));
+  };
+  for (const b of chunks) await write(b);
+  chunks.length = 0;
+  for (;;) {
+    const next = await rest.next();
+    if (next.done) break;
+    await write(chunkOf(next.value));
+  }
+  out.end();
 }
 
 /**
@@ -182,6 +259,17 @@ async function bytesOf(payload: unknown): Promise<Buffer> {
  * add a charset to a JSON content type.
  */
 function send(reply: FastifyReply, answer: Answer): FastifyReply {
+  if (answer.body instanceof Readable) {
+    // A replay streamed from idemsvc: written here, the reply hijacked, so
+    // that the handler never runs, whatever becomes of the stream (Fastify
+    // runs it after a hook whose reply is not ended yet, and a body that
+    // fails its check never ends: it destroys the answer, cut off short of
+    // its Content-Length).
+    reply.hijack();
+    reply.raw.writeHead(answer.status, answer.headers);
+    pipeline(answer.body, reply.raw, () => undefined);
+    return reply;
+  }
   const body = typeof answer.body === 'string' ? Buffer.from(answer.body) : answer.body;
   return reply.code(answer.status).headers(answer.headers).send(body);
 }

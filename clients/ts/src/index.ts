@@ -27,6 +27,7 @@ export {
   type BeginReplay,
   type CompleteParams,
   type CompleteStreamParams,
+  type StreamBody,
   type FailParams,
   type ExtendParams,
   type FinishResult,

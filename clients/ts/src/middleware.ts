@@ -7,9 +7,10 @@
 import { isUtf8 } from 'node:buffer';
 import { createHash, createHmac, type Hash } from 'node:crypto';
 import type { IncomingHttpHeaders, IncomingMessage, ServerResponse } from 'node:http';
+import { PassThrough, type Readable } from 'node:stream';
 import { CALL_DEADLINE } from './types.js';
 import { apiKeyOf, type BeginAcquired, type CallOptions, type BeginResult, type BeginReplay, type IdemClient, type StatusRecord } from './client.js';
-import { BODY_OMITTED_HEADER, DEFAULT_LEASE_MS, runUnderLease } from './do.js';
+import { BODY_OMITTED_HEADER, DEFAULT_LEASE_MS, runUnderLease, STORED } from './do.js';
 import { isIdemError, PROBLEM_KINDS, PROBLEM_TYPE_PREFIX, type ProblemKind } from './errors.js';
 import { canonicalJson } from './jcs.js';
 import { decodeResponse, toBuffer, type IdemResponse } from './response.js';
@@ -39,6 +40,21 @@ export interface IdempotencyOptions<Req = IncomingMessage> {
   waitMs?: number;
   /** Bounds the request body read for the fingerprint (default 1 MiB); a larger one gets 413. */
   maxBodyBytes?: number;
+  /**
+   * When idemsvc keeps large bodies in a blob store (`IDEMSVC_BLOB_URL`),
+   * stores answers whose body is over 1 MiB (the most held) whole: from the
+   * write that crosses it, the body goes to the caller and to idemsvc
+   * (`POST /v1/complete/stream`) as the handler writes it, never held
+   * whole, the handler going at the slower one's pace (`write` returns
+   * false until both drained), up to this many bytes (at most idemsvc's
+   * `IDEMSVC_MAX_STORED_BYTES`, 64 MiB by default); its replays stream it
+   * back from `GET /v1/keys/body`, checked against its SHA-256. A body past
+   * it is stored without its body, and a streamed complete that idemsvc
+   * refuses fails the attempt retryably (the body cannot be sent again). 0
+   * (the default) streams nothing: such answers are stored without their
+   * body.
+   */
+  maxStreamedBodyBytes?: number;
   /**
    * Bounds the begin, retries included, before the middleware answers 503
    * (default 2 s, plus waitMs): on a request path, fail closed fast rather
@@ -111,6 +127,7 @@ export interface Settings {
   retentionS: number | undefined;
   waitMs: number;
   maxBodyBytes: number;
+  maxStreamedBodyBytes: number;
   budgetMs: number;
   /** The scope, unless unscoped. */
   scope: ((req: never) => string | undefined | null) | undefined;
@@ -139,6 +156,7 @@ export function settingsOf<Req>(client: IdemClient, options: IdempotencyOptions<
     retentionS: options.retentionS,
     waitMs: options.waitMs && options.waitMs > 0 ? options.waitMs : 0,
     maxBodyBytes: options.maxBodyBytes && options.maxBodyBytes > 0 ? options.maxBodyBytes : 1 << 20,
+    maxStreamedBodyBytes: options.maxStreamedBodyBytes && options.maxStreamedBodyBytes > 0 ? options.maxStreamedBodyBytes : 0,
     budgetMs: options.budgetMs && options.budgetMs > 0 ? options.budgetMs : DEFAULT_MIDDLEWARE_BUDGET_MS,
   };
 }
@@ -147,7 +165,8 @@ export function settingsOf<Req>(client: IdemClient, options: IdempotencyOptions<
 export interface Answer {
   status: number;
   headers: Record<string, string>;
-  body: Buffer | string;
+  /** A stream for a replay whose body idemsvc keeps by reference: it errors (the answer is cut off) rather than end wrong. */
+  body: Buffer | string | Readable;
 }
 
 /**
@@ -400,7 +419,7 @@ async function legacyAnswer(client: IdemClient, key: string, legacy: string, opt
   if (record.fingerprint !== legacy) return mismatchAnswer();
   const response = record.response ?? {};
   if (record.state === 'completed' || (record.state === 'failed' && record.retryable === false)) {
-    return replayAnswer({ attempt: record.attempt, key: record.key, status: record.state, response, error: record.error });
+    return replayOf(client, { attempt: record.attempt, key: record.key, status: record.state, response, error: record.error });
   }
   if (record.state === 'in_progress') {
     const ms = record.lease_expires_at ? Date.parse(record.lease_expires_at) - Date.now() : 0;
@@ -424,6 +443,15 @@ export function retryAgain(status: number): boolean {
  * hold: its replays then say so, rather than failing the attempt.
  */
 function storedResponse(status: number, header: (name: string) => unknown, body: Buffer, omitBody: boolean, settings: Settings): IdemResponse {
+  const headers = storedHeaders(header, settings);
+  if (omitBody) return { statusCode: status, headers: { ...headers, [BODY_OMITTED_HEADER]: 'true' } };
+  // Text is stored as text, anything else in base64 (the API takes only UTF-8 text).
+  const text = utf8(body);
+  return { statusCode: status, headers, body: text ?? body };
+}
+
+/** The allow-listed headers of the answer, as stored. */
+function storedHeaders(header: (name: string) => unknown, settings: Settings): Record<string, string> | undefined {
   let headers: Record<string, string> | undefined;
   for (const name of settings.storedHeaders) {
     let value = header(name);
@@ -432,10 +460,7 @@ function storedResponse(status: number, header: (name: string) => unknown, body:
     headers ??= {};
     headers[name] = String(value);
   }
-  if (omitBody) return { statusCode: status, headers: { ...headers, [BODY_OMITTED_HEADER]: 'true' } };
-  // Text is stored as text, anything else in base64 (the API takes only UTF-8 text).
-  const text = utf8(body);
-  return { statusCode: status, headers, body: text ?? body };
+  return headers;
 }
 
 /** b as a string when it is valid UTF-8 (a BOM kept). */
@@ -488,13 +513,34 @@ export function replayAnswer(replay: BeginReplay): Answer {
   }
   const body = response.body === undefined ? '' : typeof response.body === 'string' ? response.body : toBuffer(response.body);
   const headers: Record<string, string> = { ...response.headers, [REPLAYED_HEADER]: 'true' };
-  if (replay.response.body_ref !== undefined) {
-    // A body idemsvc keeps by reference (over 1 MiB, stored by a streamed
-    // complete): not streamed here yet, so the replay says it is left out
-    // rather than pass an empty body for the whole one.
-    headers[BODY_OMITTED_HEADER] = 'true';
-  }
   return { status: response.statusCode ?? 200, headers, body };
+}
+
+/**
+ * The answer that replays a finished attempt: replayAnswer's, or for a
+ * body idemsvc keeps by reference (`body_ref`), its status and headers
+ * with its Content-Length and the body streamed from idemsvc, checked
+ * against its SHA-256 as it goes (it errors before its end, cutting the
+ * answer off, rather than end wrong). A body that cannot be fetched (its
+ * object missing, say) answers 503 before anything is written, as idemsvc
+ * unreachable does.
+ */
+export function replayOf(client: IdemClient, replay: BeginReplay): Answer | Promise<Answer> {
+  if (replay.response?.body_ref === undefined) return replayAnswer(replay);
+  return streamedReplay(client, replay);
+}
+
+async function streamedReplay(client: IdemClient, replay: BeginReplay): Promise<Answer> {
+  let opened: { body: Readable; size: number };
+  try {
+    opened = await client.openBody(replay.key);
+  } catch (err) {
+    return beginErrorAnswer(err);
+  }
+  const answer = replayAnswer(replay);
+  answer.headers['Content-Length'] = String(opened.size);
+  answer.body = opened.body;
+  return answer;
 }
 
 /** A problem answer, byte for byte as the Go middleware writes it. */
@@ -565,7 +611,7 @@ export async function acquire(
     return beginErrorAnswer(err);
   }
   if (typeof begun.status === 'number') return begun as Answer;
-  if (begun.status !== 'acquired') return replayAnswer(begun);
+  if (begun.status !== 'acquired') return replayOf(client, begun);
   if (res.destroyed || res.socket?.destroyed) {
     try {
       await client.fail({ key: begun.key, lease_token: begun.lease_token, error: 'the caller left before the handler ran' });
@@ -597,8 +643,8 @@ export function storeAnswer(
   res: ServerResponse,
   header: (name: string) => unknown,
   setContext: (context: IdempotencyContext) => void,
-): { answer: Deferred<HandlerAnswer>; stored: Promise<unknown> } {
-  const answer = deferred<HandlerAnswer>();
+): { answer: PendingAnswer; stored: Promise<unknown> } {
+  const answer: PendingAnswer = deferred<HandlerAnswer>();
   res.on('close', () => {
     if (answer.settled) return;
     const timer = setTimeout(() => answer.reject(new Error('the caller left, and the handler did not answer within a lease')), settings.leaseMs);
@@ -614,11 +660,119 @@ export function storeAnswer(
         return abort.signal;
       },
     });
-    const { status, body, streamed } = await answer.promise;
+    let handled: HandlerAnswer;
+    try {
+      handled = await answer.promise;
+    } catch (err) {
+      answer.stream?.abort(err as Error);
+      throw err;
+    }
+    const { status, body, streamed } = handled;
+    if (answer.stream !== undefined) {
+      // Stored by the stream, unless it failed: past its bound, stored
+      // without the body; else the attempt fails, retryably.
+      const err = await answer.stream.finish();
+      if (err === undefined) return STORED;
+      if (err !== STREAM_TOO_LARGE) throw new Error(`the streamed answer could not be stored: ${(err as Error).message ?? String(err)}`, { cause: err });
+    }
     if (retryAgain(status)) throw new Error(`the handler answered ${status}`);
     return storedResponse(status, header, body, streamed || body.length > MAX_HELD_BODY_BYTES, settings);
   }).catch(() => undefined);
   return { answer, stored };
+}
+
+/** The handler's answer to come, and the stream storing its body when it is large. */
+export interface PendingAnswer extends Deferred<HandlerAnswer> {
+  stream?: BodyStream;
+}
+
+/**
+ * Starts storing a large answer's body as the handler writes it, when
+ * streaming is on (maxStreamedBodyBytes) and the status is one to store;
+ * undefined otherwise. header reads the answer's headers, as sent.
+ */
+export function startBodyStream(
+  client: IdemClient,
+  settings: Settings,
+  lease: BeginAcquired,
+  answer: PendingAnswer,
+  status: number,
+  header: (name: string) => unknown,
+): BodyStream | undefined {
+  if (settings.maxStreamedBodyBytes <= 0 || retryAgain(status) || answer.stream !== undefined) return undefined;
+  answer.stream = new BodyStream(client, settings, lease, status, storedHeaders(header, settings));
+  return answer.stream;
+}
+
+/** Why a stream stopped: its body passed maxStreamedBodyBytes. */
+const STREAM_TOO_LARGE = new Error('the streamed body is over maxStreamedBodyBytes');
+
+/**
+ * A large answer's body on its way to idemsvc (POST /v1/complete/stream)
+ * as the handler writes it: through a pipe of 64 KiB, so that nothing is
+ * held but what idemsvc has not read yet. Past maxStreamedBodyBytes, or
+ * once the complete ended (refused), it is broken: writes go nowhere.
+ */
+export class BodyStream {
+  private readonly pipe = new PassThrough({ highWaterMark: 64 << 10 });
+  private written = 0;
+  private broken = false;
+  private failure: unknown;
+  private readonly done: Promise<void>;
+  private readonly max: number;
+  /** Called when the pipe can take more after write said it could not, or broke. */
+  onFree: (() => void) | undefined;
+
+  constructor(client: IdemClient, settings: Settings, lease: BeginAcquired, status: number, headers: Record<string, string> | undefined) {
+    this.pipe.on('error', () => undefined); // the complete's outcome says it
+    this.pipe.on('drain', () => this.onFree?.());
+    const params = { key: lease.key, lease_token: lease.lease_token, status_code: status, headers, retention_s: settings.retentionS };
+    this.max = settings.maxStreamedBodyBytes;
+    this.done = client.completeStream(params, this.pipe).then(
+      () => undefined,
+      (err: unknown) => {
+        this.failure ??= err;
+        this.break();
+      },
+    );
+  }
+
+  /** Passes b on; false while the pipe is full (onFree says when it is not). */
+  write(b: Buffer): boolean {
+    if (this.broken) return true;
+    this.written += b.length;
+    if (this.written > this.max) {
+      this.abort(STREAM_TOO_LARGE);
+      return true;
+    }
+    return this.pipe.write(b);
+  }
+
+  /** Whether write would wait: the pipe is full. */
+  get full(): boolean {
+    return !this.broken && this.pipe.writableNeedDrain;
+  }
+
+  /** Ends the stream with err: nothing is stored by it. */
+  abort(err: Error): void {
+    if (this.broken) return;
+    this.failure = err;
+    this.pipe.destroy(err);
+    this.break();
+  }
+
+  private break(): void {
+    if (this.broken) return;
+    this.broken = true;
+    this.onFree?.();
+  }
+
+  /** Ends the body; the complete's outcome: undefined when stored, else why not. */
+  async finish(): Promise<unknown> {
+    if (!this.broken) this.pipe.end();
+    await this.done;
+    return this.failure;
+  }
 }
 
 /** A promise with its resolve and reject at hand. */

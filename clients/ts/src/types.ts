@@ -21,6 +21,11 @@ export interface CompleteStreamParams {
   status_code?: number;
   headers?: Record<string, string>;
   retention_s?: number;
+  /**
+   * The body's length in bytes, sent as its Content-Length when known;
+   * without it a stream goes chunked. (Bytes carry their own.)
+   */
+  size?: number;
 }
 /** A fail's fields; `error` is cut to the 1,024 bytes idemsvc takes. */
 export type FailParams = Omit<Schemas['FailRequest'], 'tenant'>;

@@ -3,7 +3,10 @@
 // IdemClient against a real idemsvc, on its in-memory store and on Redis.
 import assert from 'node:assert/strict';
 import { after, before, describe, test } from 'node:test';
-import { decodeResponse, encodeResponse, IdemClient, IdemError } from '@idemsvc/client';
+import { createHash } from 'node:crypto';
+import http from 'node:http';
+import { Readable } from 'node:stream';
+import { BodyMismatchError, decodeResponse, encodeResponse, IdemClient, IdemError } from '@idemsvc/client';
 import { freePort, startIdemsvc, startOn, startRedis, stores, uniqueKey } from './harness.mjs';
 
 for (const store of stores) {
@@ -65,8 +68,9 @@ for (const store of stores) {
       assert.deepEqual(new Uint8Array(decoded.body), bytes);
       const { body, size } = await idem.openBody(key);
       assert.equal(size, bytes.length);
-      const got = new Uint8Array(await new Response(body).arrayBuffer());
-      assert.deepEqual(got, bytes);
+      const got = [];
+      for await (const chunk of body) got.push(chunk);
+      assert.deepEqual(new Uint8Array(Buffer.concat(got)), bytes);
       // Over the stored-response limit without a blob store: 413.
       const other = await idem.begin({ key: uniqueKey() });
       const err = await idem.completeStream({ key: other.key, lease_token: other.lease_token }, new Uint8Array(1024 * 1024 + 1))
@@ -226,8 +230,114 @@ for (const store of stores) {
       assert.deepEqual(await idem.readyz(), { status: 'ok' });
       assert.match(await idem.metrics(), /idemsvc_build_info/);
     });
+
+    test('coalesce: begins and completes asked for together go as one batch each, and answer as single calls', async () => {
+      const paths = [];
+      const counting = (url, init) => {
+        paths.push(new URL(url).pathname);
+        return fetch(url, init);
+      };
+      const together = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, coalesce: true, fetch: counting });
+      const keys = Array.from({ length: 10 }, () => uniqueKey());
+      const leases = await Promise.all(keys.map((key) => together.begin({ key, fingerprint: 'f' })));
+      assert.deepEqual(paths, ['/v1/begin/batch']);
+      assert.deepEqual(leases.map((l) => [l.status, l.key, l.attempt]), keys.map((key) => ['acquired', key, 1]));
+      assert.equal(new Set(leases.map((l) => l.lease_token)).size, 10);
+
+      paths.length = 0;
+      const done = await Promise.all(
+        leases.map((l, i) => together.complete({ key: l.key, lease_token: l.lease_token, response: { status_code: 201, body: `answer ${i}` } })),
+      );
+      assert.deepEqual(paths, ['/v1/finish/batch']);
+      assert.deepEqual(done.map((d) => d.status), Array(10).fill('completed'));
+
+      // Replays come in a batch too; a lone call goes alone.
+      paths.length = 0;
+      const replays = await Promise.all(keys.map((key) => together.begin({ key, fingerprint: 'f' })));
+      assert.deepEqual(replays.map((r) => decodeResponse(r.response).body), keys.map((_, i) => `answer ${i}`));
+      await together.begin({ key: uniqueKey() });
+      assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin']);
+
+      // An item the batch does not answer with a success is sent again
+      // alone: its error, with Retry-After, is the single call's.
+      paths.length = 0;
+      const held = uniqueKey();
+      await idem.begin({ key: held, owner: 'other', fingerprint: 'f' });
+      const [conflict, mismatch, fresh] = await Promise.allSettled([
+        together.begin({ key: held, fingerprint: 'f' }),
+        together.begin({ key: keys[0], fingerprint: 'other' }),
+        together.begin({ key: uniqueKey() }),
+      ]);
+      assert.equal(conflict.reason.kind, 'in-progress');
+      assert.ok(conflict.reason.retryAfterMs > 0, 'the 409 carries its Retry-After');
+      assert.equal(mismatch.reason.kind, 'fingerprint-mismatch');
+      assert.equal(fresh.value.status, 'acquired');
+      assert.deepEqual(paths.sort(), ['/v1/begin', '/v1/begin', '/v1/begin/batch']);
+
+      // Begins that wait go alone: a batch does not wait.
+      paths.length = 0;
+      await Promise.all([together.begin({ key: uniqueKey(), wait_ms: 100 }), together.begin({ key: uniqueKey(), wait_ms: 100 })]);
+      assert.deepEqual(paths, ['/v1/begin', '/v1/begin']);
+
+      // More calls than a batch holds (100) go in as many batches as needed.
+      paths.length = 0;
+      const many = await Promise.all(Array.from({ length: 150 }, () => together.begin({ key: uniqueKey() })));
+      assert.equal(many.filter((l) => l.status === 'acquired').length, 150);
+      assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin/batch']);
+    });
   });
 }
+
+describe('IdemClient coalesce without batches at idemsvc', () => {
+  let svc;
+  before(async () => {
+    svc = await startOn('memory');
+  });
+  after(() => svc.stop());
+
+  test('a batch refused as a whole sends its calls alone, and later calls go alone from then on', async () => {
+    const paths = [];
+    // An idemsvc without batch routes, as an older one: 404 for them.
+    const older = (url, init) => {
+      const path = new URL(url).pathname;
+      paths.push(path);
+      if (path.endsWith('/batch')) return Promise.resolve(new Response('404 page not found\n', { status: 404 }));
+      return fetch(url, init);
+    };
+    const idem = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, coalesce: true, fetch: older });
+    const first = await Promise.all([idem.begin({ key: uniqueKey() }), idem.begin({ key: uniqueKey() })]);
+    assert.deepEqual(first.map((l) => l.status), ['acquired', 'acquired']);
+    assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin', '/v1/begin']);
+    paths.length = 0;
+    await Promise.all([idem.begin({ key: uniqueKey() }), idem.begin({ key: uniqueKey() })]);
+    assert.deepEqual(paths, ['/v1/begin', '/v1/begin']);
+  });
+
+  test('a batch whose answer is lost sends its calls alone, with the same owners; later calls still go together', async () => {
+    const paths = [];
+    let lose = true;
+    // The first batch reaches idemsvc, and its answer is lost.
+    const lossy = async (url, init) => {
+      const path = new URL(url).pathname;
+      paths.push(path);
+      const res = await fetch(url, init);
+      if (path.endsWith('/batch') && lose) {
+        lose = false;
+        throw new TypeError('fetch failed');
+      }
+      return res;
+    };
+    const idem = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, coalesce: true, fetch: lossy });
+    const keys = [uniqueKey(), uniqueKey()];
+    const leases = await Promise.all(keys.map((key) => idem.begin({ key })));
+    // Acquired by the lost batch, and given back to the same owner alone.
+    assert.deepEqual(leases.map((l) => [l.status, l.attempt]), [['acquired', 1], ['acquired', 1]]);
+    assert.deepEqual(paths, ['/v1/begin/batch', '/v1/begin', '/v1/begin']);
+    paths.length = 0;
+    await Promise.all(leases.map((l) => idem.complete({ key: l.key, lease_token: l.lease_token, response: { body: 'ok' } })));
+    assert.deepEqual(paths, ['/v1/finish/batch']);
+  });
+});
 
 describe('IdemClient retries', () => {
   test('a network error is retried until idemsvc answers', async () => {
@@ -284,6 +394,108 @@ describe('IdemClient retries', () => {
     } finally {
       await svc.stop();
       await redis.stop();
+    }
+  });
+});
+
+describe('IdemClient streamed bodies', () => {
+  // A server that says what idemsvc's GET /v1/keys/body says (a length and
+  // a Repr-Digest) over other bytes: the client's own check must catch it.
+  async function serving(body, digestOf, length = body.length) {
+    const port = await freePort();
+    const server = http.createServer((req, res) => {
+      res.writeHead(200, {
+        'content-type': 'application/octet-stream',
+        'content-length': String(length),
+        'repr-digest': `sha-256=:${createHash('sha256').update(digestOf).digest('base64')}:`,
+      });
+      res.end(body);
+    });
+    await new Promise((r) => server.listen(port, '127.0.0.1', r));
+    return { idem: new IdemClient({ baseUrl: `http://127.0.0.1:${port}`, apiKey: 'x' }), close: () => new Promise((r) => server.close(r)) };
+  }
+
+  /** Reads body until it ends or errors: the bytes received and the error. */
+  async function drainBody(body) {
+    const chunks = [];
+    try {
+      for await (const chunk of body) chunks.push(chunk);
+      return { bytes: Buffer.concat(chunks) };
+    } catch (err) {
+      return { bytes: Buffer.concat(chunks), err };
+    }
+  }
+
+  test('openBody errors before the end of a body whose SHA-256 is not the stated one', async () => {
+    const right = Buffer.alloc(300_000, 7);
+    const wrong = Buffer.from(right);
+    wrong[150_000] ^= 1;
+    const s = await serving(wrong, right);
+    try {
+      const { body, size } = await s.idem.openBody('k');
+      assert.equal(size, right.length);
+      const got = await drainBody(body);
+      assert.ok(got.err instanceof BodyMismatchError, `got ${got.err}`);
+      assert.ok(got.bytes.length < wrong.length, `${got.bytes.length} bytes of a wrong body of ${wrong.length} came before the error`);
+    } finally {
+      await s.close();
+    }
+  });
+
+  test('openBody errors on a body cut short of its Content-Length', async () => {
+    const right = Buffer.alloc(100_000, 3);
+    const port = await freePort();
+    const server = http.createServer((req, res) => {
+      res.writeHead(200, { 'content-length': String(right.length) });
+      res.write(right.subarray(0, 50_000), () => res.destroy());
+    });
+    await new Promise((r) => server.listen(port, '127.0.0.1', r));
+    try {
+      const { body } = await new IdemClient({ baseUrl: `http://127.0.0.1:${port}` }).openBody('k');
+      const got = await drainBody(body);
+      assert.ok(got.err instanceof BodyMismatchError, `got ${got.err}`);
+    } finally {
+      await new Promise((r) => server.close(r));
+    }
+  });
+
+  test('openBody passes a sound body whole', async () => {
+    const right = Buffer.alloc(200_000, 9);
+    const s = await serving(right, right);
+    try {
+      const { body } = await s.idem.openBody('k');
+      const got = await drainBody(body);
+      assert.equal(got.err, undefined);
+      assert.deepEqual(got.bytes, right);
+    } finally {
+      await s.close();
+    }
+  });
+
+  test('completeStream sends a Node Readable and an async iterable, with or without a length', async () => {
+    const svc = await startIdemsvc();
+    try {
+      const idem = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey });
+      const bytes = Buffer.alloc(200_000).map((_, i) => i % 251);
+      const bodies = [
+        [Readable.from([bytes.subarray(0, 70_000), bytes.subarray(70_000)]), undefined],
+        [(async function* () { yield bytes.subarray(0, 1); yield bytes.subarray(1); })(), bytes.length],
+      ];
+      for (const [body, size] of bodies) {
+        const lease = await idem.begin({ key: uniqueKey() });
+        const done = await idem.completeStream({ key: lease.key, lease_token: lease.lease_token, status_code: 200, size }, body);
+        assert.equal(done.status, 'completed');
+        const { body: back } = await idem.openBody(lease.key);
+        assert.deepEqual((await drainBody(back)).bytes, bytes);
+      }
+      // A source that fails stores nothing: the key stays in progress.
+      const lease = await idem.begin({ key: uniqueKey() });
+      const failing = (async function* () { yield bytes; throw new Error('the source broke'); })();
+      const err = await idem.completeStream({ key: lease.key, lease_token: lease.lease_token }, failing).then(() => assert.fail('stored'), (e) => e);
+      assert.equal(err.kind, 'store-unavailable');
+      assert.equal((await idem.status(lease.key)).state, 'in_progress');
+    } finally {
+      await svc.stop();
     }
   });
 });

@@ -18,14 +18,15 @@ export const { cases } = JSON.parse(readFileSync(join(repoRoot, 'conformance', '
  * Registers a test per case. start(client, { scoped }) serves the entry
  * point, with the app behind it (its run count starting at 0), and
  * resolves to { port, runs(), close() }; scoped: with a scope, the end user
- * named by the X-User header. getSvc() is the idemsvc to use.
+ * named by the X-User header. getSvc() is the idemsvc to use;
+ * clientOptions join the client's options.
  */
-export function conformanceTests(entryPoint, getSvc, start) {
+export function conformanceTests(entryPoint, getSvc, start, clientOptions = {}) {
   for (const c of cases) {
     test(`${entryPoint}: ${c.name}`, async () => {
       const svc = getSvc();
       const baseUrl = c.idemsvc === 'down' ? `http://127.0.0.1:${await freePort()}` : svc.baseUrl;
-      const client = new IdemClient({ baseUrl, apiKey: svc.apiKey });
+      const client = new IdemClient({ ...clientOptions, baseUrl, apiKey: svc.apiKey });
       const server = await start(client, { scoped: c.scoped === true });
       try {
         await runCase(c, server.port, uniqueKey(`conf-${entryPoint}`));

@@ -34,14 +34,23 @@ async function serve(app) {
   };
 }
 
+/** The conformance app behind the middleware on client. */
+async function conformanceApp(client, { scoped }) {
+  const { handler, runs } = createApp();
+  const app = express();
+  app.use(idempotency(client, scoped ? { scope: (req) => req.headers['x-user'] } : {}));
+  app.use((req, res) => handler(req, res));
+  return { ...(await serve(app)), runs };
+}
+
 describe('Express conformance', () => {
-  conformanceTests('express', () => svc, async (client, { scoped }) => {
-    const { handler, runs } = createApp();
-    const app = express();
-    app.use(idempotency(client, scoped ? { scope: (req) => req.headers['x-user'] } : {}));
-    app.use((req, res) => handler(req, res));
-    return { ...(await serve(app)), runs };
-  });
+  conformanceTests('express', () => svc, conformanceApp);
+});
+
+// The same cases on a client that sends the calls of one turn of the event
+// loop as one batch: the duplicates sent together go in batches.
+describe('Express conformance, client with coalesce', () => {
+  conformanceTests('express-coalesce', () => svc, conformanceApp, { coalesce: true });
 });
 
 describe('Express middleware', () => {
@@ -62,6 +71,41 @@ describe('Express middleware', () => {
     };
     return { client: new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, fetch: counted }), calls };
   }
+
+  test('requests at once on a client with coalesce: their calls go in batches, each runs once, and each duplicate gets its own answer', async () => {
+    const paths = [];
+    const counting = (url, init) => {
+      paths.push(new URL(url).pathname);
+      return fetch(url, init);
+    };
+    const together = new IdemClient({ baseUrl: svc.baseUrl, apiKey: svc.apiKey, coalesce: true, fetch: counting });
+    const app = express();
+    const runs = new Map();
+    app.use(idempotency(together));
+    app.post('/orders', express.json(), (req, res) => {
+      runs.set(req.body.n, (runs.get(req.body.n) ?? 0) + 1);
+      res.status(201).json({ order: req.body.n });
+    });
+    const server = await serve(app);
+    try {
+      const keys = Array.from({ length: 32 }, () => uniqueKey());
+      const post = (key, n) => fetch(`${server.url}/orders`, {
+        method: 'POST',
+        headers: { 'Idempotency-Key': `"${key}"`, 'Content-Type': 'application/json' },
+        body: JSON.stringify({ n }),
+      }).then(async (r) => ({ status: r.status, replayed: r.headers.get('idempotent-replayed'), body: await r.text() }));
+      const first = await Promise.all(keys.map((key, n) => post(key, n)));
+      assert.deepEqual(first.map((a) => [a.status, a.body]), keys.map((_, n) => [201, JSON.stringify({ order: n })]));
+      const again = await Promise.all(keys.map((key, n) => post(key, n)));
+      assert.deepEqual(again.map((a) => [a.status, a.replayed, a.body]), keys.map((_, n) => [201, 'true', JSON.stringify({ order: n })]));
+      assert.deepEqual([...runs.values()], Array(32).fill(1));
+      const batches = paths.filter((p) => p.endsWith('/batch')).length;
+      assert.ok(batches > 0, `no batch among ${paths.length} calls`);
+      assert.ok(paths.length < 3 * 32, `${paths.length} calls for 3 × 32 of them: few went together`);
+    } finally {
+      await server.close();
+    }
+  });
 
   test('a body parser after the middleware reads the same body, and a duplicate is replayed', async () => {
     const app = express();

@@ -4,10 +4,10 @@
 // and Redis servers on free loopback ports. Every process started here is
 // killed by its own PID when the test file ends.
 import { spawn, spawnSync } from 'node:child_process';
-import { createHash, randomBytes } from 'node:crypto';
-import { existsSync, mkdirSync, mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { createHash, createHmac, randomBytes } from 'node:crypto';
+import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import net from 'node:net';
-import { tmpdir } from 'node:os';
+import { homedir, tmpdir } from 'node:os';
 import { dirname, join } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -136,7 +136,7 @@ const sha256 = (s) => createHash('sha256').update(s).digest('hex');
  * (apiKey, no limits) and tenant `limited` (limitedKey: one begin per
  * second, burst 1).
  */
-export async function startIdemsvc({ redisUrl, port } = {}) {
+export async function startIdemsvc({ redisUrl, port, env: extraEnv } = {}) {
   const dir = mkdtempSync(join(tmpdir(), 'idemsvc-ts-'));
   const apiKey = randomBytes(16).toString('hex');
   const limitedKey = randomBytes(16).toString('hex');
@@ -153,6 +153,7 @@ export async function startIdemsvc({ redisUrl, port } = {}) {
   port ??= await freePort();
   const env = { PATH: process.env.PATH, IDEMSVC_LISTEN: `127.0.0.1:${port}`, IDEMSVC_TENANTS_FILE: tenantsFile, IDEMSVC_LOG_LEVEL: 'warn' };
   if (redisUrl) env.IDEMSVC_REDIS_URL = redisUrl;
+  Object.assign(env, extraEnv);
   const proc = startProcess(idemsvcBinary(), [], env);
   const baseUrl = `http://127.0.0.1:${port}`;
   await eventually('idemsvc', async () => (await fetch(`${baseUrl}/healthz`)).ok, 15_000, proc.output);
@@ -161,10 +162,115 @@ export async function startIdemsvc({ redisUrl, port } = {}) {
     apiKey,
     limitedKey,
     output: proc.output,
+    /** The process's peak resident memory (VmHWM) in bytes. */
+    peakRss: () => procStatusBytes(proc.child.pid, 'VmHWM'),
     async stop() {
       await proc.stop();
       rmSync(dir, { recursive: true, force: true });
     },
+  };
+}
+
+/** A field of /proc/<pid>/status given in kB, in bytes. */
+function procStatusBytes(pid, field) {
+  const m = new RegExp(`^${field}:\\s+(\\d+) kB`, 'm').exec(readFileSync(`/proc/${pid}/status`, 'utf8'));
+  if (!m) throw new Error(`no ${field} in /proc/${pid}/status`);
+  return Number(m[1]) * 1024;
+}
+
+/** The versitygw release scripts/test.sh installs, as internal/testkit/s3test has it. */
+const VERSITYGW_VERSION = 'v1.8.0';
+
+/**
+ * versitygw: IDEMSVC_TEST_VERSITYGW, PATH, or the cache directory
+ * scripts/test.sh builds it in. Missing, it fails the test saying so.
+ */
+export function versitygwBinary() {
+  const given = process.env.IDEMSVC_TEST_VERSITYGW;
+  if (given) return given;
+  for (const dir of (process.env.PATH ?? '').split(':')) {
+    if (dir && existsSync(join(dir, 'versitygw'))) return join(dir, 'versitygw');
+  }
+  const cached = join(process.env.XDG_CACHE_HOME || join(homedir(), '.cache'), 'idemsvc-tools', `versitygw-${VERSITYGW_VERSION}`, 'versitygw');
+  if (existsSync(cached)) return cached;
+  throw new Error(
+    `versitygw ${VERSITYGW_VERSION} not found: run make test (scripts/test.sh installs it), or go install github.com/versity/versitygw/cmd/versitygw@${VERSITYGW_VERSION} and set IDEMSVC_TEST_VERSITYGW`,
+  );
+}
+
+/**
+ * An S3-compatible store of the test's own: versitygw with its posix
+ * backend over a temporary directory, on a free loopback port, with one
+ * bucket. env() is what idemsvc needs to keep large bodies there;
+ * objectPath(key) is where an object's bytes lie, to damage them below the
+ * S3 API.
+ */
+export async function startVersitygw() {
+  const bin = versitygwBinary();
+  const dir = mkdtempSync(join(tmpdir(), 'versitygw-ts-'));
+  const data = join(dir, 'data');
+  mkdirSync(data);
+  const access = 'idemsvc-test';
+  const secret = 'idemsvc-test-secret';
+  const region = 'us-east-1';
+  const bucket = 'idemsvc';
+  const port = await freePort();
+  const proc = startProcess(bin, ['--access', access, '--secret', secret, '--region', region, '--port', `127.0.0.1:${port}`, '--quiet', 'posix', data], {
+    PATH: process.env.PATH,
+    HOME: dir,
+  });
+  const endpoint = `http://127.0.0.1:${port}`;
+  await eventually('versitygw', () => tcpOpen(port), 15_000, proc.output);
+  const res = await fetch(`${endpoint}/${bucket}`, { method: 'PUT', headers: sigV4('PUT', `/${bucket}`, `127.0.0.1:${port}`, access, secret, region) });
+  if (!res.ok) throw new Error(`create bucket: ${res.status} ${await res.text()}`);
+  return {
+    endpoint,
+    objectPath: (key) => join(data, bucket, key),
+    bucketDir: join(data, bucket),
+    env: (prefix) => ({
+      IDEMSVC_BLOB_URL: `s3://${bucket}/${prefix}`,
+      AWS_ENDPOINT_URL_S3: endpoint,
+      AWS_REGION: region,
+      AWS_ACCESS_KEY_ID: access,
+      AWS_SECRET_ACCESS_KEY: secret,
+      AWS_CONFIG_FILE: join(dir, 'none'),
+      AWS_SHARED_CREDENTIALS_FILE: join(dir, 'none'),
+      IDEMSVC_BLOB_SPOOL_DIR: dir,
+    }),
+    async stop() {
+      await proc.stop();
+      rmSync(dir, { recursive: true, force: true });
+    },
+  };
+}
+
+function tcpOpen(port) {
+  return new Promise((resolve) => {
+    const socket = net.connect(port, '127.0.0.1');
+    socket.on('connect', () => {
+      socket.destroy();
+      resolve(true);
+    });
+    socket.on('error', () => resolve(false));
+  });
+}
+
+/** The headers of an AWS Signature Version 4 request to S3 without a body. */
+function sigV4(method, path, host, access, secret, region) {
+  const now = new Date().toISOString().replace(/[-:]|\.\d{3}/g, '');
+  const day = now.slice(0, 8);
+  const empty = createHash('sha256').update('').digest('hex');
+  const signed = 'host;x-amz-content-sha256;x-amz-date';
+  const canonical = [method, path, '', `host:${host}`, `x-amz-content-sha256:${empty}`, `x-amz-date:${now}`, '', signed, empty].join('\n');
+  const scope = `${day}/${region}/s3/aws4_request`;
+  const toSign = ['AWS4-HMAC-SHA256', now, scope, createHash('sha256').update(canonical).digest('hex')].join('\n');
+  let key = `AWS4${secret}`;
+  for (const part of [day, region, 's3', 'aws4_request']) key = createHmac('sha256', key).update(part).digest();
+  const signature = createHmac('sha256', key).update(toSign).digest('hex');
+  return {
+    'x-amz-content-sha256': empty,
+    'x-amz-date': now,
+    authorization: `AWS4-HMAC-SHA256 Credential=${access}/${scope}, SignedHeaders=${signed}, Signature=${signature}`,
   };
 }
 

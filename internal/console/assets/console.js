@@ -21,7 +21,9 @@ let cursors = ['']; // the cursors of the pages walked, for the pager
 let autoTimer = 0; // the next automatic refresh, armed after the last one ended
 let view = 0; // the render's generation: an answer for an older one is dropped
 let keysLoad = 0; // the newest listing asked for: an older answer is dropped
-let bodyBytes = null; // the record's body, for the views and the download
+let bodyBytes = null; // the record's body (its first BODY_SHOWN bytes when fetched by reference)
+let bodySize = 0; // the whole body's length
+let bodyRef = null; // {tenant, key} of a body kept by reference, fetched from GET /v1/keys/body
 let downloadURL = '';
 
 // --- the API -----------------------------------------------------------
@@ -33,18 +35,42 @@ class Problem extends Error {
   }
 }
 
-async function api(method, path, params) {
+function call(method, path, params, accept) {
   const q = new URLSearchParams();
   for (const [k, v] of Object.entries(params || {})) if (v !== undefined && v !== '') q.set(k, v);
-  const headers = { Accept: 'application/json' };
+  const headers = { Accept: accept };
   const key = sessionStorage.getItem(KEY);
   if (key) headers.Authorization = `Bearer ${key}`;
   const qs = q.toString();
-  const res = await fetch(qs ? `${path}?${qs}` : path, { method, headers, credentials: 'omit', cache: 'no-store' });
+  return fetch(qs ? `${path}?${qs}` : path, { method, headers, credentials: 'omit', cache: 'no-store' });
+}
+
+async function api(method, path, params) {
+  const res = await call(method, path, params, 'application/json');
   if (res.status === 204) return null;
   const body = await res.json().catch(() => null);
   if (!res.ok) throw new Problem(res.status, body);
   return body;
+}
+
+// storedBody fetches a record's stored body from GET /v1/keys/body: its
+// first limit bytes (the rest is not read), or all of it without limit.
+async function storedBody(tenant, key, limit) {
+  const res = await call('GET', '/v1/keys/body', { tenant, key }, 'application/octet-stream');
+  if (!res.ok) throw new Problem(res.status, await res.json().catch(() => null));
+  if (limit === undefined) return new Uint8Array(await res.arrayBuffer());
+  const out = new Uint8Array(limit);
+  let n = 0;
+  const reader = res.body.getReader();
+  while (n < limit) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    const take = Math.min(value.length, limit - n);
+    out.set(value.subarray(0, take), n);
+    n += take;
+  }
+  reader.cancel().catch(() => {});
+  return out.subarray(0, n);
 }
 
 // --- messages ----------------------------------------------------------
@@ -329,8 +355,8 @@ async function showRecord(params, mine = view) {
   field(dl, 'Retained until', rec.expires_at);
   field(dl, 'Retryable', rec.retryable === undefined ? undefined : String(rec.retryable));
   field(dl, 'Error', rec.error);
-  showResponse(rec.response);
   $('free').onclick = () => confirmFree(rec.tenant, rec.key, async () => go('/keys', { tenant: rec.tenant }));
+  await showResponse(rec, mine);
 }
 
 function decodeBody(resp) {
@@ -344,10 +370,12 @@ function decodeBody(resp) {
   return new TextEncoder().encode(body);
 }
 
-function showResponse(resp) {
+async function showResponse(rec, mine) {
+  const resp = rec.response;
   $('response').hidden = !resp;
   if (downloadURL) URL.revokeObjectURL(downloadURL);
   downloadURL = '';
+  bodyRef = null;
   if (!resp) return;
   const dl = $('response-fields');
   dl.replaceChildren();
@@ -359,25 +387,46 @@ function showResponse(resp) {
     tr.append(el('td', n, 'key'), el('td', v, 'key'));
     return tr;
   }));
-  bodyBytes = decodeBody(resp);
   const type = headers.find(([n]) => n.toLowerCase() === 'content-type');
-  downloadURL = URL.createObjectURL(new Blob([bodyBytes], { type: 'application/octet-stream' }));
-  $('download').href = downloadURL;
-  $('download').textContent = `Download the body (${bodyBytes.length} bytes)`;
-  let view = 'text';
-  const text = utf8(bodyBytes);
-  if (text === null) view = 'hex';
-  else if ((type && /json/i.test(type[1])) || isJSON(text)) view = 'json';
-  $('body-view').value = view;
+  const download = $('download');
+  if (resp.body_ref) {
+    // A body kept by reference (over the JSON answers' limit): its first
+    // bytes are shown, and the download fetches it whole when asked.
+    field(dl, 'Body SHA-256', resp.body_ref.sha256);
+    bodySize = resp.body_ref.size_bytes;
+    bodyBytes = new Uint8Array(0);
+    download.href = `/v1/keys/body?${new URLSearchParams({ tenant: rec.tenant, key: rec.key })}`;
+    download.textContent = `Download the body (${bodySize} bytes)`;
+    const bytes = await storedBody(rec.tenant, rec.key, BODY_SHOWN);
+    if (mine !== view) return;
+    bodyRef = { tenant: rec.tenant, key: rec.key };
+    bodyBytes = bytes;
+  } else {
+    bodyBytes = decodeBody(resp);
+    bodySize = bodyBytes.length;
+    downloadURL = URL.createObjectURL(new Blob([bodyBytes], { type: 'application/octet-stream' }));
+    download.href = downloadURL;
+    download.textContent = `Download the body (${bodySize} bytes)`;
+  }
+  let as = 'text';
+  const text = utf8(bodyBytes, bodySize > bodyBytes.length);
+  if (text === null) as = 'hex';
+  else if ((type && /json/i.test(type[1])) || isJSON(text)) as = 'json';
+  $('body-view').value = as;
   showBody();
 }
 
-function utf8(bytes) {
-  try {
-    return new TextDecoder('utf-8', { fatal: true }).decode(bytes);
-  } catch {
-    return null;
+// utf8 decodes bytes as UTF-8, or returns null for bytes that are not; a
+// body cut short may end in part of a character, which is left out.
+function utf8(bytes, cut) {
+  for (let drop = 0; drop <= (cut ? 3 : 0) && drop < bytes.length; drop++) {
+    try {
+      return new TextDecoder('utf-8', { fatal: true }).decode(bytes.subarray(0, bytes.length - drop));
+    } catch {
+      // try again without the last bytes, if the body was cut
+    }
   }
+  return bytes.length === 0 ? '' : null;
 }
 
 function isJSON(text) {
@@ -404,15 +453,15 @@ function hex(bytes) {
 function showBody() {
   const shown = bodyBytes.subarray(0, BODY_SHOWN);
   const cut = $('body-cut');
-  cut.hidden = bodyBytes.length <= BODY_SHOWN;
-  cut.textContent = `The body is ${bodyBytes.length} bytes: the first ${BODY_SHOWN} are shown; download it for the rest.`;
+  cut.hidden = bodySize <= BODY_SHOWN;
+  cut.textContent = `The body is ${bodySize} bytes: the first ${BODY_SHOWN} are shown; download it for the rest.`;
   let out;
   switch ($('body-view').value) {
     case 'hex':
       out = hex(shown);
       break;
     case 'json': {
-      const text = utf8(bodyBytes);
+      const text = utf8(bodyBytes, bodySize > bodyBytes.length);
       if (text === null) { // not UTF-8: binary, shown in hex
         out = hex(shown);
         break;
@@ -424,13 +473,33 @@ function showBody() {
       }
       break;
     }
-    default:
-      out = new TextDecoder().decode(shown);
+    default: // a character cut at the end of what is shown is left out
+      out = utf8(shown, bodySize > shown.length) ?? new TextDecoder().decode(shown);
   }
   $('body').textContent = out;
 }
 
 $('body-view').addEventListener('change', showBody);
+
+// A body kept by reference is fetched whole when its download is asked
+// for, then saved from memory as an inline body is.
+$('download').addEventListener('click', async (ev) => {
+  if (!bodyRef || downloadURL) return; // the body is in memory: the link saves it
+  ev.preventDefault();
+  const ref = bodyRef;
+  const link = ev.currentTarget;
+  try {
+    notice('Fetching the body…');
+    const bytes = await storedBody(ref.tenant, ref.key);
+    if (ref !== bodyRef) return;
+    downloadURL = URL.createObjectURL(new Blob([bytes], { type: 'application/octet-stream' }));
+    link.href = downloadURL;
+    notice('');
+    link.click();
+  } catch (err) {
+    showError(err);
+  }
+});
 
 // --- tenants -----------------------------------------------------------
 
