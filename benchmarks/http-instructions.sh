@@ -58,6 +58,10 @@ if [ -n "${SVC_BASE:-}" ]; then
 fi
 start_redis
 bench_tenant
+# The servers' logs go to a folder of their own: idemsvc watches the
+# tenants file's folder, and a log written there would wake that watch
+# at every write, as no deployment's log does.
+mkdir -p "$dir/logs"
 
 # count SERVER MIX: sets counted to the instructions per request (per
 # cycle) of SERVER under a load of MIX. (Not in a subshell: the server's
@@ -83,11 +87,11 @@ count() {
   # the runtime reads the clock with RDTSCP where the CPU has it, which
   # valgrind before 3.20 does not know (SIGILL at start).
   env "${envs[@]}" GODEBUG=asyncpreemptoff=1,cpu.rdtscp=off valgrind --tool=callgrind --instr-atstart=no --callgrind-out-file="$dir/cg.out.%p" \
-    "$dir/$server" --listen "127.0.0.1:$port" "${args[@]}" >>"$dir/$server.log" 2>&1 &
+    "$dir/$server" --listen "127.0.0.1:$port" "${args[@]}" >>"$dir/logs/$server.log" 2>&1 &
   vg_pid=$!
   pids+=("$vg_pid")
   for _ in $(seq 300); do curl -s -o /dev/null "http://127.0.0.1:$port/" && up=1 && break; sleep 0.1; done
-  [ "$up" = 1 ] || { echo "$server did not come up under valgrind (see $dir/$server.log)" >&2; return 1; }
+  [ "$up" = 1 ] || { echo "$server did not come up under valgrind (see $dir/logs/$server.log)" >&2; return 1; }
   local bench=("$dir/idembench" --url "http://127.0.0.1:$port" --mix "$mix" --concurrency 4 --replay-keys 16 "${answer[@]}")
   "${bench[@]}" --duration 3s >/dev/null # warm-up: pools, caches, valgrind's translations
   callgrind_control -i on "$vg_pid" >"$dir/control.log" 2>&1 || { cat "$dir/control.log" >&2; return 1; }

@@ -69,7 +69,7 @@ const (
 	shutdownTimeout = 30 * time.Second
 	// logFlushInterval is how long an info line may wait in the buffer
 	// (warnings and errors are written at once).
-	logFlushInterval = 20 * time.Millisecond
+	logFlushInterval = 200 * time.Millisecond
 )
 
 // run serves until ctx ends, then shuts down gracefully: it stops taking

@@ -150,7 +150,8 @@ type Service struct {
 	reads             *readSlots
 	trustedProxies    []netip.Prefix
 	blobs             *blobs // nil without a blob store
-	handler           http.Handler
+	router            *chi.Mux
+	routes            sync.Pool // of *chi.Context, for ServeHTTP
 	// pasted holds the tenants file's entries already reported as an API
 	// key where its digest belongs (tenant and index), each once.
 	pasted sync.Map
@@ -194,6 +195,7 @@ func New(cfg Config) *Service {
 		cfg.WaitFallbackInterval = DefaultWaitFallbackInterval
 	}
 	s := &Service{
+		routes:            sync.Pool{New: func() any { return chi.NewRouteContext() }},
 		store:             cfg.Store,
 		keyring:           cfg.Keyring,
 		log:               cfg.Logger,
@@ -240,7 +242,6 @@ func New(cfg Config) *Service {
 	// without a route of its own to the GET handler, and net/http drops
 	// the body it writes.
 	r.Use(middleware.GetHead)
-	r.Use(s.observe) // inside the router, so that it sees the matched route
 	r.Use(s.recoverPanic)
 	r.NotFound(func(w http.ResponseWriter, r *http.Request) { writeProblem(w, r, errNoRoute) })
 	r.MethodNotAllowed(func(w http.ResponseWriter, req *http.Request) {
@@ -268,7 +269,7 @@ func New(cfg Config) *Service {
 		Middlewares:      []api.MiddlewareFunc{s.readBody},
 		ErrorHandlerFunc: requestError,
 	})
-	s.handler = r
+	s.router = r
 	// Error counters exist from the start, at zero, so that an alert on
 	// their rate sees the first burst: every route by each kind of store
 	// error.
@@ -289,9 +290,6 @@ func tenantLabeller(l quota.Limiter) func(string) string {
 	}
 	return new(quota.TenantLabels).Of
 }
-
-// ServeHTTP serves the API.
-func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.handler.ServeHTTP(w, r) }
 
 // StopWaiting makes every waiting begin answer now and later ones not wait.
 // Call it when shutting down, before http.Server.Shutdown, so that waiters

@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unsafe"
 
 	"github.com/go-chi/chi/v5"
 	"go.opentelemetry.io/otel/trace"
@@ -87,88 +88,129 @@ func setOutcome(ctx context.Context, tenant, outcome string) {
 	}
 }
 
-// observe gives each request an id (the caller's X-Request-Id when it is
-// sane), and when it is done logs one line and counts it. Nothing secret is
-// logged: no API key, no client key, no body.
-func (s *Service) observe(next http.Handler) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		start := time.Now()
-		info := &requestInfo{ResponseWriter: w, id: requestID(headerValue(r.Header, "X-Request-Id"))}
-		w.Header()["X-Request-Id"] = []string{info.id}
-		r = r.WithContext(context.WithValue(r.Context(), infoKey{}, info))
-		var span trace.Span
-		if s.tracer != nil {
-			r, span = s.startRequestSpan(r)
-		}
-		next.ServeHTTP(info, r)
+// requestCtx is a request's context: its requestInfo and chi's routing
+// context, in one allocation and one copy of the request, where a value
+// context each (chi's own, made when it finds none) took two of each.
+// Both are answered by Value without walking the parents.
+type requestCtx struct {
+	context.Context
+	info     requestInfo
+	route    *chi.Context
+	idHeader [1]string // the X-Request-Id header's value
+	idBytes  [16]byte  // a request id made here
+	// logRest holds the request line's attributes past the first four:
+	// a record keeps five inline and puts more in a slice of its own.
+	logRest [8]slog.Attr
+}
 
-		elapsed := time.Since(start)
-		route := chi.RouteContext(r.Context()).RoutePattern()
-		if route == "" {
-			route = "unmatched"
-		}
-		status := info.status
-		if status == 0 {
-			status = http.StatusOK
-		}
-		outcome := info.outcome
-		if outcome == "" {
-			outcome = "ok"
-		}
-		if span != nil {
-			endRequestSpan(span, r.Method, route, status, info, outcome)
-		}
-		series := s.metrics.series(route, outcome, status, info.tenant)
-		series.requests.Inc()
-		if series.beginTime != nil {
-			series.beginTime.Observe(elapsed.Seconds())
-		}
-		if series.begins != nil {
-			series.begins.Inc()
-		}
-		series.duration.Observe(elapsed.Seconds())
-		level := slog.LevelInfo
-		if status >= 500 {
-			level = slog.LevelError
-			s.metrics.storeErrors.WithLabelValues(route, outcome).Inc()
-		}
-		if s.accessLog == AccessLogOff || (s.accessLog == AccessLogErrors && status < 400) || !s.log.Enabled(r.Context(), level) {
-			return
-		}
-		var buf [12]slog.Attr // no allocation for the list
-		client, peer := s.client(r)
-		attrs := append(buf[:0],
-			slog.String("request_id", info.id),
-			slog.String("method", r.Method),
-			slog.String("route", route),
-			slog.Int("status", status),
-			slog.String("outcome", outcome),
-			slog.Int64("duration_us", elapsed.Microseconds()),
-			slog.String("client", client),
-		)
-		if peer != "" {
-			attrs = append(attrs, slog.String("peer", peer))
-		}
-		if info.tenant != "" {
-			attrs = append(attrs, slog.String("tenant", info.tenant))
-		} else if info.named != "" {
-			attrs = append(attrs, slog.String("tenant", info.named))
-		}
-		// Who acted, when it is not the tenant acted for: an admin acting
-		// for another tenant, or a key refused (403) for the tenant it named.
-		if info.authenticated && info.principal.Tenant != info.tenant && info.principal.Tenant != DefaultTenant && status != http.StatusUnauthorized {
-			attrs = append(attrs, slog.String("principal", info.principal.Tenant))
-		}
-		if info.err != nil && status >= 500 {
-			attrs = append(attrs, slog.String("error", info.err.Error()))
-		}
-		// The record is made here rather than by LogAttrs, which would also
-		// take the caller's PC (runtime.Callers: 3,100 instructions a
-		// request) for a source that idemsvc's log lines do not carry.
-		rec := slog.NewRecord(time.Now(), level, "request", 0)
-		rec.AddAttrs(attrs...)
-		_ = s.log.Handler().Handle(r.Context(), rec)
-	})
+func (c *requestCtx) Value(key any) any {
+	if _, ok := key.(infoKey); ok {
+		return &c.info
+	}
+	if key == chi.RouteCtxKey {
+		return c.route
+	}
+	return c.Context.Value(key)
+}
+
+// ServeHTTP serves the API.
+func (s *Service) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.observe(w, r, s.router) }
+
+// observe gives each request an id (the caller's X-Request-Id when it is
+// sane), serves it with next, and when it is done logs one line and counts
+// it. Nothing secret is logged: no API key, no client key, no body.
+func (s *Service) observe(w http.ResponseWriter, r *http.Request, next http.Handler) {
+	// The router finds its routing context in the request's, as it finds
+	// a parent router's, and uses it. It comes from a pool and goes back
+	// once the request is done, as the router's own would.
+	rctx := s.routes.Get().(*chi.Context)
+	defer s.routes.Put(rctx)
+	rctx.Reset()
+	rctx.Routes = s.router
+	c := &requestCtx{Context: r.Context(), route: rctx}
+	r = r.WithContext(c)
+	start := time.Now()
+	info := &c.info
+	info.ResponseWriter = w
+	info.id = requestID(headerValue(r.Header, "X-Request-Id"), &c.idBytes)
+	c.idHeader[0] = info.id
+	w.Header()["X-Request-Id"] = c.idHeader[:]
+	var span trace.Span
+	if s.tracer != nil {
+		r, span = s.startRequestSpan(r)
+	}
+	next.ServeHTTP(info, r)
+
+	elapsed := time.Since(start)
+	route := c.route.RoutePattern()
+	if route == "" {
+		route = "unmatched"
+	}
+	status := info.status
+	if status == 0 {
+		status = http.StatusOK
+	}
+	outcome := info.outcome
+	if outcome == "" {
+		outcome = "ok"
+	}
+	if span != nil {
+		endRequestSpan(span, r.Method, route, status, info, outcome)
+	}
+	series := s.metrics.series(route, outcome, status, info.tenant)
+	series.requests.Inc()
+	if series.beginTime != nil {
+		series.beginTime.Observe(elapsed.Seconds())
+	}
+	if series.begins != nil {
+		series.begins.Inc()
+	}
+	series.duration.Observe(elapsed.Seconds())
+	level := slog.LevelInfo
+	if status >= 500 {
+		level = slog.LevelError
+		s.metrics.storeErrors.WithLabelValues(route, outcome).Inc()
+	}
+	if s.accessLog == AccessLogOff || (s.accessLog == AccessLogErrors && status < 400) || !s.log.Enabled(r.Context(), level) {
+		return
+	}
+	// Four attributes go in the record and the rest in a group without
+	// a name, which handlers write inline, held by the request's context:
+	// a record holds five attributes inline and would allocate for more.
+	client, peer := s.client(r)
+	rest := append(c.logRest[:0],
+		slog.String("outcome", outcome),
+		slog.Int64("duration_us", elapsed.Microseconds()),
+		slog.String("client", client),
+	)
+	if peer != "" {
+		rest = append(rest, slog.String("peer", peer))
+	}
+	if info.tenant != "" {
+		rest = append(rest, slog.String("tenant", info.tenant))
+	} else if info.named != "" {
+		rest = append(rest, slog.String("tenant", info.named))
+	}
+	// Who acted, when it is not the tenant acted for: an admin acting
+	// for another tenant, or a key refused (403) for the tenant it named.
+	if info.authenticated && info.principal.Tenant != info.tenant && info.principal.Tenant != DefaultTenant && status != http.StatusUnauthorized {
+		rest = append(rest, slog.String("principal", info.principal.Tenant))
+	}
+	if info.err != nil && status >= 500 {
+		rest = append(rest, slog.String("error", info.err.Error()))
+	}
+	// The record is made here rather than by LogAttrs, which would also
+	// take the caller's PC (runtime.Callers: 3,100 instructions a
+	// request) for a source that idemsvc's log lines do not carry.
+	rec := slog.NewRecord(time.Now(), level, "request", 0)
+	rec.AddAttrs(
+		slog.String("request_id", info.id),
+		slog.String("method", r.Method),
+		slog.String("route", route),
+		slog.Int("status", status),
+		slog.Attr{Value: slog.GroupValue(rest...)},
+	)
+	_ = s.log.Handler().Handle(r.Context(), rec)
 }
 
 // errPanic is what a request whose handler panicked is answered and
@@ -183,10 +225,7 @@ var errPanic = errors.New("the handler panicked")
 // cutting its answer off, is panicked again for net/http, which expects
 // it; so is any panic once the answer has begun, as a problem cannot
 // follow it and the client must not take the cut answer for a whole one.
-// It sits inside observe, which then logs and counts the 500:
-//
-//	r.Use(s.observe)
-//	r.Use(s.recoverPanic)
+// It sits inside observe, which then logs and counts the 500.
 func (s *Service) recoverPanic(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		defer func() {
@@ -226,8 +265,8 @@ var (
 )
 
 // requestID keeps a caller's id of up to 64 visible ASCII characters, and
-// otherwise makes one of 16 hex digits.
-func requestID(given string) string {
+// otherwise makes one of 16 hex digits in buf, which it must not outlive.
+func requestID(given string, buf *[16]byte) string {
 	if n := len(given); n > 0 && n <= 64 {
 		ok := true
 		for i := 0; i < n; i++ {
@@ -240,11 +279,12 @@ func requestID(given string) string {
 			return given
 		}
 	}
-	var id [16]byte
-	copy(id[:], requestIDPrefix[:])
+	copy(buf[:], requestIDPrefix[:])
 	n := requestIDCount.Add(1)
-	hex.Encode(id[8:], []byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
-	return string(id[:])
+	hex.Encode(buf[8:], []byte{byte(n >> 24), byte(n >> 16), byte(n >> 8), byte(n)})
+	// The id's string is the context's bytes, written once, here: no
+	// allocation of its own.
+	return unsafe.String(&buf[0], len(buf))
 }
 
 // authenticate finds the principal of the request's API key.

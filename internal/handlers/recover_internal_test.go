@@ -31,12 +31,13 @@ func TestPanicAfterTheAnswerBeganCutsItOff(t *testing.T) {
 	}
 	t.Cleanup(func() { logs.Close() })
 	s := New(Config{Store: statemachine.NewMemoryStore(statemachine.DefaultLimits()), Logger: slog.New(slog.NewJSONHandler(logs, nil))})
-	srv := httptest.NewServer(s.observe(s.recoverPanic(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+	late := s.recoverPanic(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "text/plain")
 		w.WriteHeader(http.StatusOK)
 		_, _ = w.Write(bytes.Repeat([]byte("x"), 64<<10)) // past net/http's buffer: on the wire
 		panic("late")
-	}))))
+	}))
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { s.observe(w, r, late) }))
 	t.Cleanup(srv.Close)
 
 	resp, err := srv.Client().Get(srv.URL)
