@@ -3,7 +3,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -20,7 +19,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
-
+	"github.com/idemsvc/idemsvc/internal/testkit/logbuf"
 	"github.com/idemsvc/idemsvc/internal/testkit/redistest"
 )
 
@@ -355,23 +354,8 @@ func TestSIGTERM(t *testing.T) {
 	}
 }
 
-// syncBuffer collects log output written from several goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
+// syncBuffer is the log's output of a server under test.
+type syncBuffer struct{ logbuf.Buffer }
 
 func (b *syncBuffer) lines() []string { return strings.Split(b.String(), "\n") }
 

@@ -36,6 +36,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/logbuf"
 )
 
 // chromium is Debian's Chromium, which scripts/test.sh installs.
@@ -65,25 +66,7 @@ type site struct {
 	oldFree string
 	oldAt   time.Time
 	browser context.Context
-	logs    *syncBuffer // the server's log
-}
-
-// syncBuffer is a log's output, written by the server and read by tests.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf strings.Builder
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	logs    *logbuf.Buffer // the server's log
 }
 
 const (
@@ -139,7 +122,7 @@ func newSite() (*site, error) {
 		return nil, fmt.Errorf("the console's tests need Debian's Chromium at %s (scripts/test.sh installs it: apt-get install chromium): %w", chromium, err)
 	}
 	s := &site{keys: map[string]string{}, old: map[string]string{}, fresh: map[string]string{},
-		completed: map[string]string{}, failed: map[string]string{}, logs: &syncBuffer{}}
+		completed: map[string]string{}, failed: map[string]string{}, logs: &logbuf.Buffer{}}
 	var yaml strings.Builder
 	yaml.WriteString("tenants:\n")
 	for _, name := range []string{tenantA, tenantB, tenantBulk, tenantFree, admin} {

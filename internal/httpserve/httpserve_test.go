@@ -20,6 +20,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/idemsvc/idemsvc/internal/testkit/logbuf"
 	"github.com/idemsvc/idemsvc/internal/testkit/testpki"
 )
 
@@ -173,7 +174,7 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 func TestHandshakeFailuresRateLimited(t *testing.T) {
 	ca := testpki.NewCA(t, "test CA")
 	cert := ca.Issue(t, "server", "127.0.0.1").TLS(t)
-	var logs syncBuffer
+	var logs logbuf.Buffer
 	s, reg := serve(t, Config{TLS: &tls.Config{Certificates: []tls.Certificate{cert}},
 		Log: slog.New(slog.NewJSONHandler(&logs, nil))}, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {}))
 	const failures = 20
@@ -196,7 +197,7 @@ func TestHandshakeFailuresRateLimited(t *testing.T) {
 	}
 
 	// The next line after the interval says how many were not logged.
-	var out syncBuffer
+	var out logbuf.Buffer
 	h := newHandshakeLog(slog.New(slog.NewJSONHandler(&out, nil)), prometheus.NewCounter(prometheus.CounterOpts{Name: "x"}))
 	h.every = 50 * time.Millisecond
 	for range 5 {
@@ -207,23 +208,6 @@ func TestHandshakeFailuresRateLimited(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(out.String()), "\n"); len(lines) != 2 || !strings.Contains(lines[1], `"suppressed":4`) {
 		t.Errorf("lines:\n%s\nwant 2, the second with suppressed 4", out.String())
 	}
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 // A body is admitted while the budget has room, waits for room briefly,
