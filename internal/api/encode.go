@@ -433,16 +433,33 @@ func appendString(b []byte, s string) []byte {
 	return append(b, '"')
 }
 
-// JSONStringLen is the length of s as appendString writes it.
+// JSONStringLen is the length of s as appendString writes it. Eight bytes
+// at a time while they are ASCII and no control character: then only
+// quotes and backslashes, counted exactly, add a byte each.
 func JSONStringLen(s string) int {
+	const tops = 0x8080808080808080
 	n := 2 + len(s)
-	for i := nextSpecial(s, 0); i < len(s); i = nextSpecial(s, i) {
+	for i := 0; i < len(s); {
+		if i+8 <= len(s) {
+			w := le64(s[i:])
+			if specialBytes8(w) == 0 { // plain text
+				i += 8
+				continue
+			}
+			if (w|controlBytes8(w))&tops == 0 {
+				n += bits.OnesCount64(equalBytes8(w, '"') | equalBytes8(w, '\\'))
+				i += 8
+				continue
+			}
+		}
 		if c := s[i]; c < utf8.RuneSelf {
 			switch c {
 			case '"', '\\', '\b', '\f', '\n', '\r', '\t':
 				n++
 			default:
-				n += 5
+				if c < 0x20 {
+					n += 5
+				}
 			}
 			i++
 			continue
@@ -454,6 +471,21 @@ func JSONStringLen(s string) int {
 		i += size
 	}
 	return n
+}
+
+// controlBytes8 has the top bit set of each byte of w below 0x20, and of
+// no other (no carry crosses bytes: 0x7f + 0x60 < 0x100).
+func controlBytes8(w uint64) uint64 {
+	const low7, tops = 0x7f7f7f7f7f7f7f7f, 0x8080808080808080
+	return ^((w&low7 + 0x6060606060606060) | w) & tops
+}
+
+// equalBytes8 has the top bit set of each byte of w equal to c, and of no
+// other.
+func equalBytes8(w uint64, c byte) uint64 {
+	const ones, low7, tops = 0x0101010101010101, 0x7f7f7f7f7f7f7f7f, 0x8080808080808080
+	x := w ^ ones*uint64(c)
+	return ^((x&low7 + low7) | x) & tops
 }
 
 // nextSpecial is the index of the first byte of s from i on that JSON does

@@ -169,6 +169,42 @@ func TestSpecialBytes8(t *testing.T) {
 	}
 }
 
+// controlBytes8 and equalBytes8 mark exactly the bytes they name: every
+// byte value at every position, beside every other value.
+func TestExactBytes8(t *testing.T) {
+	for pos := range 8 {
+		for c := range 256 {
+			for _, other := range []byte{'x', 0x00, 0x1f, 0x20, '"', '\\', 0x7f, 0x80, 0xff} {
+				word := []byte{other, other, other, other, other, other, other, other}
+				word[pos] = byte(c)
+				var control, quote, backslash uint64
+				for i, b := range word {
+					bit := uint64(0x80) << (8 * i)
+					if b < 0x20 {
+						control |= bit
+					}
+					if b == '"' {
+						quote |= bit
+					}
+					if b == '\\' {
+						backslash |= bit
+					}
+				}
+				w := le64(string(word))
+				if got := controlBytes8(w); got != control {
+					t.Errorf("%q: control bytes %#x, want %#x", word, got, control)
+				}
+				if got := equalBytes8(w, '"'); got != quote {
+					t.Errorf("%q: quotes %#x, want %#x", word, got, quote)
+				}
+				if got := equalBytes8(w, '\\'); got != backslash {
+					t.Errorf("%q: backslashes %#x, want %#x", word, got, backslash)
+				}
+			}
+		}
+	}
+}
+
 // appendString escapes every string as encoding/json does without HTML
 // escaping, and JSONStringLen says how long that is.
 func FuzzAppendString(f *testing.F) {
