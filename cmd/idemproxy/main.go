@@ -28,6 +28,7 @@ import (
 
 	"github.com/idemsvc/idemsvc/internal/buildinfo"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
+	"github.com/idemsvc/idemsvc/internal/jsonlog"
 )
 
 // limitMemory bounds the runtime's heap by the budget of bodies in flight
@@ -73,7 +74,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer) error {
 		return err
 	}
 	limitMemory(cfg.maxBodyBytesInFlight, env)
-	log := slog.New(slog.NewJSONHandler(logOut, nil))
+	log := slog.New(jsonlog.NewHandler(logOut, slog.LevelInfo))
 	version, revision, goVersion := buildinfo.Get()
 	log.Info("idemproxy starting", "version", version, "revision", revision, "goversion", goVersion)
 	proxy, err := newProxy(cfg, log)

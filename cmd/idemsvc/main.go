@@ -30,6 +30,7 @@ import (
 	"github.com/idemsvc/idemsvc/internal/console"
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/httpserve"
+	"github.com/idemsvc/idemsvc/internal/jsonlog"
 	"github.com/idemsvc/idemsvc/internal/quota"
 	"github.com/idemsvc/idemsvc/internal/redisstore"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
@@ -90,7 +91,7 @@ func run(ctx context.Context, args, env []string, logOut io.Writer, listening fu
 	}
 	logs := newLogWriter(logOut, logFlushInterval)
 	defer logs.Close()
-	log := slog.New(flushingHandler{slog.NewJSONHandler(logs, &slog.HandlerOptions{Level: cfg.logLevel}), logs})
+	log := slog.New(flushingHandler{jsonlog.NewHandler(logs, cfg.logLevel), logs})
 	version, revision, goVersion := buildinfo.Get()
 	log.Info("idemsvc starting", "version", version, "revision", revision, "goversion", goVersion)
 

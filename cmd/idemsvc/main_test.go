@@ -359,6 +359,18 @@ type syncBuffer struct{ logbuf.Buffer }
 
 func (b *syncBuffer) lines() []string { return strings.Split(b.String(), "\n") }
 
+// logged reports whether a line of the log has the level and a message
+// that begins with msg.
+func (b *syncBuffer) logged(level, msg string) bool {
+	for _, line := range b.lines() {
+		var l struct{ Level, Msg string }
+		if json.Unmarshal([]byte(line), &l) == nil && l.Level == level && strings.HasPrefix(l.Msg, msg) {
+			return true
+		}
+	}
+	return false
+}
+
 func TestLogWriter(t *testing.T) {
 	out := &syncBuffer{}
 	w := newLogWriter(out, 10*time.Millisecond)

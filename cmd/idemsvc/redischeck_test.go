@@ -110,7 +110,7 @@ func TestReadyzNamesFailedChecks(t *testing.T) {
 		t.Errorf("readyz = %d %s, want 503 %s", code, body, want)
 	}
 	deadline := time.Now().Add(5 * time.Second)
-	for !strings.Contains(in.logs.String(), `"level":"ERROR","msg":"a Redis node's eviction policy may drop records`) {
+	for !in.logs.logged("ERROR", "a Redis node's eviction policy may drop records") {
 		if time.Now().After(deadline) {
 			t.Fatalf("no error logged for the changed policy:\n%s", in.logs.String())
 		}
@@ -172,7 +172,7 @@ func TestRedisCheckedOnceReachable(t *testing.T) {
 	}
 	resume()
 	idemtest.Eventually(t, 5*time.Second, "the policy of a Redis reached after start checked", func() bool {
-		return strings.Contains(in.logs.String(), `"level":"ERROR","msg":"a Redis node's eviction policy may drop records`)
+		return in.logs.logged("ERROR", "a Redis node's eviction policy may drop records")
 	})
 }
 

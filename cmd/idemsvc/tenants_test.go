@@ -99,7 +99,7 @@ func TestRotateKeyWithoutRestart(t *testing.T) {
 		return strings.Contains(get(t, in.url+"/metrics"), "\nidemsvc_tenants_file_invalid 1\n")
 	})
 	waitFor(t, "an error is logged for the invalid file", func() bool {
-		return strings.Contains(in.logs.String(), `"level":"ERROR","msg":"tenants file refused`)
+		return in.logs.logged("ERROR", "tenants file refused")
 	})
 	if strings.Contains(in.logs.String(), `[\"new-key\"]`) || strings.Contains(in.logs.String(), `"new-key"`) {
 		t.Errorf("the refused value is logged:\n%s", in.logs.String())

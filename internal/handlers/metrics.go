@@ -4,13 +4,13 @@ package handlers
 
 import (
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/idemsvc/idemsvc/internal/cowmap"
 	"github.com/idemsvc/idemsvc/internal/quota"
 )
 
@@ -24,8 +24,8 @@ type metrics struct {
 	waitPolls   prometheus.Counter
 	begins      *prometheus.CounterVec
 
-	seriesOf    sync.Map // seriesKey → *requestSeries
-	windows     sync.Map // tenant → *beginWindow
+	seriesOf    cowmap.Map[seriesKey, *requestSeries]
+	windows     cowmap.Map[string, *beginWindow] // by tenant
 	windowsKept atomic.Int32
 	seriesKept  atomic.Int32
 	// windowed reports whether tenant may have a window: only the tenants
@@ -66,7 +66,7 @@ func (m *metrics) series(route, outcome string, status int, tenant string) *requ
 	}
 	key := seriesKey{route: route, outcome: outcome, tenant: tenant, status: status}
 	if s, ok := m.seriesOf.Load(key); ok {
-		return s.(*requestSeries)
+		return s
 	}
 	s := &requestSeries{
 		requests: m.requests.WithLabelValues(route, outcome, strconv.Itoa(status)),
@@ -85,7 +85,7 @@ func (m *metrics) series(route, outcome string, status int, tenant string) *requ
 	if !loaded {
 		m.seriesKept.Add(1)
 	}
-	return got.(*requestSeries)
+	return got
 }
 
 // countBegin counts one begin of tenant, an item of a batch too, in its
@@ -101,7 +101,7 @@ func (m *metrics) countBegin(tenant string) {
 // (a tenants file reloaded with new names).
 func (m *metrics) window(tenant string) *beginWindow {
 	if w, ok := m.windows.Load(tenant); ok {
-		return w.(*beginWindow)
+		return w
 	}
 	if m.windowed == nil || !m.windowed(tenant) || m.windowsKept.Load() >= quota.MaxTenantLabels {
 		return nil
@@ -110,7 +110,7 @@ func (m *metrics) window(tenant string) *beginWindow {
 	if !loaded {
 		m.windowsKept.Add(1)
 	}
-	return w.(*beginWindow)
+	return w
 }
 
 // beginWindow counts one tenant's begins by second over the last minute,

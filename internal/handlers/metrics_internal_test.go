@@ -85,7 +85,7 @@ func TestBeginWindowsAreBounded(t *testing.T) {
 		m.countBegin("t" + strconv.Itoa(i))
 	}
 	n := 0
-	m.windows.Range(func(any, any) bool { n++; return true })
+	m.windows.Range(func(string, *beginWindow) bool { n++; return true })
 	if n != quota.MaxTenantLabels {
 		t.Errorf("%d windows, want %d", n, quota.MaxTenantLabels)
 	}

@@ -141,7 +141,8 @@ func (s *Service) observe(w http.ResponseWriter, r *http.Request, next http.Hand
 	}
 	next.ServeHTTP(info, r)
 
-	elapsed := time.Since(start)
+	end := time.Now()
+	elapsed := end.Sub(start)
 	route := c.route.RoutePattern()
 	if route == "" {
 		route = "unmatched"
@@ -202,7 +203,7 @@ func (s *Service) observe(w http.ResponseWriter, r *http.Request, next http.Hand
 	// The record is made here rather than by LogAttrs, which would also
 	// take the caller's PC (runtime.Callers: 3,100 instructions a
 	// request) for a source that idemsvc's log lines do not carry.
-	rec := slog.NewRecord(time.Now(), level, "request", 0)
+	rec := slog.NewRecord(end, level, "request", 0)
 	rec.AddAttrs(
 		slog.String("request_id", info.id),
 		slog.String("method", r.Method),

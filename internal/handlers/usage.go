@@ -32,7 +32,7 @@ func (s *Service) GetUsage(ctx context.Context, req api.GetUsageRequestObject) (
 		u := &out.Tenants[i]
 		*u = api.TenantUsage{Tenant: name, Limits: tenantLimits(s.keyring.Quota(name))}
 		if w, ok := s.metrics.windows.Load(name); ok {
-			u.BeginsPerS = w.(*beginWindow).perSecond(now)
+			u.BeginsPerS = w.perSecond(now)
 		}
 		if s.quota == nil {
 			continue

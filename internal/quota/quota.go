@@ -23,6 +23,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/idemsvc/idemsvc/internal/auth"
+	"github.com/idemsvc/idemsvc/internal/cowmap"
 )
 
 // The errors of a refused begin, tested with errors.Is; each comes as an
@@ -251,7 +252,7 @@ type limiter struct {
 	// (localTokenTTL) and the flush that follows, with room for a slow one.
 	reserveTTL time.Duration
 
-	tenants sync.Map // tenant name -> *tenantState; read on every begin
+	tenants cowmap.Map[string, *tenantState] // by tenant name; read on every begin
 
 	stop    chan struct{}
 	stopped chan struct{}
@@ -327,7 +328,7 @@ func (l *limiter) Usage(ctx context.Context, tenant string) (Usage, error) {
 	// backend's counts cannot be read.
 	u := Usage{Rejections: map[string]int64{LimitRate: 0, LimitStoredBytes: 0, LimitWaiters: 0, LimitInProgress: 0, LimitReadBytes: 0}}
 	if v, ok := l.tenants.Load(tenant); ok {
-		r := &v.(*tenantState).rejected
+		r := &v.rejected
 		u.Rejections[LimitRate] = r.rate.Load()
 		u.Rejections[LimitStoredBytes] = r.storedBytes.Load()
 		u.Rejections[LimitWaiters] = r.waiters.Load()
@@ -381,10 +382,10 @@ func newLimiter(b backend, opts Options) *limiter {
 
 func (l *limiter) tenant(name string) *tenantState {
 	if ts, ok := l.tenants.Load(name); ok {
-		return ts.(*tenantState)
+		return ts
 	}
 	ts, _ := l.tenants.LoadOrStore(name, &tenantState{rateLock: make(chan struct{}, 1), leaseLock: make(chan struct{}, 1), labels: l.metrics.forTenant(name)})
-	return ts.(*tenantState)
+	return ts
 }
 
 // Known implements Limiter. Only the counters are made: a tenant's state,
@@ -833,9 +834,9 @@ func (l *limiter) flushLoop() {
 func (l *limiter) flush(last bool) {
 	var names []string
 	var states []*tenantState
-	l.tenants.Range(func(name, ts any) bool {
-		names = append(names, name.(string))
-		states = append(states, ts.(*tenantState))
+	l.tenants.Range(func(name string, ts *tenantState) bool {
+		names = append(names, name)
+		states = append(states, ts)
 		return true
 	})
 	now := time.Now()

@@ -28,11 +28,18 @@ func (t Time) MarshalJSON() ([]byte, error) {
 	return t.AppendJSON(make([]byte, 0, len(layout)+2)), nil
 }
 
-// AppendJSON appends the time to b as MarshalJSON writes it.
+// AppendJSON appends the time to b as MarshalJSON writes it: in the
+// layout above, through the formatter's own path for RFC 3339 (which
+// writes no fraction here) and three digits of milliseconds after it. A
+// layout of its own goes through the formatter's general path, at about
+// three times the cost (BenchmarkAppendJSON), on every answer that carries
+// a lease.
 func (t Time) AppendJSON(b []byte) []byte {
+	u := t.UTC()
 	b = append(b, '"')
-	b = t.UTC().AppendFormat(b, layout)
-	return append(b, '"')
+	b = u.AppendFormat(b, time.RFC3339) // ends with "Z" in UTC
+	ms := u.Nanosecond() / int(time.Millisecond)
+	return append(b[:len(b)-1], '.', byte('0'+ms/100), byte('0'+ms/10%10), byte('0'+ms%10), 'Z', '"')
 }
 
 // UnmarshalJSON reads an RFC 3339 JSON string.
