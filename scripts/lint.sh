@@ -67,7 +67,7 @@ fi
 # drive Chromium with chromedp; the robustness suite, under
 # internal/testkit, checks histories with porcupine and injects faults
 # with toxiproxy; redistest can start containers) and no test kit.
-testonly='^github.com/(chromedp|anishathalye/porcupine|Shopify/toxiproxy|testcontainers|rs/zerolog|moby|getkin/kin-openapi)(/|$)|^go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp|^github.com/idemsvc/idemsvc/internal/testkit/'
+testonly='^github.com/(chromedp|anishathalye/porcupine|Shopify/toxiproxy|testcontainers|moby|getkin/kin-openapi)(/|$)|^go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp|^github.com/idemsvc/idemsvc/internal/testkit/'
 if go list -deps ./cmd/... | grep -E "$testonly"; then
   echo "a binary under cmd/ links the test-only packages above" >&2
   exit 1
