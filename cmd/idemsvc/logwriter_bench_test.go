@@ -8,10 +8,12 @@ import (
 	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/idemsvc/idemsvc/internal/jsonlog"
 )
 
 // The cost of a request's log line, batched by logWriter or written to the
-// file by slog at once (a write system call per line).
+// file at once (a write system call per line).
 func BenchmarkLogLine(b *testing.B) {
 	for _, batched := range []bool{false, true} {
 		name := "direct"
@@ -32,7 +34,7 @@ func BenchmarkLogLine(b *testing.B) {
 				defer w.Close()
 				out = w
 			}
-			log := slog.New(slog.NewJSONHandler(out, nil))
+			log := slog.New(jsonlog.NewHandler(out, slog.LevelInfo))
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
