@@ -71,7 +71,7 @@ IDEMSVC_LISTEN=127.0.0.1:0 "$work/idemsvc" 2>"$work/idemsvc.log" &
 idemsvc_pid=$!
 addr=""
 for _ in $(seq 100); do
-  addr=$(sed -n 's/.*"msg":"listening","addr":"\([^"]*\)".*/\1/p' "$work/idemsvc.log")
+  addr=$(sed -n '/"msg":"listening"/s/.*"addr":"\([^"]*\)".*/\1/p' "$work/idemsvc.log")
   [ -n "$addr" ] && break
   kill -0 "$idemsvc_pid" 2>/dev/null || break
   sleep 0.1
