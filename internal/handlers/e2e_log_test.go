@@ -3,7 +3,6 @@
 package handlers_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -11,7 +10,6 @@ import (
 	"net/http"
 	"net/netip"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -20,38 +18,23 @@ import (
 	"github.com/idemsvc/idemsvc/internal/handlers"
 	"github.com/idemsvc/idemsvc/internal/statemachine"
 	"github.com/idemsvc/idemsvc/internal/testkit/idemtest"
+	"github.com/idemsvc/idemsvc/internal/testkit/logbuf"
 )
 
 // logLines is a log output that tests read while the service writes.
-type logLines struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logLines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *logLines) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
+type logLines struct{ logbuf.Buffer }
 
 // find returns the request line with the given request id.
 func (l *logLines) find(t *testing.T, id string) map[string]any {
 	t.Helper()
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	for _, line := range strings.Split(l.buf.String(), "\n") {
+	text := l.String()
+	for _, line := range strings.Split(text, "\n") {
 		var m map[string]any
 		if json.Unmarshal([]byte(line), &m) == nil && m["request_id"] == id {
 			return m
 		}
 	}
-	t.Fatalf("no log line for request %s:\n%s", id, l.buf.String())
+	t.Fatalf("no log line for request %s:\n%s", id, text)
 	return nil
 }
 
@@ -189,10 +172,7 @@ func TestE2EClientGoneIsLoggedAtInfo(t *testing.T) {
 	}
 	var line map[string]any
 	for deadline := time.Now().Add(5 * time.Second); line == nil && time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
-		logs.mu.Lock()
-		logged := strings.Contains(logs.buf.String(), `"request_id":"client-gone"`)
-		logs.mu.Unlock()
-		if logged {
+		if strings.Contains(logs.String(), `"request_id":"client-gone"`) {
 			line = logs.find(t, "client-gone")
 		}
 	}
@@ -224,9 +204,7 @@ func TestE2EPastedKeyIsReported(t *testing.T) {
 	if resp, _ := e.raw(t, http.MethodPost, "/v1/begin", "application/json", strings.NewReader(`{"key":"pasted"}`), "Authorization", "Bearer "+strings.Repeat("f", 64)); resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("a wrong key: %d, want 401", resp.StatusCode)
 	}
-	logs.mu.Lock()
-	out := logs.buf.String()
-	logs.mu.Unlock()
+	out := logs.String()
 	var reports []map[string]any
 	for _, line := range strings.Split(out, "\n") {
 		var m map[string]any
@@ -274,9 +252,7 @@ func TestE2EAccessLog(t *testing.T) {
 			if resp.StatusCode != r.status {
 				t.Fatalf("%v %s: %d, want %d", tt.mode, r.id, resp.StatusCode, r.status)
 			}
-			logs.mu.Lock()
-			got := strings.Contains(logs.buf.String(), `"request_id":"`+r.id+`"`)
-			logs.mu.Unlock()
+			got := strings.Contains(logs.String(), `"request_id":"`+r.id+`"`)
 			if got != r.logged {
 				t.Errorf("access log %v, a %d: logged %v, want %v", tt.mode, r.status, got, r.logged)
 			}
