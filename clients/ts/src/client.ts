@@ -521,11 +521,62 @@ interface Target {
   basePath: string;
 }
 
+/** Ends an exchange once: with its reply, or with err when there is none. */
+type Settle<T> = (err: unknown, reply?: T) => void;
+
 /**
- * One HTTP exchange through node:http on the target's keep-alive agent:
- * the answer read whole, or a rejection when it fails, takes over ms, or
- * signal fires (with its reason).
+ * One exchange through node:http on the target's keep-alive agent: answer
+ * makes the reply of the response, write sends the request's body, and both
+ * end the exchange through settle. It rejects when the exchange fails, no
+ * reply comes within ms, or signal fires (with its reason).
  */
+function exchange<T>(
+  target: Target,
+  method: string,
+  path: string,
+  headers: Record<string, string>,
+  ms: number,
+  signal: AbortSignal | undefined,
+  answer: (res: http.IncomingMessage, settle: Settle<T>) => void,
+  write: (req: http.ClientRequest, settle: Settle<T>) => void,
+): Promise<T> {
+  return new Promise((resolve, reject) => {
+    let settled = false;
+    const settle: Settle<T> = (err, reply) => {
+      if (settled) return;
+      settled = true;
+      clearTimeout(timer);
+      signal?.removeEventListener('abort', onAbort);
+      if (reply) resolve(reply);
+      else reject(err);
+    };
+    const req = target.request({ ...target.options, method, path: target.basePath + path, headers }, (res) => answer(res, settle));
+    const onAbort = () => req.destroy(signal?.reason);
+    const timer = setTimeout(() => req.destroy(new Error(`no answer within ${ms} ms`)), ms);
+    signal?.addEventListener('abort', onAbort, { once: true });
+    req.on('error', settle);
+    write(req, settle);
+  });
+}
+
+/** The answer read whole. */
+function readWhole(res: http.IncomingMessage, settle: Settle<Reply>): void {
+  const chunks: Buffer[] = [];
+  res.on('data', (chunk: Buffer) => chunks.push(chunk));
+  res.on('error', settle);
+  res.on('close', () => settle(new Error('the answer was cut short')));
+  res.on('end', () =>
+    settle(undefined, {
+      status: res.statusCode ?? 0,
+      statusText: res.statusMessage ?? '',
+      contentType: res.headers['content-type'] ?? '',
+      retryAfter: res.headers['retry-after'],
+      body: chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks),
+    }),
+  );
+}
+
+/** One exchange whose answer is read whole (see exchange). */
 function send(
   target: Target,
   method: string,
@@ -535,37 +586,7 @@ function send(
   ms: number,
   signal: AbortSignal | undefined,
 ): Promise<Reply> {
-  return new Promise((resolve, reject) => {
-    let settled = false;
-    const settle = (err: unknown, reply?: Reply) => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      signal?.removeEventListener('abort', onAbort);
-      if (reply) resolve(reply);
-      else reject(err);
-    };
-    const req = target.request({ ...target.options, method, path: target.basePath + path, headers }, (res) => {
-      const chunks: Buffer[] = [];
-      res.on('data', (chunk: Buffer) => chunks.push(chunk));
-      res.on('error', settle);
-      res.on('close', () => settle(new Error('the answer was cut short')));
-      res.on('end', () =>
-        settle(undefined, {
-          status: res.statusCode ?? 0,
-          statusText: res.statusMessage ?? '',
-          contentType: res.headers['content-type'] ?? '',
-          retryAfter: res.headers['retry-after'],
-          body: chunks.length === 1 ? chunks[0]! : Buffer.concat(chunks),
-        }),
-      );
-    });
-    const onAbort = () => req.destroy(signal?.reason);
-    const timer = setTimeout(() => req.destroy(new Error(`no answer within ${ms} ms`)), ms);
-    signal?.addEventListener('abort', onAbort, { once: true });
-    req.on('error', settle);
-    req.end(body);
-  });
+  return exchange(target, method, path, headers, ms, signal, readWhole, (req) => req.end(body));
 }
 
 /** One exchange through a fetch given in the options, read whole. */
@@ -631,34 +652,29 @@ function sendStream(
   ms: number,
   signal: AbortSignal | undefined,
 ): Promise<StreamReply> {
-  return new Promise((resolve, reject) => {
-    let settled = false;
-    const settle = (err: unknown, reply?: StreamReply) => {
-      if (settled) return;
-      settled = true;
-      clearTimeout(timer);
-      signal?.removeEventListener('abort', onAbort);
-      if (reply) resolve(reply);
-      else reject(err);
-    };
-    const req = target.request({ ...target.options, method, path: target.basePath + path, headers }, (res) => {
+  return exchange<StreamReply>(
+    target,
+    method,
+    path,
+    headers,
+    ms,
+    signal,
+    (res, settle) => {
       res.on('error', settle);
       settle(undefined, { status: res.statusCode ?? 0, statusText: res.statusMessage ?? '', headers: res.headers, body: res });
-    });
-    const onAbort = () => req.destroy(signal?.reason);
-    const timer = setTimeout(() => req.destroy(new Error(`no answer within ${ms} ms`)), ms);
-    signal?.addEventListener('abort', onAbort, { once: true });
-    req.on('error', settle);
-    if (body === undefined || body instanceof Uint8Array) {
-      req.end(body);
-      return;
-    }
-    // A source that fails destroys the request: idemsvc gets a broken body
-    // and stores nothing.
-    pipeline(readableOf(body), req, (err) => {
-      if (err) settle(err);
-    });
-  });
+    },
+    (req, settle) => {
+      if (body === undefined || body instanceof Uint8Array) {
+        req.end(body);
+        return;
+      }
+      // A source that fails destroys the request: idemsvc gets a broken
+      // body and stores nothing.
+      pipeline(readableOf(body), req, (err) => {
+        if (err) settle(err);
+      });
+    },
+  );
 }
 
 /** One exchange through a fetch given in the options, its answer left unread. */
