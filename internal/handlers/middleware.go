@@ -41,6 +41,7 @@ type requestInfo struct {
 	named               string        // a tenant the request named but may not act for (401, 403), for the log only
 	outcome             string        // e.g. "acquired", or the problem kind
 	err                 error         // the error answered, if any
+	reads               largeRead     // the read slot of a begin or status, once readGate armed it
 }
 
 func (i *requestInfo) WriteHeader(code int) {
@@ -109,6 +110,9 @@ func (c *requestCtx) Value(key any) any {
 	}
 	if key == chi.RouteCtxKey {
 		return c.route
+	}
+	if key == statemachine.ReadGateKey && c.info.reads.slots != nil {
+		return &c.info.reads
 	}
 	return c.Context.Value(key)
 }

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/idemsvc/idemsvc/internal/quota"
+	"github.com/idemsvc/idemsvc/internal/statemachine"
 )
 
 // The large answers a tenant has in flight on this instance are bounded:
@@ -140,6 +141,20 @@ type largeRead struct {
 	tenant  string
 	wait    bool
 	release func()
+}
+
+// readGate returns the read slot of tenant's begin or status, and the
+// context to call the store with so that the store takes it before a
+// large read. A request's context answers for the slot itself
+// (requestCtx.Value), so a begin allocates nothing for it; any other
+// context gets it added.
+func (s *Service) readGate(ctx context.Context, tenant string) (*largeRead, context.Context) {
+	if info := infoFrom(ctx); info != nil {
+		info.reads = largeRead{slots: s.reads, tenant: tenant, wait: true}
+		return &info.reads, ctx
+	}
+	l := &largeRead{slots: s.reads, tenant: tenant, wait: true}
+	return l, statemachine.WithReadGate(ctx, l)
 }
 
 // EnterRead implements statemachine.ReadGate: it takes the slot, once.

@@ -114,10 +114,12 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 	lim := s.keyring.Quota(t)
 	// One timeout for the limits' calls and the store's together: while
 	// Redis is down, a begin fails within one store timeout, not two.
-	first := ctx
+	large, gated := s.readGate(ctx, t)
+	defer large.drop()
+	first := gated
 	if s.storeTimeout > 0 && !lim.IsZero() && s.quota != nil {
 		var cancel context.CancelFunc
-		first, cancel = context.WithTimeout(ctx, s.storeTimeout)
+		first, cancel = context.WithTimeout(gated, s.storeTimeout)
 		defer cancel()
 	}
 	a, err := s.admitBegin(first, t, lim, &breq, wait)
@@ -132,10 +134,7 @@ func (s *Service) Begin(ctx context.Context, req api.BeginRequestObject) (api.Be
 		// the wait rather than shed it as overload.
 		first = statemachine.WithQueueWait(first, wait)
 	}
-	large := &largeRead{slots: s.reads, tenant: t, wait: true}
-	defer large.drop()
-	first = statemachine.WithReadGate(first, large)
-	for call := first; ; call = statemachine.WithReadGate(ctx, large) {
+	for call := first; ; call = gated {
 		res, err := s.store.Begin(call, t, breq)
 		var busy *statemachine.InProgressError
 		if wait > 0 && errors.As(err, &busy) {
@@ -448,11 +447,10 @@ func (s *Service) GetStatus(ctx context.Context, req api.GetStatusRequestObject)
 			return nil, s.quota.ReadRefused(t, lim)
 		}
 	}
-	large := &largeRead{slots: s.reads, tenant: t, wait: true}
+	large, call := s.readGate(ctx, t)
 	defer large.drop()
-	call := ctx
 	if withResponse { // a long compressed body is decoded as it is written
-		call = statemachine.WithStreamedBodies(statemachine.WithReadGate(ctx, large))
+		call = statemachine.WithStreamedBodies(call)
 	}
 	rec, err := s.store.Status(call, t, p.Key, withResponse)
 	if err != nil {

@@ -4,8 +4,13 @@ package statemachine
 
 import "context"
 
-// readGateKey is the context key of WithReadGate.
+// readGateKey is the type of ReadGateKey.
 type readGateKey struct{}
+
+// ReadGateKey is the context key a ReadGate is found under. WithReadGate
+// sets it; a caller's own context type may also answer it from its Value
+// method, and so give each request a gate without a context of its own.
+var ReadGateKey any = readGateKey{}
 
 // A ReadGate admits the reading of a large stored response: a store that
 // reads a record's response apart from its head (the Redis store, for a
@@ -22,13 +27,13 @@ type ReadGate interface {
 // reads in flight from their first byte, not only from when the store
 // answered.
 func WithReadGate(ctx context.Context, g ReadGate) context.Context {
-	return context.WithValue(ctx, readGateKey{}, g)
+	return context.WithValue(ctx, ReadGateKey, g)
 }
 
 // EnterRead passes the read gate WithReadGate gave ctx; without one it
 // admits every read.
 func EnterRead(ctx context.Context) error {
-	if g, ok := ctx.Value(readGateKey{}).(ReadGate); ok {
+	if g, ok := ctx.Value(ReadGateKey).(ReadGate); ok {
 		return g.EnterRead(ctx)
 	}
 	return nil
